@@ -1,0 +1,14 @@
+//! devcomm's own kernels, built two ways from this one source:
+//! to PTX (embedded in the `devcomm` crate) and as an ordinary host library
+//! that the emulated runtime calls.
+#![no_std]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
+#![warn(missing_docs)]
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    devcomm_device::arch::trap()
+}
+
+pub mod selftest;

@@ -1,0 +1,55 @@
+//! Host implementations of [`super`]'s intrinsics: each asks the emulated
+//! runtime's hooks (see [`crate::emu`]) about the calling CPU thread.
+
+use super::Dim3;
+use crate::emu::hooks;
+
+#[inline]
+pub fn thread_idx() -> Dim3 {
+    (hooks().geometry)().thread_idx
+}
+
+#[inline]
+pub fn block_idx() -> Dim3 {
+    (hooks().geometry)().block_idx
+}
+
+#[inline]
+pub fn block_dim() -> Dim3 {
+    (hooks().geometry)().block_dim
+}
+
+#[inline]
+pub fn grid_dim() -> Dim3 {
+    (hooks().geometry)().grid_dim
+}
+
+#[inline]
+pub fn sync_threads() {
+    (hooks().sync_threads)()
+}
+
+#[inline]
+pub fn dynamic_shared() -> *mut u8 {
+    (hooks().dynamic_shared)().0
+}
+
+#[inline]
+pub fn dynamic_shared_size() -> u32 {
+    (hooks().dynamic_shared)().1
+}
+
+#[inline]
+pub fn global_timer_ns() -> u64 {
+    (hooks().global_timer_ns)()
+}
+
+#[inline]
+pub fn spin_backoff(_ns: u32) {
+    (hooks().yield_now)()
+}
+
+#[inline]
+pub fn trap() -> ! {
+    (hooks().trap)()
+}

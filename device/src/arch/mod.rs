@@ -1,0 +1,163 @@
+//! Thread geometry, block barriers, shared memory and timers.
+//!
+//! Every function here has one meaning on both targets. On `nvptx64` it is a
+//! special-register read or a PTX instruction ([`nvptx`]); on the host it asks
+//! the emulated runtime through the hooks in [`crate::emu`].
+
+#[cfg(target_arch = "nvptx64")]
+mod nvptx;
+#[cfg(target_arch = "nvptx64")]
+use nvptx as imp;
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod emulated;
+#[cfg(not(target_arch = "nvptx64"))]
+use emulated as imp;
+
+/// A three-dimensional extent or index, as CUDA's `dim3`/`uint3`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct Dim3 {
+    /// Fastest-varying coordinate.
+    pub x: u32,
+    /// Middle coordinate.
+    pub y: u32,
+    /// Slowest-varying coordinate.
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// `Dim3 { x, y: 1, z: 1 }`.
+    pub const fn x(x: u32) -> Self {
+        Dim3 { x, y: 1, z: 1 }
+    }
+
+    /// `Dim3 { x, y, z }`.
+    pub const fn new(x: u32, y: u32, z: u32) -> Self {
+        Dim3 { x, y, z }
+    }
+
+    /// Number of elements: `x * y * z` (saturating, never panics).
+    pub const fn volume(&self) -> u64 {
+        (self.x as u64).saturating_mul(self.y as u64).saturating_mul(self.z as u64)
+    }
+}
+
+/// Index of the calling thread in its block (`threadIdx`).
+#[inline(always)]
+pub fn thread_idx() -> Dim3 {
+    imp::thread_idx()
+}
+
+/// Index of the calling thread's block in the grid (`blockIdx`).
+#[inline(always)]
+pub fn block_idx() -> Dim3 {
+    imp::block_idx()
+}
+
+/// Threads per block (`blockDim`).
+#[inline(always)]
+pub fn block_dim() -> Dim3 {
+    imp::block_dim()
+}
+
+/// Blocks per grid (`gridDim`).
+#[inline(always)]
+pub fn grid_dim() -> Dim3 {
+    imp::grid_dim()
+}
+
+/// Linear rank of the calling thread in its block (x fastest).
+#[inline(always)]
+pub fn thread_rank_in_block() -> u32 {
+    let t = thread_idx();
+    let d = block_dim();
+    t.x + d.x * (t.y + d.y * t.z)
+}
+
+/// Number of threads in a block.
+#[inline(always)]
+pub fn threads_per_block() -> u32 {
+    let d = block_dim();
+    d.x * d.y * d.z
+}
+
+/// Linear rank of the calling thread's block in the grid (x fastest).
+#[inline(always)]
+pub fn block_rank_in_grid() -> u32 {
+    let b = block_idx();
+    let g = grid_dim();
+    b.x + g.x * (b.y + g.y * b.z)
+}
+
+/// Global linear index along x: `blockIdx.x * blockDim.x + threadIdx.x`.
+#[inline(always)]
+pub fn global_thread_x() -> u32 {
+    block_idx().x * block_dim().x + thread_idx().x
+}
+
+/// Threads in the whole grid along x: `gridDim.x * blockDim.x`.
+#[inline(always)]
+pub fn grid_threads_x() -> u32 {
+    grid_dim().x * block_dim().x
+}
+
+/// Block-wide barrier (`__syncthreads`): every thread of the block must reach
+/// it; shared and global memory written before it by threads of the block is
+/// visible to the block's threads after it.
+#[inline(always)]
+pub fn sync_threads() {
+    imp::sync_threads()
+}
+
+/// Base of the block's dynamic shared memory (the `shared_mem_bytes` of the
+/// launch), 16-byte aligned. Valid for the block's lifetime; its size is
+/// [`dynamic_shared_size`].
+#[inline(always)]
+pub fn dynamic_shared<T>() -> *mut T {
+    imp::dynamic_shared().cast()
+}
+
+/// Size in bytes of the block's dynamic shared memory.
+#[inline(always)]
+pub fn dynamic_shared_size() -> u32 {
+    imp::dynamic_shared_size()
+}
+
+/// A global nanosecond clock, comparable across the GPU (`%globaltimer`).
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    imp::global_timer_ns()
+}
+
+/// Back off inside a spin loop: `nanosleep` on the GPU, a yield on the
+/// emulator (whose "threads" share few CPU cores).
+#[inline(always)]
+pub fn spin_backoff(ns: u32) {
+    imp::spin_backoff(ns)
+}
+
+/// Abort the kernel. On the GPU this is `trap` (the context is lost); on the
+/// emulator the launch reports an error.
+#[inline(always)]
+pub fn trap() -> ! {
+    imp::trap()
+}
+
+impl From<u32> for Dim3 {
+    fn from(x: u32) -> Self {
+        Dim3::x(x)
+    }
+}
+
+impl From<(u32, u32)> for Dim3 {
+    fn from((x, y): (u32, u32)) -> Self {
+        Dim3::new(x, y, 1)
+    }
+}
+
+impl From<(u32, u32, u32)> for Dim3 {
+    fn from((x, y, z): (u32, u32, u32)) -> Self {
+        Dim3::new(x, y, z)
+    }
+}

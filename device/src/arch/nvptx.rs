@@ -1,0 +1,78 @@
+//! PTX implementations of [`super`]'s intrinsics.
+//!
+//! Safety of the `unsafe` blocks: reading special registers and executing
+//! `bar.sync 0`/`nanosleep`/`trap` have no memory-safety preconditions; the
+//! stdarch functions are only `unsafe` because they are intrinsics.
+
+use super::Dim3;
+use core::arch::asm;
+use core::arch::nvptx::*;
+
+// Dynamic shared memory: one extern `.shared` array, sized at launch time.
+core::arch::global_asm!(".extern .shared .align 16 .b8 __devcomm_dynamic_smem[];");
+
+#[inline(always)]
+pub fn thread_idx() -> Dim3 {
+    unsafe { Dim3::new(_thread_idx_x() as u32, _thread_idx_y() as u32, _thread_idx_z() as u32) }
+}
+
+#[inline(always)]
+pub fn block_idx() -> Dim3 {
+    unsafe { Dim3::new(_block_idx_x() as u32, _block_idx_y() as u32, _block_idx_z() as u32) }
+}
+
+#[inline(always)]
+pub fn block_dim() -> Dim3 {
+    unsafe { Dim3::new(_block_dim_x() as u32, _block_dim_y() as u32, _block_dim_z() as u32) }
+}
+
+#[inline(always)]
+pub fn grid_dim() -> Dim3 {
+    unsafe { Dim3::new(_grid_dim_x() as u32, _grid_dim_y() as u32, _grid_dim_z() as u32) }
+}
+
+#[inline(always)]
+pub fn sync_threads() {
+    unsafe { _syncthreads() }
+}
+
+#[inline(always)]
+pub fn dynamic_shared() -> *mut u8 {
+    let p: u64;
+    unsafe {
+        asm!("cvta.shared.u64 {p}, __devcomm_dynamic_smem;", p = out(reg64) p, options(pure, nomem, nostack));
+    }
+    p as *mut u8
+}
+
+#[inline(always)]
+pub fn dynamic_shared_size() -> u32 {
+    let s: u32;
+    unsafe {
+        asm!("mov.u32 {s}, %dynamic_smem_size;", s = out(reg32) s, options(pure, nomem, nostack));
+    }
+    s
+}
+
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let t: u64;
+    unsafe {
+        asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nomem, nostack));
+    }
+    t
+}
+
+#[inline(always)]
+pub fn spin_backoff(ns: u32) {
+    unsafe {
+        asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nomem, nostack));
+    }
+}
+
+#[inline(always)]
+pub fn trap() -> ! {
+    unsafe {
+        asm!("trap;", options(noreturn, nostack));
+    }
+}

@@ -1,0 +1,20 @@
+//! # devcomm
+//!
+//! Device-initiated GPU communication for Rust: the host side.
+//!
+//! * [`runtime`]: devices, streams, memory and kernel launches on two
+//!   interchangeable runtimes, CUDA (real GPUs) and the emulated runtime
+//!   (each "GPU" is host memory, kernels run on CPU threads).
+//! * communicators: bootstrap between processes, split, abort, async errors.
+//!
+//! Kernels are written once with [`devcomm_device::kernel!`] and run on both
+//! runtimes.
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod runtime;
+
+pub use error::{Error, ErrorCode, Result};
+pub use runtime::{Device, DeviceBuffer, Event, LaunchConfig, Module, RuntimeKind, RuntimeSelection, Stream};
+
+pub mod ptx;

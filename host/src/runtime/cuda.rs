@@ -1,0 +1,338 @@
+//! The CUDA runtime: a thin layer over cudarc's driver bindings.
+//!
+//! cudarc is built with `dynamic-loading`: nothing links against libcuda, and
+//! [`device_count`] checks the library is loadable before any driver call, so
+//! a binary on a machine without CUDA gets [`Error::CudaError`], not a panic.
+//!
+//! `unsafe` here is confined to driver calls on raw handles. The invariants:
+//! every handle (`CUmodule`, `CUfunction`, `CUevent`, device pointer) is
+//! created by this module, owned by exactly one wrapper that frees it once on
+//! drop, and used only while the primary context it was created in is bound
+//! to the calling thread (`bind_to_thread` before each call sequence).
+
+use super::LaunchConfig;
+use crate::error::{Error, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use devcomm_device::KernelArgs;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+fn cuda_err(what: &str) -> impl FnOnce(result::DriverError) -> Error + '_ {
+    move |e| Error::CudaError(format!("{what}: {e}"))
+}
+
+/// Loads the driver (once) and returns the number of GPUs.
+pub(crate) fn device_count() -> Result<usize> {
+    static INIT: OnceLock<Result<usize>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: only tries to dlopen the driver library; no other effect.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::CudaError(
+                "the CUDA driver library (libcuda.so.1) was not found: no NVIDIA driver on this machine \
+                 (use DEVCOMM_RUNTIME=emulated to run on the emulated runtime)"
+                    .into(),
+            ));
+        }
+        result::init().map_err(cuda_err("cuInit"))?;
+        let n = result::device::get_count().map_err(cuda_err("cuDeviceGetCount"))?;
+        Ok(n.max(0) as usize)
+    })
+    .clone()
+}
+
+/// One GPU: its primary context and what we cache about it.
+pub(crate) struct CudaDevice {
+    pub(crate) ordinal: usize,
+    pub(crate) name: String,
+    pub(crate) uuid: [u8; 16],
+    pub(crate) sm_count: u32,
+    ctx: Arc<CudaContext>,
+    library: OnceLock<Result<Arc<CudaModule>>>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal` (one object per GPU per process).
+    pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+        let n = device_count()?;
+        if ordinal >= n {
+            return Err(Error::invalid_argument(format!(
+                "CUDA device {ordinal} does not exist: this machine has {n}"
+            )));
+        }
+        let mut map = DEVICES.get_or_init(Default::default).lock().map_err(|_| Error::internal("device table poisoned"))?;
+        if let Some(d) = map.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("retaining the primary context"))?;
+        let name = ctx.name().map_err(cuda_err("cuDeviceGetName"))?;
+        let raw_uuid = ctx.uuid().map_err(cuda_err("cuDeviceGetUuid"))?;
+        let mut uuid = [0u8; 16];
+        for (dst, src) in uuid.iter_mut().zip(raw_uuid.bytes.iter()) {
+            *dst = *src as u8;
+        }
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(cuda_err("reading the multiprocessor count"))? as u32;
+        let dev = Arc::new(CudaDevice { ordinal, name, uuid, sm_count, ctx, library: OnceLock::new() });
+        map.insert(ordinal, dev.clone());
+        Ok(dev)
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(cuda_err("binding the CUDA context"))
+    }
+
+    pub(crate) fn default_stream(self: &Arc<Self>) -> Result<CudaStreamHandle> {
+        self.new_stream()
+    }
+
+    pub(crate) fn new_stream(self: &Arc<Self>) -> Result<CudaStreamHandle> {
+        let stream = self.ctx.new_stream().map_err(cuda_err("cuStreamCreate"))?;
+        Ok(CudaStreamHandle { device: self.clone(), stream })
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.ctx.synchronize().map_err(cuda_err("cuCtxSynchronize"))
+    }
+
+    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<CudaAlloc> {
+        self.bind()?;
+        // cuMemAlloc rejects 0 bytes; keep a valid, unique address anyway.
+        // SAFETY: context bound above; the pointer is owned by CudaAlloc.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| {
+            Error::CudaError(format!("cuMemAlloc of {bytes} bytes on GPU {}: {e}", self.ordinal))
+        })?;
+        Ok(CudaAlloc { device: self.clone(), ptr })
+    }
+
+    pub(crate) fn load_module(self: &Arc<Self>, ptx: &str) -> Result<Arc<CudaModule>> {
+        let entries = ptx_entries(ptx);
+        let image = CString::new(ptx).map_err(|_| Error::invalid_argument("PTX text contains a NUL byte"))?;
+        self.bind()?;
+        // SAFETY: `image` is a NUL-terminated PTX string that outlives the call.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(cuda_err("cuModuleLoadData (is the PTX for sm_90 and complete?)"))?;
+        Ok(Arc::new(CudaModule { device: self.clone(), module, entries, functions: Mutex::new(HashMap::new()) }))
+    }
+
+    pub(crate) fn library(self: &Arc<Self>) -> Result<Arc<CudaModule>> {
+        self.library
+            .get_or_init(|| {
+                let ptx = crate::ptx::kernels_ptx()?;
+                self.load_module(&ptx).map_err(|e| e.context("loading devcomm's kernels"))
+            })
+            .clone()
+    }
+
+    pub(crate) fn new_event(self: &Arc<Self>) -> Result<CudaEventHandle> {
+        self.bind()?;
+        let event =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(cuda_err("cuEventCreate"))?;
+        Ok(CudaEventHandle { device: self.clone(), event })
+    }
+}
+
+/// Entry names declared in a PTX text (`.entry name(`).
+pub(crate) fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let rest = l.trim_start().strip_prefix(".visible .entry ").or_else(|| l.trim_start().strip_prefix(".entry "))?;
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$').collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+/// A loaded module and the functions looked up in it so far.
+pub(crate) struct CudaModule {
+    device: Arc<CudaDevice>,
+    module: sys::CUmodule,
+    entries: Vec<String>,
+    functions: Mutex<HashMap<String, FunctionHandle>>,
+}
+
+#[derive(Clone, Copy)]
+struct FunctionHandle(sys::CUfunction);
+
+// SAFETY: driver handles may be used from any thread once their context is bound.
+unsafe impl Send for FunctionHandle {}
+// SAFETY: as above.
+unsafe impl Send for CudaModule {}
+// SAFETY: as above; the function cache is behind a mutex.
+unsafe impl Sync for CudaModule {}
+
+impl CudaModule {
+    pub(crate) fn entry_names(&self) -> &[String] {
+        &self.entries
+    }
+
+    fn function(&self, name: &str, shared_mem_bytes: u32) -> Result<sys::CUfunction> {
+        let mut fns = self.functions.lock().map_err(|_| Error::internal("function cache poisoned"))?;
+        if let Some(f) = fns.get(name) {
+            return Ok(f.0);
+        }
+        if !self.entries.iter().any(|e| e == name) {
+            return Err(Error::invalid_argument(format!(
+                "kernel {name:?} is not in this module (entries: {})",
+                self.entries.join(", ")
+            )));
+        }
+        let cname = CString::new(name).map_err(|_| Error::invalid_argument("kernel name contains a NUL byte"))?;
+        // SAFETY: module is live (owned by self); context bound by the caller.
+        let f = unsafe { result::module::get_function(self.module, cname) }.map_err(cuda_err("cuModuleGetFunction"))?;
+        // Allow the Hopper maximum of dynamic shared memory once per function.
+        // SAFETY: f is a valid function of a loaded module.
+        unsafe {
+            result::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                LaunchConfig::MAX_SHARED_MEM_BYTES.max(shared_mem_bytes) as i32,
+            )
+        }
+        .map_err(cuda_err("raising the dynamic shared memory limit"))?;
+        fns.insert(name.to_string(), FunctionHandle(f));
+        Ok(f)
+    }
+}
+
+impl Drop for CudaModule {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: the module is owned by self and unloaded exactly once.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}
+
+/// A stream of one GPU.
+pub(crate) struct CudaStreamHandle {
+    pub(crate) device: Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+}
+
+impl CudaStreamHandle {
+    /// # Safety
+    /// The kernel's pointer arguments must be valid for its whole run.
+    pub(crate) unsafe fn launch<A: KernelArgs>(
+        &self,
+        module: &CudaModule,
+        name: &str,
+        cfg: LaunchConfig,
+        args: &A,
+    ) -> Result<()> {
+        self.device.bind()?;
+        let f = module.function(name, cfg.shared_mem_bytes)?;
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(A::COUNT);
+        args.for_each_param(&mut |p| params.push(p));
+        let (g, b) = (cfg.grid, cfg.block);
+        // SAFETY: `params` point into `args`, alive for the call (the driver
+        // copies them); the kernel's own contract is the caller's.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (g.x, g.y, g.z),
+                (b.x, b.y, b.z),
+                cfg.shared_mem_bytes,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| Error::CudaError(format!("launching {name} with {cfg:?}: {e}")))
+    }
+
+    pub(crate) fn write(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: dst is a live allocation of at least src.len() bytes
+        // (checked by the caller); we wait before `src` can go away.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(cuda_err("cuMemcpyHtoDAsync"))?;
+        self.synchronize()
+    }
+
+    pub(crate) fn read(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: as in `write`, the other way round.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(cuda_err("cuMemcpyDtoHAsync"))?;
+        self.synchronize()
+    }
+
+    pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: dst is a live allocation of `bytes` bytes (the caller's buffer).
+        unsafe { result::memset_d8_async(dst, value, bytes, self.stream.cu_stream()) }.map_err(cuda_err("cuMemsetD8Async"))
+    }
+
+    pub(crate) fn record(&self, event: &CudaEventHandle) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: both handles are live and of this context.
+        unsafe { result::event::record(event.event, self.stream.cu_stream()) }.map_err(cuda_err("cuEventRecord"))
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda_err("cuStreamSynchronize"))
+    }
+}
+
+/// Device memory from `cuMemAlloc`, freed on drop.
+pub(crate) struct CudaAlloc {
+    device: Arc<CudaDevice>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl CudaAlloc {
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for CudaAlloc {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: owned pointer, freed exactly once.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// A CUDA event, destroyed on drop.
+pub(crate) struct CudaEventHandle {
+    device: Arc<CudaDevice>,
+    event: sys::CUevent,
+}
+
+// SAFETY: event handles are usable from any thread with the context bound.
+unsafe impl Send for CudaEventHandle {}
+// SAFETY: as above.
+unsafe impl Sync for CudaEventHandle {}
+
+impl CudaEventHandle {
+    pub(crate) fn elapsed_ms(&self, end: &CudaEventHandle) -> Result<f32> {
+        self.device.bind()?;
+        // SAFETY: live events of this context.
+        unsafe {
+            result::event::synchronize(end.event).map_err(cuda_err("cuEventSynchronize"))?;
+            result::event::elapsed(self.event, end.event).map_err(cuda_err("cuEventElapsedTime"))
+        }
+    }
+}
+
+impl Drop for CudaEventHandle {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: owned event, destroyed once.
+            let _ = unsafe { result::event::destroy(self.event) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_parsed_from_ptx() {
+        let ptx = ".version 7.8\n.visible .entry axpy_f32(\n.param .f32 a\n)\n.entry other_one(\n";
+        assert_eq!(ptx_entries(ptx), vec!["axpy_f32".to_string(), "other_one".to_string()]);
+    }
+}

@@ -1,0 +1,287 @@
+//! The emulated runtime: host memory stands in for device memory, and a
+//! kernel launch runs the kernel's host form on CPU threads.
+//!
+//! * A device is a number; its memory is ordinary host memory, so a "device
+//!   pointer" is a host address that kernels dereference directly.
+//! * A stream is a worker thread that executes its queue in order (copies,
+//!   memsets, launches, event records); [`EmuStream::synchronize`] waits for
+//!   the queue to drain and returns the first error, which stays (sticky).
+//! * A launch runs on [`grid`]: one CPU thread per GPU thread, with per-block
+//!   barriers and shared memory.
+//!
+//! The number of devices is `DEVCOMM_EMULATED_DEVICES` (default 8).
+
+mod grid;
+
+use super::LaunchConfig;
+use crate::error::{Error, Result};
+use devcomm_device::Kernel;
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Instant;
+
+/// SM count the emulator reports (a launch-sizing hint only).
+pub(crate) const EMULATED_SM_COUNT: u32 = 8;
+const DEFAULT_DEVICE_COUNT: usize = 8;
+/// Byte the emulator fills fresh allocations with, so unwritten memory shows.
+const POISON: u8 = 0xCB;
+
+pub(crate) fn device_count() -> usize {
+    std::env::var("DEVCOMM_EMULATED_DEVICES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(DEFAULT_DEVICE_COUNT)
+}
+
+/// An emulated GPU.
+pub(crate) struct EmuDevice {
+    pub(crate) ordinal: usize,
+    streams: Mutex<Vec<std::sync::Weak<EmuStream>>>,
+}
+
+impl EmuDevice {
+    /// Opens emulated device `ordinal` (one object per ordinal per process).
+    pub(crate) fn open(ordinal: usize) -> Result<Arc<EmuDevice>> {
+        static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<EmuDevice>>>> = OnceLock::new();
+        let n = device_count();
+        if ordinal >= n {
+            return Err(Error::invalid_argument(format!(
+                "emulated device {ordinal} does not exist: {n} are configured (DEVCOMM_EMULATED_DEVICES)"
+            )));
+        }
+        grid::install_hooks();
+        let mut map = DEVICES.get_or_init(Default::default).lock().map_err(|_| Error::internal("device table poisoned"))?;
+        Ok(map
+            .entry(ordinal)
+            .or_insert_with(|| Arc::new(EmuDevice { ordinal, streams: Mutex::new(Vec::new()) }))
+            .clone())
+    }
+
+    /// A stable identifier: "devcomm-emu" followed by the ordinal.
+    pub(crate) fn uuid(&self) -> [u8; 16] {
+        let mut u = [0u8; 16];
+        u[..11].copy_from_slice(b"devcomm-emu");
+        u[12..16].copy_from_slice(&(self.ordinal as u32).to_le_bytes());
+        u
+    }
+
+    pub(crate) fn new_stream(&self) -> Arc<EmuStream> {
+        let s = EmuStream::spawn(self.ordinal);
+        if let Ok(mut v) = self.streams.lock() {
+            v.retain(|w| w.strong_count() > 0);
+            v.push(Arc::downgrade(&s));
+        }
+        s
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let streams: Vec<_> = match self.streams.lock() {
+            Ok(v) => v.iter().filter_map(|w| w.upgrade()).collect(),
+            Err(_) => return Err(Error::internal("stream list poisoned")),
+        };
+        streams.iter().try_for_each(|s| s.synchronize())
+    }
+}
+
+/// Host memory standing in for device memory, 256-byte aligned, freed on drop.
+pub(crate) struct HostAlloc {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: plain memory; concurrent access is the kernels' business, exactly
+// as with device memory.
+unsafe impl Send for HostAlloc {}
+// SAFETY: as above.
+unsafe impl Sync for HostAlloc {}
+
+impl HostAlloc {
+    pub(crate) fn new(bytes: usize) -> Result<HostAlloc> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), 256)
+            .map_err(|e| Error::invalid_argument(format!("allocation of {bytes} bytes: {e}")))?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(Error::SystemError(format!("out of host memory allocating {bytes} bytes")));
+        }
+        // SAFETY: ptr is valid for layout.size() bytes.
+        unsafe { std::ptr::write_bytes(ptr, POISON, layout.size()) };
+        Ok(HostAlloc { ptr, layout })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+type Op = Box<dyn FnOnce() -> Result<()> + Send>;
+
+#[derive(Default)]
+struct StreamState {
+    submitted: u64,
+    completed: u64,
+    error: Option<Error>,
+}
+
+/// An in-order queue served by one worker thread.
+pub(crate) struct EmuStream {
+    tx: Mutex<Option<mpsc::Sender<Op>>>,
+    state: Arc<(Mutex<StreamState>, Condvar)>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl EmuStream {
+    fn spawn(ordinal: usize) -> Arc<EmuStream> {
+        let (tx, rx) = mpsc::channel::<Op>();
+        let state: Arc<(Mutex<StreamState>, Condvar)> = Arc::default();
+        let st = state.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("devcomm-emu{ordinal}-stream"))
+            .spawn(move || {
+                for op in rx {
+                    // After an error the stream is broken (as a CUDA context
+                    // after a fault): later work is skipped, not run on bad data.
+                    let failed = st.0.lock().map(|s| s.error.is_some()).unwrap_or(true);
+                    let res = if failed { Ok(()) } else { op() };
+                    let (lock, cv) = &*st;
+                    if let Ok(mut s) = lock.lock() {
+                        if let Err(e) = res {
+                            s.error.get_or_insert(e);
+                        }
+                        s.completed += 1;
+                    }
+                    cv.notify_all();
+                }
+            })
+            .expect("spawning an emulated stream thread");
+        Arc::new(EmuStream { tx: Mutex::new(Some(tx)), state, worker: Mutex::new(Some(worker)) })
+    }
+
+    fn submit(&self, op: Op) -> Result<()> {
+        let tx = self.tx.lock().map_err(|_| Error::internal("stream poisoned"))?;
+        let tx = tx.as_ref().ok_or_else(|| Error::invalid_usage("stream is destroyed"))?;
+        self.state.0.lock().map_err(|_| Error::internal("stream poisoned"))?.submitted += 1;
+        tx.send(op).map_err(|_| Error::internal("emulated stream worker is gone"))
+    }
+
+    /// # Safety
+    /// The kernel's pointer arguments must be valid for its whole run.
+    pub(crate) unsafe fn launch<K: Kernel>(&self, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        let job = grid::GridJob::<K::Args> { func: K::emulate, args, cfg, name: K::NAME };
+        let job = grid::SendJob(job);
+        self.submit(Box::new(move || {
+            let job = job;
+            // SAFETY: the caller of `launch` vouched for the arguments.
+            unsafe { job.run() }
+        }))
+    }
+
+    pub(crate) fn write(&self, dst: u64, src: &[u8]) -> Result<()> {
+        let (d, s, n) = (dst as usize, src.as_ptr() as usize, src.len());
+        // SAFETY: dst is a live allocation of at least n bytes (checked by the
+        // caller) and `src` outlives the op because we wait for it below.
+        self.submit(Box::new(move || {
+            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, n) };
+            Ok(())
+        }))?;
+        self.synchronize()
+    }
+
+    pub(crate) fn read(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        let (s, d, n) = (src as usize, dst.as_mut_ptr() as usize, dst.len());
+        // SAFETY: as in `write`, the other way round.
+        self.submit(Box::new(move || {
+            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, n) };
+            Ok(())
+        }))?;
+        self.synchronize()
+    }
+
+    pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        let d = dst as usize;
+        // SAFETY: dst is a live buffer of `bytes` bytes; the caller keeps it
+        // alive until the stream passes this point (as with CUDA).
+        self.submit(Box::new(move || {
+            unsafe { std::ptr::write_bytes(d as *mut u8, value, bytes) };
+            Ok(())
+        }))
+    }
+
+    pub(crate) fn record(&self, event: &Arc<EmuEvent>) -> Result<()> {
+        let ev = event.clone();
+        *ev.at.lock().map_err(|_| Error::internal("event poisoned"))? = None;
+        self.submit(Box::new(move || {
+            if let Ok(mut at) = ev.at.lock() {
+                *at = Some(Instant::now());
+            }
+            ev.cv.notify_all();
+            Ok(())
+        }))
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let (lock, cv) = &*self.state;
+        let mut s = lock.lock().map_err(|_| Error::internal("stream poisoned"))?;
+        while s.completed < s.submitted {
+            s = cv.wait(s).map_err(|_| Error::internal("stream poisoned"))?;
+        }
+        match &s.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for EmuStream {
+    fn drop(&mut self) {
+        // Closing the channel ends the worker once its queue is drained.
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        if let Ok(mut w) = self.worker.lock() {
+            if let Some(h) = w.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// An emulated event: the host time at which its stream reached it.
+#[derive(Default)]
+pub(crate) struct EmuEvent {
+    at: Mutex<Option<Instant>>,
+    cv: Condvar,
+}
+
+impl EmuEvent {
+    fn wait(&self) -> Result<Instant> {
+        let mut at = self.at.lock().map_err(|_| Error::internal("event poisoned"))?;
+        loop {
+            if let Some(t) = *at {
+                return Ok(t);
+            }
+            let (g, timeout) = self
+                .cv
+                .wait_timeout(at, std::time::Duration::from_secs(60))
+                .map_err(|_| Error::internal("event poisoned"))?;
+            if timeout.timed_out() && g.is_none() {
+                return Err(Error::invalid_usage("event was never recorded (waited 60 s)"));
+            }
+            at = g;
+        }
+    }
+
+    pub(crate) fn elapsed_ms(&self, end: &EmuEvent) -> Result<f32> {
+        let (a, b) = (self.wait()?, end.wait()?);
+        Ok(b.saturating_duration_since(a).as_secs_f32() * 1e3)
+    }
+}

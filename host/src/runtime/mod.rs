@@ -1,0 +1,596 @@
+//! Devices, streams, memory and kernel launches on two runtimes.
+//!
+//! * [`RuntimeKind::Cuda`]: real GPUs through the CUDA driver API (cudarc,
+//!   loaded dynamically, so a binary starts on a machine without CUDA and
+//!   reports that as [`Error::CudaError`]). Kernels come from PTX: the
+//!   library's own, embedded at build time, or a user's [`Module`].
+//! * [`RuntimeKind::Emulated`]: each device is host memory and a launch runs
+//!   the same Rust kernel function on CPU threads, one per GPU thread, with
+//!   working block barriers and per-block shared memory.
+//!
+//! [`RuntimeSelection`] picks one: explicitly, or `Auto` (CUDA when a GPU is
+//! present, else emulated), overridable with `DEVCOMM_RUNTIME=cuda|emulated|auto`.
+//!
+//! ```no_run
+//! use devcomm::runtime::{Device, LaunchConfig, RuntimeSelection};
+//! use devcomm_kernels::selftest::axpy_f32;
+//!
+//! # fn main() -> devcomm::Result<()> {
+//! let dev = Device::open(RuntimeSelection::from_env()?, 0)?;
+//! let stream = dev.stream();
+//! let n = 1000;
+//! let x = dev.alloc_from(&vec![1.0f32; n])?;
+//! let y = dev.alloc_from(&vec![2.0f32; n])?;
+//! let out = dev.alloc::<f32>(n)?;
+//! // SAFETY: x, y and out hold n elements and outlive the launch (we synchronize below).
+//! unsafe {
+//!     stream.launch::<axpy_f32>(
+//!         LaunchConfig::for_elements(n as u32, 256),
+//!         (3.0, x.as_ptr(), y.as_ptr(), out.as_mut_ptr(), n as u32),
+//!     )?;
+//! }
+//! assert_eq!(stream.read_vec(&out)?, vec![5.0f32; n]);
+//! # Ok(())
+//! # }
+//! ```
+
+mod cuda;
+mod emulated;
+
+use crate::error::{Error, Result};
+use bytemuck::Pod;
+use devcomm_device::{Dim3, Kernel};
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// Which runtime a [`Device`] belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeKind {
+    /// Real GPUs through the CUDA driver.
+    Cuda,
+    /// Host memory and CPU threads standing in for GPUs.
+    Emulated,
+}
+
+impl fmt::Display for RuntimeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RuntimeKind::Cuda => "cuda",
+            RuntimeKind::Emulated => "emulated",
+        })
+    }
+}
+
+/// How to choose a runtime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RuntimeSelection {
+    /// CUDA when the driver loads and reports at least one GPU, else emulated.
+    #[default]
+    Auto,
+    /// CUDA, or an error if it is not available.
+    Cuda,
+    /// The emulated runtime.
+    Emulated,
+}
+
+impl RuntimeSelection {
+    /// The environment variable that overrides the selection.
+    pub const ENV: &'static str = "DEVCOMM_RUNTIME";
+
+    /// Reads [`Self::ENV`] (`auto`, `cuda` or `emulated`; unset means `auto`).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(Self::ENV) {
+            Ok(v) => v.parse(),
+            Err(std::env::VarError::NotPresent) => Ok(RuntimeSelection::Auto),
+            Err(e) => Err(Error::invalid_argument(format!("{}: {e}", Self::ENV))),
+        }
+    }
+
+    /// Resolves `Auto` to a concrete kind.
+    pub fn resolve(self) -> Result<RuntimeKind> {
+        match self {
+            RuntimeSelection::Cuda => {
+                cuda::device_count()?;
+                Ok(RuntimeKind::Cuda)
+            }
+            RuntimeSelection::Emulated => Ok(RuntimeKind::Emulated),
+            RuntimeSelection::Auto => Ok(match cuda::device_count() {
+                Ok(n) if n > 0 => RuntimeKind::Cuda,
+                _ => RuntimeKind::Emulated,
+            }),
+        }
+    }
+}
+
+impl std::str::FromStr for RuntimeSelection {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(RuntimeSelection::Auto),
+            "cuda" | "gpu" => Ok(RuntimeSelection::Cuda),
+            "emulated" | "emu" | "cpu" => Ok(RuntimeSelection::Emulated),
+            other => Err(Error::invalid_argument(format!(
+                "unknown runtime {other:?}: expected auto, cuda or emulated"
+            ))),
+        }
+    }
+}
+
+/// Number of devices of the runtime `sel` resolves to.
+pub fn device_count(sel: RuntimeSelection) -> Result<(RuntimeKind, usize)> {
+    let kind = sel.resolve()?;
+    let n = match kind {
+        RuntimeKind::Cuda => cuda::device_count()?,
+        RuntimeKind::Emulated => emulated::device_count(),
+    };
+    Ok((kind, n))
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks per grid.
+    pub grid: Dim3,
+    /// Threads per block.
+    pub block: Dim3,
+    /// Bytes of dynamic shared memory per block.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// Most threads in one block.
+    pub const MAX_THREADS_PER_BLOCK: u64 = 1024;
+    /// Most dynamic shared memory per block (Hopper: 227 KiB).
+    pub const MAX_SHARED_MEM_BYTES: u32 = 227 * 1024;
+
+    /// A launch of `grid` blocks of `block` threads, no shared memory.
+    pub fn new(grid: impl Into<Dim3>, block: impl Into<Dim3>) -> Self {
+        LaunchConfig { grid: grid.into(), block: block.into(), shared_mem_bytes: 0 }
+    }
+
+    /// One thread per element, `block` threads per block (1-D).
+    pub fn for_elements(n: u32, block: u32) -> Self {
+        let block = block.max(1);
+        LaunchConfig::new(n.div_ceil(block).max(1), block)
+    }
+
+    /// The same launch with `bytes` of dynamic shared memory per block.
+    pub fn with_shared_mem(mut self, bytes: u32) -> Self {
+        self.shared_mem_bytes = bytes;
+        self
+    }
+
+    /// Checks the limits every CUDA GPU of compute capability 9.0 enforces.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::invalid_argument(format!("launch config {self:?}: {what}")));
+        let (g, b) = (self.grid, self.block);
+        if g.x == 0 || g.y == 0 || g.z == 0 || b.x == 0 || b.y == 0 || b.z == 0 {
+            return bad("every grid and block dimension must be at least 1".into());
+        }
+        if b.volume() > Self::MAX_THREADS_PER_BLOCK {
+            return bad(format!("{} threads per block, at most {}", b.volume(), Self::MAX_THREADS_PER_BLOCK));
+        }
+        if b.z > 64 {
+            return bad("block.z is at most 64".into());
+        }
+        if g.x > i32::MAX as u32 || g.y > 65535 || g.z > 65535 {
+            return bad("grid is at most 2^31-1 x 65535 x 65535".into());
+        }
+        if self.shared_mem_bytes > Self::MAX_SHARED_MEM_BYTES {
+            return bad(format!(
+                "{} bytes of dynamic shared memory, at most {}",
+                self.shared_mem_bytes,
+                Self::MAX_SHARED_MEM_BYTES
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+enum DeviceInner {
+    Cuda(Arc<cuda::CudaDevice>),
+    Emulated(Arc<emulated::EmuDevice>),
+}
+
+/// One GPU (or one emulated GPU). Cheap to clone.
+#[derive(Clone)]
+pub struct Device {
+    inner: DeviceInner,
+    default_stream: Stream,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("kind", &self.kind())
+            .field("ordinal", &self.ordinal())
+            .field("name", &self.name())
+            .finish()
+    }
+}
+
+impl Device {
+    /// Opens device `ordinal` of the runtime `sel` resolves to.
+    ///
+    /// Errors: [`Error::CudaError`] when CUDA is asked for and absent or
+    /// failing; [`Error::InvalidArgument`] when `ordinal` is out of range.
+    pub fn open(sel: RuntimeSelection, ordinal: usize) -> Result<Device> {
+        let inner = match sel.resolve()? {
+            RuntimeKind::Cuda => DeviceInner::Cuda(cuda::CudaDevice::open(ordinal)?),
+            RuntimeKind::Emulated => DeviceInner::Emulated(emulated::EmuDevice::open(ordinal)?),
+        };
+        let stream_inner = match &inner {
+            DeviceInner::Cuda(d) => StreamInner::Cuda(Arc::new(d.default_stream()?)),
+            DeviceInner::Emulated(d) => StreamInner::Emulated(d.new_stream()),
+        };
+        let owner = device_key(&inner);
+        Ok(Device { inner, default_stream: Stream { inner: stream_inner, owner } })
+    }
+
+    /// The runtime this device belongs to.
+    pub fn kind(&self) -> RuntimeKind {
+        match &self.inner {
+            DeviceInner::Cuda(_) => RuntimeKind::Cuda,
+            DeviceInner::Emulated(_) => RuntimeKind::Emulated,
+        }
+    }
+
+    /// The device's ordinal within its runtime.
+    pub fn ordinal(&self) -> usize {
+        match &self.inner {
+            DeviceInner::Cuda(d) => d.ordinal,
+            DeviceInner::Emulated(d) => d.ordinal,
+        }
+    }
+
+    /// A human-readable name ("NVIDIA H200", "emulated device 3").
+    pub fn name(&self) -> String {
+        match &self.inner {
+            DeviceInner::Cuda(d) => d.name.clone(),
+            DeviceInner::Emulated(d) => format!("emulated device {}", d.ordinal),
+        }
+    }
+
+    /// A 16-byte identifier: the GPU's UUID, or a stable one per emulated ordinal.
+    pub fn uuid(&self) -> [u8; 16] {
+        match &self.inner {
+            DeviceInner::Cuda(d) => d.uuid,
+            DeviceInner::Emulated(d) => d.uuid(),
+        }
+    }
+
+    /// Number of streaming multiprocessors (CPU threads' stand-in on the emulator).
+    pub fn multiprocessor_count(&self) -> u32 {
+        match &self.inner {
+            DeviceInner::Cuda(d) => d.sm_count,
+            DeviceInner::Emulated(_) => emulated::EMULATED_SM_COUNT,
+        }
+    }
+
+    /// The device's default stream (a stream of its own, not CUDA's legacy stream 0).
+    pub fn stream(&self) -> &Stream {
+        &self.default_stream
+    }
+
+    /// A new stream on this device.
+    pub fn new_stream(&self) -> Result<Stream> {
+        let inner = match &self.inner {
+            DeviceInner::Cuda(d) => StreamInner::Cuda(Arc::new(d.new_stream()?)),
+            DeviceInner::Emulated(d) => StreamInner::Emulated(d.new_stream()),
+        };
+        Ok(Stream { inner, owner: device_key(&self.inner) })
+    }
+
+    /// Waits for all work on all of this device's streams.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.inner {
+            DeviceInner::Cuda(d) => d.synchronize(),
+            DeviceInner::Emulated(d) => d.synchronize(),
+        }
+    }
+
+    /// Allocates `len` elements of device memory. The contents are undefined
+    /// (the emulator fills them with a poison pattern).
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::invalid_argument(format!("allocation of {len} elements overflows")))?;
+        let raw = match &self.inner {
+            DeviceInner::Cuda(d) => RawAlloc::Cuda(d.alloc(bytes)?),
+            DeviceInner::Emulated(_) => RawAlloc::Emulated(emulated::HostAlloc::new(bytes)?),
+        };
+        Ok(DeviceBuffer { raw, len, device: self.clone(), _t: PhantomData })
+    }
+
+    /// Allocates device memory and copies `data` into it (waits for the copy).
+    pub fn alloc_from<T: Pod>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
+        let mut buf = self.alloc(data.len())?;
+        self.stream().write(&mut buf, data)?;
+        Ok(buf)
+    }
+
+    /// Loads a PTX module (a user's kernel crate built with `devcomm-build`).
+    /// On the emulated runtime the PTX is not used: kernels run from their
+    /// host form, so any text is accepted.
+    pub fn load_module(&self, ptx: &str) -> Result<Module> {
+        match &self.inner {
+            DeviceInner::Cuda(d) => Ok(Module { inner: ModuleInner::Cuda(d.load_module(ptx)?) }),
+            DeviceInner::Emulated(_) => Ok(Module { inner: ModuleInner::Emulated }),
+        }
+    }
+
+    /// The library's own kernels (`devcomm-kernels`), loaded once per device.
+    pub fn library(&self) -> Result<Module> {
+        match &self.inner {
+            DeviceInner::Cuda(d) => Ok(Module { inner: ModuleInner::Cuda(d.library()?) }),
+            DeviceInner::Emulated(_) => Ok(Module { inner: ModuleInner::Emulated }),
+        }
+    }
+
+}
+
+/// Identity of a device object, to tell whether a buffer and a stream match.
+fn device_key(inner: &DeviceInner) -> usize {
+    match inner {
+        DeviceInner::Cuda(d) => Arc::as_ptr(d) as *const () as usize,
+        DeviceInner::Emulated(d) => Arc::as_ptr(d) as *const () as usize,
+    }
+}
+
+/// A loaded kernel module.
+#[derive(Clone)]
+pub struct Module {
+    inner: ModuleInner,
+}
+
+#[derive(Clone)]
+enum ModuleInner {
+    Cuda(Arc<cuda::CudaModule>),
+    Emulated,
+}
+
+impl fmt::Debug for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            ModuleInner::Cuda(m) => f.debug_struct("Module").field("entries", &m.entry_names()).finish(),
+            ModuleInner::Emulated => f.write_str("Module(emulated)"),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum StreamInner {
+    Cuda(Arc<cuda::CudaStreamHandle>),
+    Emulated(Arc<emulated::EmuStream>),
+}
+
+/// An in-order queue of work on one device. Cheap to clone.
+#[derive(Clone)]
+pub struct Stream {
+    inner: StreamInner,
+    owner: usize,
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream").finish_non_exhaustive()
+    }
+}
+
+impl Stream {
+    /// Launches the library kernel `K` (from `devcomm-kernels`).
+    ///
+    /// # Safety
+    ///
+    /// The kernel dereferences whatever pointers `args` carries: they must
+    /// be valid device memory of this device (or of peers it can reach) for
+    /// the kernel's whole run, as the kernel's own contract says.
+    pub unsafe fn launch<K: Kernel>(&self, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        cfg.validate()?;
+        match &self.inner {
+            StreamInner::Cuda(s) => {
+                let module = s.device.library()?;
+                // SAFETY: forwarded from the caller.
+                unsafe { s.launch(&module, K::NAME, cfg, &args) }
+            }
+            // SAFETY: forwarded from the caller.
+            StreamInner::Emulated(s) => unsafe { s.launch::<K>(cfg, args) },
+        }
+    }
+
+    /// Launches kernel `K` from a user's `module`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Stream::launch`].
+    pub unsafe fn launch_in<K: Kernel>(&self, module: &Module, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        cfg.validate()?;
+        match (&self.inner, &module.inner) {
+            // SAFETY: forwarded from the caller.
+            (StreamInner::Cuda(s), ModuleInner::Cuda(m)) => unsafe { s.launch(m, K::NAME, cfg, &args) },
+            // SAFETY: forwarded from the caller.
+            (StreamInner::Emulated(s), ModuleInner::Emulated) => unsafe { s.launch::<K>(cfg, args) },
+            _ => Err(Error::invalid_usage("module and stream belong to different runtimes")),
+        }
+    }
+
+    /// Copies `src` into `dst` and waits for the copy.
+    pub fn write<T: Pod>(&self, dst: &mut DeviceBuffer<T>, src: &[T]) -> Result<()> {
+        self.check_buffer(&dst.device)?;
+        if src.len() != dst.len {
+            return Err(Error::invalid_argument(format!(
+                "copy of {} elements into a buffer of {}",
+                src.len(),
+                dst.len
+            )));
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(src);
+        match &self.inner {
+            StreamInner::Cuda(s) => s.write(dst.raw.addr(), bytes),
+            StreamInner::Emulated(s) => s.write(dst.raw.addr(), bytes),
+        }
+    }
+
+    /// Copies `src` into `dst` and waits for the copy.
+    pub fn read<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
+        self.check_buffer(&src.device)?;
+        if src.len != dst.len() {
+            return Err(Error::invalid_argument(format!(
+                "copy of a buffer of {} elements into {}",
+                src.len,
+                dst.len()
+            )));
+        }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        match &self.inner {
+            StreamInner::Cuda(s) => s.read(src.raw.addr(), bytes),
+            StreamInner::Emulated(s) => s.read(src.raw.addr(), bytes),
+        }
+    }
+
+    /// Reads a whole buffer into a new vector.
+    pub fn read_vec<T: Pod>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        let mut v = vec![T::zeroed(); src.len];
+        self.read(src, &mut v)?;
+        Ok(v)
+    }
+
+    /// Sets every byte of `dst` to `value` (asynchronously, in stream order).
+    pub fn memset<T: Pod>(&self, dst: &mut DeviceBuffer<T>, value: u8) -> Result<()> {
+        self.check_buffer(&dst.device)?;
+        let n = dst.num_bytes();
+        match &self.inner {
+            StreamInner::Cuda(s) => s.memset(dst.raw.addr(), value, n),
+            StreamInner::Emulated(s) => s.memset(dst.raw.addr(), value, n),
+        }
+    }
+
+    /// Records `event` at this point of the stream.
+    pub fn record(&self, event: &Event) -> Result<()> {
+        match (&self.inner, &event.inner) {
+            (StreamInner::Cuda(s), EventInner::Cuda(e)) => s.record(e),
+            (StreamInner::Emulated(s), EventInner::Emulated(e)) => s.record(e),
+            _ => Err(Error::invalid_usage("event and stream belong to different runtimes")),
+        }
+    }
+
+    /// Waits until all work queued so far has finished. Returns the first
+    /// error a kernel raised (a trap, a fault), which is sticky as in CUDA.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.synchronize(),
+            StreamInner::Emulated(s) => s.synchronize(),
+        }
+    }
+
+    fn check_buffer(&self, dev: &Device) -> Result<()> {
+        if device_key(&dev.inner) == self.owner {
+            Ok(())
+        } else {
+            Err(Error::invalid_argument("buffer belongs to another device than the stream"))
+        }
+    }
+}
+
+/// A point in a stream, for timing (as `cudaEvent_t`).
+pub struct Event {
+    inner: EventInner,
+}
+
+enum EventInner {
+    Cuda(cuda::CudaEventHandle),
+    Emulated(Arc<emulated::EmuEvent>),
+}
+
+impl Event {
+    /// A new event on `device`.
+    pub fn new(device: &Device) -> Result<Event> {
+        let inner = match &device.inner {
+            DeviceInner::Cuda(d) => EventInner::Cuda(d.new_event()?),
+            DeviceInner::Emulated(_) => EventInner::Emulated(Arc::new(emulated::EmuEvent::default())),
+        };
+        Ok(Event { inner })
+    }
+
+    /// Waits for the event, then returns milliseconds from `self` to `end`.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        match (&self.inner, &end.inner) {
+            (EventInner::Cuda(a), EventInner::Cuda(b)) => a.elapsed_ms(b),
+            (EventInner::Emulated(a), EventInner::Emulated(b)) => a.elapsed_ms(b),
+            _ => Err(Error::invalid_usage("events belong to different runtimes")),
+        }
+    }
+}
+
+enum RawAlloc {
+    Cuda(cuda::CudaAlloc),
+    Emulated(emulated::HostAlloc),
+}
+
+impl RawAlloc {
+    fn addr(&self) -> u64 {
+        match self {
+            RawAlloc::Cuda(a) => a.addr(),
+            RawAlloc::Emulated(a) => a.addr(),
+        }
+    }
+}
+
+/// `len` elements of `T` in a device's memory, freed on drop.
+pub struct DeviceBuffer<T> {
+    raw: RawAlloc,
+    len: usize,
+    device: Device,
+    _t: PhantomData<T>,
+}
+
+impl<T> fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("addr", &format_args!("{:#x}", self.raw.addr()))
+            .field("len", &self.len)
+            .field("device", &self.device.ordinal())
+            .finish()
+    }
+}
+
+impl<T> DeviceBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn num_bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The device address, as an integer.
+    pub fn device_addr(&self) -> u64 {
+        self.raw.addr()
+    }
+
+    /// The device address as a pointer, for kernel arguments. Dereferencing
+    /// it on the host is only meaningful on the emulated runtime.
+    pub fn as_ptr(&self) -> *const T {
+        self.raw.addr() as *const T
+    }
+
+    /// The device address as a mutable pointer, for kernel arguments.
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.raw.addr() as *mut T
+    }
+
+    /// The device the buffer lives on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}

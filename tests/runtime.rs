@@ -1,0 +1,139 @@
+//! The runtime layer on whichever runtime `DEVCOMM_RUNTIME` selects: kernels
+//! written once run with the right results, block barriers and shared memory
+//! work, faults and bad launches are errors.
+
+use devcomm::runtime::LaunchConfig;
+use devcomm::Error;
+use devcomm_kernels::selftest::{axpy_f32, block_sum_u64, geometry, trap_at};
+use devcomm_tests::test_device;
+use rand::{Rng, SeedableRng};
+
+#[test]
+fn axpy_matches_host_reference_on_odd_sizes() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for &n in &[1usize, 31, 1000, 4099] {
+        let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let y: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let a = rng.gen_range(-4.0f32..4.0);
+        let dx = dev.alloc_from(&x).unwrap();
+        let dy = dev.alloc_from(&y).unwrap();
+        let mut out = dev.alloc::<f32>(n + 1).unwrap();
+        s.memset(&mut out, 0xFF).unwrap(); // poison: NaN everywhere
+        // Fewer threads than elements: exercises the grid-stride loop.
+        let cfg = LaunchConfig::new(3, 64);
+        // SAFETY: all buffers hold at least n elements and live past synchronize.
+        unsafe { s.launch::<axpy_f32>(cfg, (a, dx.as_ptr(), dy.as_ptr(), out.as_mut_ptr(), n as u32)) }.unwrap();
+        let got = s.read_vec(&out).unwrap();
+        for i in 0..n {
+            let want = (a as f64) * (x[i] as f64) + (y[i] as f64);
+            assert!((got[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "n={n} i={i}: {} vs {want}", got[i]);
+        }
+        assert!(got[n].is_nan(), "element past n was written");
+    }
+}
+
+#[test]
+fn block_barriers_and_shared_memory_give_the_right_sums() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for &(blocks, threads, n) in &[(1u32, 1u32, 1u32), (3, 32, 77), (5, 128, 1001), (2, 256, 300)] {
+        let input: Vec<u64> = (0..n).map(|_| rng.gen()).collect();
+        let din = dev.alloc_from(&input).unwrap();
+        let mut sums = dev.alloc::<u64>(blocks as usize).unwrap();
+        let mut echo = dev.alloc::<u64>((blocks * threads) as usize).unwrap();
+        s.memset(&mut sums, 0xA5).unwrap();
+        s.memset(&mut echo, 0xA5).unwrap();
+        let cfg = LaunchConfig::new(blocks, threads).with_shared_mem(threads * 8);
+        // SAFETY: sizes as the kernel's contract requires.
+        unsafe { s.launch::<block_sum_u64>(cfg, (din.as_ptr(), n, sums.as_mut_ptr(), echo.as_mut_ptr())) }.unwrap();
+        let got_sums = s.read_vec(&sums).unwrap();
+        let got_echo = s.read_vec(&echo).unwrap();
+        for b in 0..blocks {
+            let vals: Vec<u64> = (0..threads).map(|t| input[((b * threads + t) % n) as usize]).collect();
+            let want = vals.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+            assert_eq!(got_sums[b as usize], want, "block {b} of {blocks}x{threads}");
+            for t in 0..threads {
+                assert_eq!(got_echo[(b * threads + t) as usize], vals[(threads - 1 - t) as usize], "echo b{b} t{t}");
+            }
+        }
+    }
+}
+
+#[test]
+fn multi_dimensional_launch_geometry() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    let (grid, block) = ((2u32, 3u32, 2u32), (4u32, 2u32, 3u32));
+    let cfg = LaunchConfig::new(grid, block);
+    let total = (2 * 3 * 2 * 4 * 2 * 3) as usize;
+    let mut out = dev.alloc::<u32>(total * 6).unwrap();
+    s.memset(&mut out, 0xFF).unwrap();
+    // SAFETY: 6 words per thread.
+    unsafe { s.launch::<geometry>(cfg, (out.as_mut_ptr(),)) }.unwrap();
+    let got = s.read_vec(&out).unwrap();
+    let mut slot = 0;
+    for bz in 0..grid.2 {
+        for by in 0..grid.1 {
+            for bx in 0..grid.0 {
+                for tz in 0..block.2 {
+                    for ty in 0..block.1 {
+                        for tx in 0..block.0 {
+                            assert_eq!(&got[slot * 6..slot * 6 + 6], &[tx, ty, tz, bx, by, bz], "slot {slot}");
+                            slot += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_launch_configs_are_invalid_arguments() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    let out = dev.alloc::<u32>(4).unwrap();
+    for cfg in [
+        LaunchConfig::new(0, 32),
+        LaunchConfig::new(1, 0),
+        LaunchConfig::new(1, 2048),
+        LaunchConfig::new(1, (32, 32, 2)),
+        LaunchConfig::new(1, 32).with_shared_mem(LaunchConfig::MAX_SHARED_MEM_BYTES + 1),
+    ] {
+        // SAFETY: rejected before launch.
+        let r = unsafe { s.launch::<trap_at>(cfg, (out.as_mut_ptr(), u32::MAX)) };
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{cfg:?}: {r:?}");
+    }
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn size_mismatched_copies_are_invalid_arguments() {
+    let dev = test_device(0);
+    let mut buf = dev.alloc::<u32>(4).unwrap();
+    let s = dev.stream();
+    assert!(matches!(s.write(&mut buf, &[1, 2, 3]), Err(Error::InvalidArgument(_))));
+    let mut small = [0u32; 2];
+    assert!(matches!(s.read(&buf, &mut small), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn a_trapping_kernel_is_an_error_not_a_hang() {
+    // A trap destroys a CUDA context, so only the emulator runs this in-process.
+    let dev = test_device(0);
+    if dev.kind() != devcomm::RuntimeKind::Emulated {
+        eprintln!("skipped on {}: a trap would poison the shared CUDA context", dev.kind());
+        return;
+    }
+    let s = dev.new_stream().unwrap();
+    let out = dev.alloc::<u32>(64).unwrap();
+    // SAFETY: 64 elements for 2x32 threads.
+    unsafe { s.launch::<trap_at>(LaunchConfig::new(2, 32), (out.as_mut_ptr(), 37)) }.unwrap();
+    let err = s.synchronize().unwrap_err();
+    assert!(matches!(err, Error::CudaError(ref m) if m.contains("trap_at") && m.contains("trap")), "{err}");
+    // Sticky, as on a GPU.
+    assert!(s.synchronize().is_err());
+}
