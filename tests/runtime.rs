@@ -137,3 +137,27 @@ fn a_trapping_kernel_is_an_error_not_a_hang() {
     // Sticky, as on a GPU.
     assert!(s.synchronize().is_err());
 }
+
+#[test]
+fn scoped_atomics_count_and_publish() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    for &(blocks, threads) in &[(1u32, 1u32), (4, 32), (3, 96)] {
+        let counter = dev.alloc_from(&[0u64]).unwrap();
+        let arrivals = dev.alloc_from(&[0u32]).unwrap();
+        let published = dev.alloc_from(&[0u64]).unwrap();
+        let failures = dev.alloc_from(&[0u32]).unwrap();
+        // SAFETY: four zeroed words; the grid is small enough to be co-resident.
+        unsafe {
+            s.launch::<devcomm_kernels::selftest::atomics_smoke>(
+                LaunchConfig::new(blocks, threads),
+                (counter.as_mut_ptr(), arrivals.as_mut_ptr(), published.as_mut_ptr(), failures.as_mut_ptr()),
+            )
+        }
+        .unwrap();
+        let total = (blocks * threads) as u64;
+        assert_eq!(s.read_vec(&counter).unwrap(), vec![3 * total]);
+        assert_eq!(s.read_vec(&arrivals).unwrap(), vec![total as u32]);
+        assert_eq!(s.read_vec(&failures).unwrap(), vec![0]);
+    }
+}

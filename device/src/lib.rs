@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod arch;
+pub mod atomic;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
 pub mod kernel;

@@ -102,3 +102,38 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// Every thread adds 1 to `counter` with each scoped read-modify-write
+    /// flavour, then the last thread to arrive (seen through `fetch_add` on
+    /// `arrivals`) publishes the total with a release store and everybody
+    /// checks it after an acquire load. Leaves `counter = 3 * threads`.
+    ///
+    /// # Safety
+    /// `counter`, `arrivals` and `published` are `u64`s in device memory,
+    /// zero before the launch.
+    pub unsafe fn atomics_smoke(counter: *mut u64, arrivals: *mut u32, published: *mut u64, failures: *mut u32) {
+        use devcomm_device::atomic::{self, Order, Scope};
+        atomic::fetch_add(counter, 1, Order::Relaxed, Scope::Gpu);
+        atomic::red_add_release(counter, 1u64, Scope::Sys);
+        let mut seen = atomic::load_relaxed(counter as *const u64, Scope::Gpu);
+        while atomic::compare_exchange(counter, seen, seen + 1, Order::AcqRel, Scope::Gpu) != seen {
+            seen = atomic::load_relaxed(counter as *const u64, Scope::Gpu);
+        }
+        let total = devcomm_device::arch::grid_threads_x() * devcomm_device::arch::grid_dim().y.max(1);
+        let before = atomic::fetch_add(arrivals, 1, Order::AcqRel, Scope::Gpu);
+        if before + 1 == total {
+            let c = atomic::load_acquire(counter as *const u64, Scope::Gpu);
+            atomic::store_release(published, c, Scope::Sys);
+        }
+        let mut p = atomic::load_acquire(published as *const u64, Scope::Sys);
+        while p == 0 {
+            devcomm_device::arch::spin_backoff(32);
+            p = atomic::load_acquire(published as *const u64, Scope::Sys);
+        }
+        atomic::fence_sc(Scope::Sys);
+        if p != 3 * total as u64 {
+            atomic::red_add_relaxed(failures, 1u32, Scope::Gpu);
+        }
+    }
+}
