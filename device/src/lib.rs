@@ -23,6 +23,7 @@ pub mod atomic;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
 pub mod kernel;
+pub mod team;
 
 pub use arch::Dim3;
 pub use kernel::{Kernel, KernelArgs, KernelParam};
