@@ -21,7 +21,7 @@ fn axpy_matches_host_reference_on_odd_sizes() {
         let dy = dev.alloc_from(&y).unwrap();
         let mut out = dev.alloc::<f32>(n + 1).unwrap();
         s.memset(&mut out, 0xFF).unwrap(); // poison: NaN everywhere
-        // Fewer threads than elements: exercises the grid-stride loop.
+                                           // Fewer threads than elements: exercises the grid-stride loop.
         let cfg = LaunchConfig::new(3, 64);
         // SAFETY: all buffers hold at least n elements and live past synchronize.
         unsafe { s.launch::<axpy_f32>(cfg, (a, dx.as_ptr(), dy.as_ptr(), out.as_mut_ptr(), n as u32)) }.unwrap();
@@ -160,4 +160,25 @@ fn scoped_atomics_count_and_publish() {
         assert_eq!(s.read_vec(&arrivals).unwrap(), vec![total as u32]);
         assert_eq!(s.read_vec(&failures).unwrap(), vec![0]);
     }
+}
+
+#[test]
+fn every_coop_has_the_right_ranks_sizes_and_barriers() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    let blocks = 3u32;
+    let failures = dev.alloc_from(&[0u32; 5]).unwrap();
+    let sizes = dev.alloc_from(&[0u32; 5]).unwrap();
+    // SAFETY: 128 threads, 2560 bytes of shared memory, 5 zeroed words each.
+    unsafe {
+        s.launch::<devcomm_kernels::selftest::coop_check>(
+            LaunchConfig::new(blocks, 128).with_shared_mem(2560),
+            (failures.as_mut_ptr(), sizes.as_mut_ptr()),
+        )
+    }
+    .unwrap();
+    assert_eq!(s.read_vec(&failures).unwrap(), vec![0; 5]);
+    // Leaders per block: 4 warps, 16 tiles, 4 lane sets, 1 span, 1 CTA.
+    let b = blocks;
+    assert_eq!(s.read_vec(&sizes).unwrap(), vec![b * 4 * 32, b * 16 * 8, b * 4 * 16, b * 64, b * 128]);
 }

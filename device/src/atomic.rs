@@ -207,9 +207,30 @@ mod imp {
     macro_rules! by_scope {
         ($s:expr, |$sc:ident| $body:expr) => {
             match $s {
-                Scope::Cta => { macro_rules! $sc { () => { "cta" } } $body }
-                Scope::Gpu => { macro_rules! $sc { () => { "gpu" } } $body }
-                Scope::Sys => { macro_rules! $sc { () => { "sys" } } $body }
+                Scope::Cta => {
+                    macro_rules! $sc {
+                        () => {
+                            "cta"
+                        };
+                    }
+                    $body
+                }
+                Scope::Gpu => {
+                    macro_rules! $sc {
+                        () => {
+                            "gpu"
+                        };
+                    }
+                    $body
+                }
+                Scope::Sys => {
+                    macro_rules! $sc {
+                        () => {
+                            "sys"
+                        };
+                    }
+                    $body
+                }
             }
         };
     }
@@ -217,10 +238,38 @@ mod imp {
     macro_rules! by_order {
         ($o:expr, |$ord:ident| $body:expr) => {
             match $o {
-                Order::Relaxed => { macro_rules! $ord { () => { "relaxed" } } $body }
-                Order::Acquire => { macro_rules! $ord { () => { "acquire" } } $body }
-                Order::Release => { macro_rules! $ord { () => { "release" } } $body }
-                Order::AcqRel => { macro_rules! $ord { () => { "acq_rel" } } $body }
+                Order::Relaxed => {
+                    macro_rules! $ord {
+                        () => {
+                            "relaxed"
+                        };
+                    }
+                    $body
+                }
+                Order::Acquire => {
+                    macro_rules! $ord {
+                        () => {
+                            "acquire"
+                        };
+                    }
+                    $body
+                }
+                Order::Release => {
+                    macro_rules! $ord {
+                        () => {
+                            "release"
+                        };
+                    }
+                    $body
+                }
+                Order::AcqRel => {
+                    macro_rules! $ord {
+                        () => {
+                            "acq_rel"
+                        };
+                    }
+                    $body
+                }
             }
         };
     }

@@ -27,6 +27,10 @@ pub struct EmuHooks {
     pub geometry: fn() -> Geometry,
     /// Block barrier of the calling thread's block.
     pub sync_threads: fn(),
+    /// Barrier among the lanes of `mask` in the caller's warp (`bar.warp.sync`).
+    pub sync_warp: fn(mask: u32),
+    /// Named barrier `id` (1..16) of `nthreads` threads of the block (`bar.sync id, n`).
+    pub named_barrier: fn(id: u32, nthreads: u32),
     /// Base and size of the calling block's dynamic shared memory.
     pub dynamic_shared: fn() -> (*mut u8, u32),
     /// Global nanosecond clock.

@@ -12,14 +12,12 @@
 //! the GPU target and, on the host, a callable function plus a marker type that
 //! implements [`Kernel`] so the host crate can launch it on either runtime.
 #![no_std]
-#![cfg_attr(
-    target_arch = "nvptx64",
-    feature(stdarch_nvptx, asm_experimental_arch)
-)]
+#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
 #![warn(missing_docs)]
 
 pub mod arch;
 pub mod atomic;
+pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
 pub mod kernel;

@@ -17,4 +17,8 @@ pub mod runtime;
 pub use error::{Error, ErrorCode, Result};
 pub use runtime::{Device, DeviceBuffer, Event, LaunchConfig, Module, RuntimeKind, RuntimeSelection, Stream};
 
+pub mod bootstrap;
+pub mod comm;
+pub mod env;
+pub mod launch;
 pub mod ptx;

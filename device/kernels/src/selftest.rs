@@ -2,8 +2,8 @@
 //! dynamic shared memory.
 
 use devcomm_device::arch::{
-    block_dim, block_idx, dynamic_shared, dynamic_shared_size, global_thread_x, grid_threads_x,
-    sync_threads, thread_idx,
+    block_dim, block_idx, dynamic_shared, dynamic_shared_size, global_thread_x, grid_threads_x, sync_threads,
+    thread_idx,
 };
 use devcomm_device::kernel;
 
@@ -134,6 +134,64 @@ kernel! {
         atomic::fence_sc(Scope::Sys);
         if p != 3 * total as u64 {
             atomic::red_add_relaxed(failures, 1u32, Scope::Gpu);
+        }
+    }
+}
+
+/// One round of a coop check: each member writes a value derived from its
+/// rank into `smem[base + rank]`, syncs, reads its right neighbour's, syncs.
+/// Returns 1 if the neighbour's value was wrong.
+#[inline(always)]
+unsafe fn coop_round<C: devcomm_device::coop::Coop>(c: &C, smem: *mut u32, base: u32, round: u32) -> u32 {
+    let (r, n) = (c.thread_rank(), c.size());
+    *smem.add((base + r) as usize) = r * 7 + round;
+    c.sync();
+    let next = (r + 1) % n;
+    let got = *smem.add((base + next) as usize);
+    c.sync();
+    (got != next * 7 + round) as u32
+}
+
+kernel! {
+    /// Exercises every coop on a block of 128 threads (4 warps): for each,
+    /// adds its failures to `failures[k]` (k: 0 warp, 1 tile<8>, 2 lanes
+    /// 0x0f0f0f0f, 3 warp span of warps 1..=2, 4 CTA) and its `size()` seen by
+    /// the leader to `sizes[k]` (summed over leaders).
+    ///
+    /// Each coop uses its own 128-word region of shared memory, so a fast
+    /// coop moving on cannot overwrite what a slower one still reads.
+    ///
+    /// # Safety
+    /// `blockDim.x == 128`, 2560 bytes of dynamic shared memory, `failures`
+    /// and `sizes` have 5 zeroed elements.
+    pub unsafe fn coop_check(failures: *mut u32, sizes: *mut u32) {
+        use devcomm_device::arch::{lane_id, warp_id};
+        use devcomm_device::atomic::{red_add_relaxed, Scope};
+        use devcomm_device::coop::{Coop, Cta, Lanes, Tile, Warp, WarpSpan};
+        let smem = dynamic_shared::<u32>();
+        let (w, l) = (warp_id(), lane_id());
+        let record = |k: usize, fail: u32, leader: bool, size: u32| {
+            red_add_relaxed(failures.add(k), fail, Scope::Gpu);
+            if leader {
+                red_add_relaxed(sizes.add(k), size, Scope::Gpu);
+            }
+        };
+        for round in 0..3 {
+            let warp = Warp::new();
+            record(0, coop_round(&warp, smem, w * 32, round), warp.is_leader() && round == 0, warp.size());
+            let tile = Tile::<8>::new();
+            record(1, coop_round(&tile, smem, 128 + w * 32 + l / 8 * 8, round), tile.is_leader() && round == 0, tile.size());
+            let lanes = Lanes::new(0x0f0f_0f0f);
+            if lanes.mask() & (1 << l) != 0 {
+                record(2, coop_round(&lanes, smem, 256 + w * 32, round), lanes.is_leader() && round == 0, lanes.size());
+            }
+            let span = WarpSpan::new(1, 2, 1);
+            if (1..=2).contains(&w) {
+                record(3, coop_round(&span, smem, 384 + 32, round), span.is_leader() && round == 0, span.size());
+            }
+            let cta = Cta::new();
+            cta.sync();
+            record(4, coop_round(&cta, smem, 512, round), cta.is_leader() && round == 0, cta.size());
         }
     }
 }

@@ -30,6 +30,21 @@ pub fn sync_threads() {
 }
 
 #[inline]
+pub fn lane_id() -> u32 {
+    super::thread_rank_in_block() % super::WARP_SIZE
+}
+
+#[inline]
+pub fn sync_warp(mask: u32) {
+    (hooks().sync_warp)(mask)
+}
+
+#[inline]
+pub fn named_barrier(id: u32, nthreads: u32) {
+    (hooks().named_barrier)(id, nthreads)
+}
+
+#[inline]
 pub fn dynamic_shared() -> *mut u8 {
     (hooks().dynamic_shared)().0
 }

@@ -110,6 +110,36 @@ pub fn sync_threads() {
     imp::sync_threads()
 }
 
+/// Threads per warp.
+pub const WARP_SIZE: u32 = 32;
+
+/// The caller's lane in its warp (`%laneid`; the block's linear thread rank
+/// modulo 32).
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    imp::lane_id()
+}
+
+/// The caller's warp in its block (linear thread rank / 32).
+#[inline(always)]
+pub fn warp_id() -> u32 {
+    thread_rank_in_block() / WARP_SIZE
+}
+
+/// Barrier among the lanes of `mask` of the caller's warp (`__syncwarp(mask)`);
+/// every lane in `mask` must call it with the same mask.
+#[inline(always)]
+pub fn sync_warp(mask: u32) {
+    imp::sync_warp(mask)
+}
+
+/// Named barrier `id` (1..=15; 0 is [`sync_threads`]'s) among `nthreads`
+/// threads of the block, a multiple of 32 (`bar.sync id, nthreads`).
+#[inline(always)]
+pub fn named_barrier(id: u32, nthreads: u32) {
+    imp::named_barrier(id, nthreads)
+}
+
 /// Base of the block's dynamic shared memory (the `shared_mem_bytes` of the
 /// launch), 16-byte aligned. Valid for the block's lifetime; its size is
 /// [`dynamic_shared_size`].

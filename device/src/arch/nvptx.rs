@@ -37,6 +37,29 @@ pub fn sync_threads() {
 }
 
 #[inline(always)]
+pub fn lane_id() -> u32 {
+    let l: u32;
+    unsafe {
+        asm!("mov.u32 {l}, %laneid;", l = out(reg32) l, options(pure, nomem, nostack));
+    }
+    l
+}
+
+#[inline(always)]
+pub fn sync_warp(mask: u32) {
+    unsafe {
+        asm!("bar.warp.sync {m};", m = in(reg32) mask, options(nostack));
+    }
+}
+
+#[inline(always)]
+pub fn named_barrier(id: u32, nthreads: u32) {
+    unsafe {
+        asm!("barrier.sync {id}, {n};", id = in(reg32) id, n = in(reg32) nthreads, options(nostack));
+    }
+}
+
+#[inline(always)]
 pub fn dynamic_shared() -> *mut u8 {
     let p: u64;
     unsafe {

@@ -57,11 +57,10 @@ impl CudaDevice {
         static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
         let n = device_count()?;
         if ordinal >= n {
-            return Err(Error::invalid_argument(format!(
-                "CUDA device {ordinal} does not exist: this machine has {n}"
-            )));
+            return Err(Error::invalid_argument(format!("CUDA device {ordinal} does not exist: this machine has {n}")));
         }
-        let mut map = DEVICES.get_or_init(Default::default).lock().map_err(|_| Error::internal("device table poisoned"))?;
+        let mut map =
+            DEVICES.get_or_init(Default::default).lock().map_err(|_| Error::internal("device table poisoned"))?;
         if let Some(d) = map.get(&ordinal) {
             return Ok(d.clone());
         }
@@ -101,9 +100,8 @@ impl CudaDevice {
         self.bind()?;
         // cuMemAlloc rejects 0 bytes; keep a valid, unique address anyway.
         // SAFETY: context bound above; the pointer is owned by CudaAlloc.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| {
-            Error::CudaError(format!("cuMemAlloc of {bytes} bytes on GPU {}: {e}", self.ordinal))
-        })?;
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
+            .map_err(|e| Error::CudaError(format!("cuMemAlloc of {bytes} bytes on GPU {}: {e}", self.ordinal)))?;
         Ok(CudaAlloc { device: self.clone(), ptr })
     }
 
@@ -128,8 +126,7 @@ impl CudaDevice {
 
     pub(crate) fn new_event(self: &Arc<Self>) -> Result<CudaEventHandle> {
         self.bind()?;
-        let event =
-            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(cuda_err("cuEventCreate"))?;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(cuda_err("cuEventCreate"))?;
         Ok(CudaEventHandle { device: self.clone(), event })
     }
 }
@@ -138,7 +135,8 @@ impl CudaDevice {
 pub(crate) fn ptx_entries(ptx: &str) -> Vec<String> {
     ptx.lines()
         .filter_map(|l| {
-            let rest = l.trim_start().strip_prefix(".visible .entry ").or_else(|| l.trim_start().strip_prefix(".entry "))?;
+            let rest =
+                l.trim_start().strip_prefix(".visible .entry ").or_else(|| l.trim_start().strip_prefix(".entry "))?;
             let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$').collect();
             (!name.is_empty()).then_some(name)
         })
@@ -246,21 +244,24 @@ impl CudaStreamHandle {
         self.device.bind()?;
         // SAFETY: dst is a live allocation of at least src.len() bytes
         // (checked by the caller); we wait before `src` can go away.
-        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(cuda_err("cuMemcpyHtoDAsync"))?;
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(cuda_err("cuMemcpyHtoDAsync"))?;
         self.synchronize()
     }
 
     pub(crate) fn read(&self, src: u64, dst: &mut [u8]) -> Result<()> {
         self.device.bind()?;
         // SAFETY: as in `write`, the other way round.
-        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(cuda_err("cuMemcpyDtoHAsync"))?;
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(cuda_err("cuMemcpyDtoHAsync"))?;
         self.synchronize()
     }
 
     pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         self.device.bind()?;
         // SAFETY: dst is a live allocation of `bytes` bytes (the caller's buffer).
-        unsafe { result::memset_d8_async(dst, value, bytes, self.stream.cu_stream()) }.map_err(cuda_err("cuMemsetD8Async"))
+        unsafe { result::memset_d8_async(dst, value, bytes, self.stream.cu_stream()) }
+            .map_err(cuda_err("cuMemsetD8Async"))
     }
 
     pub(crate) fn record(&self, event: &CudaEventHandle) -> Result<()> {

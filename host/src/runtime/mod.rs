@@ -111,9 +111,9 @@ impl std::str::FromStr for RuntimeSelection {
             "" | "auto" => Ok(RuntimeSelection::Auto),
             "cuda" | "gpu" => Ok(RuntimeSelection::Cuda),
             "emulated" | "emu" | "cpu" => Ok(RuntimeSelection::Emulated),
-            other => Err(Error::invalid_argument(format!(
-                "unknown runtime {other:?}: expected auto, cuda or emulated"
-            ))),
+            other => {
+                Err(Error::invalid_argument(format!("unknown runtime {other:?}: expected auto, cuda or emulated")))
+            }
         }
     }
 }
@@ -329,7 +329,6 @@ impl Device {
             DeviceInner::Emulated(_) => Ok(Module { inner: ModuleInner::Emulated }),
         }
     }
-
 }
 
 /// Identity of a device object, to tell whether a buffer and a stream match.

@@ -18,9 +18,10 @@ use crate::error::{Error, Result};
 use devcomm_device::emu::{EmuHooks, Geometry};
 use devcomm_device::{Dim3, KernelArgs};
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, Once, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
 use std::time::Instant;
 
 const DEFAULT_MAX_THREADS: u64 = 4096;
@@ -103,6 +104,10 @@ impl BlockBarrier {
 
 struct BlockState {
     barrier: BlockBarrier,
+    /// Warp and named barriers, made on first use: key (kind, warp or id,
+    /// lane mask or thread count).
+    sub_barriers: Mutex<HashMap<(u8, u32, u32), Arc<BlockBarrier>>>,
+    poisoned: AtomicBool,
     // u128 elements: 16-byte alignment, like CUDA's dynamic shared memory.
     shared: Box<[std::cell::UnsafeCell<u128>]>,
     shared_bytes: u32,
@@ -111,6 +116,39 @@ struct BlockState {
 // SAFETY: the shared array is accessed by the block's threads through raw
 // pointers, as GPU shared memory is; synchronisation is the kernel's job.
 unsafe impl Sync for BlockState {}
+
+const WARP_BARRIER: u8 = 0;
+const NAMED_BARRIER: u8 = 1;
+
+impl BlockState {
+    fn new(threads: u32, shared_words: usize, shared_bytes: u32) -> Self {
+        BlockState {
+            barrier: BlockBarrier::new(threads),
+            sub_barriers: Mutex::new(HashMap::new()),
+            poisoned: AtomicBool::new(false),
+            shared: (0..shared_words).map(|_| std::cell::UnsafeCell::new(0)).collect(),
+            shared_bytes,
+        }
+    }
+
+    fn sub_barrier(&self, kind: u8, id: u32, set: u32, parties: u32) -> Arc<BlockBarrier> {
+        let mut map = self.sub_barriers.lock().unwrap_or_else(|p| p.into_inner());
+        let b = map.entry((kind, id, set)).or_insert_with(|| Arc::new(BlockBarrier::new(parties.max(1))));
+        if self.poisoned.load(Ordering::SeqCst) {
+            b.poison();
+        }
+        b.clone()
+    }
+
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        self.barrier.poison();
+        let map = self.sub_barriers.lock().unwrap_or_else(|p| p.into_inner());
+        for b in map.values() {
+            b.poison();
+        }
+    }
+}
 
 struct LaunchState {
     aborted: AtomicBool,
@@ -163,6 +201,26 @@ fn hook_sync_threads() {
     with_block(|b| b.barrier.wait());
 }
 
+fn hook_sync_warp(mask: u32) {
+    let g = current().geometry;
+    let b = g.block_dim;
+    let rank = g.thread_idx.x + b.x * (g.thread_idx.y + b.y * g.thread_idx.z);
+    let warp = rank / 32;
+    // Lanes past the end of the block do not exist: a partial last warp's
+    // full mask means its existing lanes.
+    let threads = b.x * b.y * b.z;
+    let lanes_here = (threads - warp * 32).min(32);
+    let existing = if lanes_here == 32 { u32::MAX } else { (1u32 << lanes_here) - 1 };
+    let lanes = mask & existing;
+    // One barrier per (warp, lane set): tiles of a warp that sync at the
+    // same time must not share one, or arrivals of different tiles mix.
+    with_block(|bs| bs.sub_barrier(WARP_BARRIER, warp, lanes, lanes.count_ones())).wait();
+}
+
+fn hook_named_barrier(id: u32, nthreads: u32) {
+    with_block(|bs| bs.sub_barrier(NAMED_BARRIER, id, nthreads, nthreads)).wait();
+}
+
 fn hook_dynamic_shared() -> (*mut u8, u32) {
     with_block(|b| (b.shared.as_ptr() as *mut u8, b.shared_bytes))
 }
@@ -187,13 +245,15 @@ fn hook_trap() -> ! {
             g.block_idx.x, g.block_idx.y, g.block_idx.z, g.thread_idx.x, g.thread_idx.y, g.thread_idx.z
         ))
     });
-    with_block(|b| b.barrier.poison());
+    with_block(|b| b.poison());
     resume_unwind(Box::new(LaunchAborted))
 }
 
 static HOOKS: EmuHooks = EmuHooks {
     geometry: hook_geometry,
     sync_threads: hook_sync_threads,
+    sync_warp: hook_sync_warp,
+    named_barrier: hook_named_barrier,
     dynamic_shared: hook_dynamic_shared,
     global_timer_ns: hook_global_timer_ns,
     yield_now: hook_yield,
@@ -250,11 +310,7 @@ impl<A: KernelArgs> SendJob<A> {
         while first < blocks && !launch.aborted.load(Ordering::SeqCst) {
             let last = (first + blocks_per_wave).min(blocks);
             let states: Vec<BlockState> = (first..last)
-                .map(|_| BlockState {
-                    barrier: BlockBarrier::new(threads_per_block as u32),
-                    shared: (0..shared_words).map(|_| std::cell::UnsafeCell::new(0)).collect(),
-                    shared_bytes: cfg.shared_mem_bytes,
-                })
+                .map(|_| BlockState::new(threads_per_block as u32, shared_words, cfg.shared_mem_bytes))
                 .collect();
             let spawned = std::thread::scope(|scope| -> Result<()> {
                 for (i, state) in states.iter().enumerate() {
@@ -274,7 +330,7 @@ impl<A: KernelArgs> SendJob<A> {
                         let this = &*self;
                         let launch_ref = &launch;
                         let spawn = std::thread::Builder::new()
-                            .name(format!("{}-b{}t{}", job.name, first + i as u64, t))
+                            .name(format!("emu-b{}t{}", first + i as u64, t))
                             .stack_size(THREAD_STACK_BYTES)
                             .spawn_scoped(scope, move || {
                                 let ctx = ctx;
@@ -299,13 +355,13 @@ impl<A: KernelArgs> SendJob<A> {
                                         ));
                                     }
                                     // SAFETY: the block state outlives the scope.
-                                    unsafe { &*ctx.0.block }.barrier.poison();
+                                    unsafe { &*ctx.0.block }.poison();
                                 }
                             });
                         if let Err(e) = spawn {
                             launch.fail(format!("could not start an emulated GPU thread: {e}"));
                             for s in &states {
-                                s.barrier.poison();
+                                s.poison();
                             }
                             return Err(Error::SystemError(format!(
                                 "{}: could not start an emulated GPU thread: {e}",

@@ -52,7 +52,8 @@ impl EmuDevice {
             )));
         }
         grid::install_hooks();
-        let mut map = DEVICES.get_or_init(Default::default).lock().map_err(|_| Error::internal("device table poisoned"))?;
+        let mut map =
+            DEVICES.get_or_init(Default::default).lock().map_err(|_| Error::internal("device table poisoned"))?;
         Ok(map
             .entry(ordinal)
             .or_insert_with(|| Arc::new(EmuDevice { ordinal, streams: Mutex::new(Vec::new()) }))
