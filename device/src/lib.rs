@@ -17,11 +17,13 @@
 
 pub mod arch;
 pub mod atomic;
+pub mod comm;
 pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
 pub mod kernel;
 pub mod team;
+pub mod wait;
 
 pub use arch::Dim3;
 pub use kernel::{Kernel, KernelArgs, KernelParam};

@@ -1,7 +1,7 @@
 //! Thread geometry, block barriers, shared memory and timers.
 //!
 //! Every function here has one meaning on both targets. On `nvptx64` it is a
-//! special-register read or a PTX instruction ([`nvptx`]); on the host it asks
+//! special-register read or a PTX instruction; on the host it asks
 //! the emulated runtime through the hooks in [`crate::emu`].
 
 #[cfg(target_arch = "nvptx64")]

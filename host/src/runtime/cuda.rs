@@ -79,7 +79,19 @@ impl CudaDevice {
         Ok(dev)
     }
 
-    fn bind(&self) -> Result<()> {
+    pub(crate) fn can_access_peer(&self, peer: &CudaDevice) -> Result<bool> {
+        if peer.ordinal == self.ordinal {
+            return Ok(true);
+        }
+        let mut ok = 0;
+        // SAFETY: valid out-pointer and device handles of live contexts.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut ok, self.ctx.cu_device(), peer.ctx.cu_device()) }
+            .result()
+            .map_err(cuda_err("cuDeviceCanAccessPeer"))?;
+        Ok(ok != 0)
+    }
+
+    pub(crate) fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(cuda_err("binding the CUDA context"))
     }
 

@@ -35,6 +35,7 @@
 //! ```
 
 mod cuda;
+mod cuda_vmm;
 mod emulated;
 
 use crate::error::{Error, Result};
@@ -312,6 +313,25 @@ impl Device {
         Ok(buf)
     }
 
+    /// Granularity of shareable (symmetric) allocations: 2 MiB on current
+    /// GPUs, 4096 bytes on the emulator.
+    pub fn shareable_granularity(&self) -> Result<usize> {
+        match &self.inner {
+            DeviceInner::Cuda(d) => cuda_vmm::granularity(d),
+            DeviceInner::Emulated(_) => Ok(emulated::shm::GRANULARITY),
+        }
+    }
+
+    /// Whether this device can load and store `peer`'s memory directly
+    /// (CUDA peer access; always true between emulated devices).
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        match (&self.inner, &peer.inner) {
+            (DeviceInner::Cuda(a), DeviceInner::Cuda(b)) => a.can_access_peer(b),
+            (DeviceInner::Emulated(_), DeviceInner::Emulated(_)) => Ok(true),
+            _ => Ok(false),
+        }
+    }
+
     /// Loads a PTX module (a user's kernel crate built with `devcomm-build`).
     /// On the emulated runtime the PTX is not used: kernels run from their
     /// host form, so any text is accepted.
@@ -336,6 +356,84 @@ fn device_key(inner: &DeviceInner) -> usize {
     match inner {
         DeviceInner::Cuda(d) => Arc::as_ptr(d) as *const () as usize,
         DeviceInner::Emulated(d) => Arc::as_ptr(d) as *const () as usize,
+    }
+}
+
+/// Physical memory that other processes on the host can map: CUDA VMM
+/// memory exported as a POSIX file descriptor, or an emulated memfd.
+#[allow(dead_code)] // used by window registration, which lands next
+pub(crate) enum ShareableAlloc {
+    Cuda(cuda_vmm::VmmAlloc),
+    Emulated(emulated::shm::ShmAlloc),
+}
+
+#[allow(dead_code)] // as above
+impl ShareableAlloc {
+    /// Allocates at least `bytes` (rounded up to [`Device::shareable_granularity`]).
+    pub(crate) fn new(device: &Device, bytes: usize) -> Result<ShareableAlloc> {
+        let g = device.shareable_granularity()?;
+        let size = bytes
+            .max(1)
+            .checked_next_multiple_of(g)
+            .ok_or_else(|| Error::invalid_argument(format!("allocation of {bytes} bytes overflows")))?;
+        Ok(match &device.inner {
+            DeviceInner::Cuda(d) => ShareableAlloc::Cuda(cuda_vmm::VmmAlloc::new(d, size)?),
+            DeviceInner::Emulated(_) => ShareableAlloc::Emulated(emulated::shm::ShmAlloc::new(size)?),
+        })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        match self {
+            ShareableAlloc::Cuda(a) => a.addr(),
+            ShareableAlloc::Emulated(a) => a.addr(),
+        }
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            ShareableAlloc::Cuda(a) => a.size(),
+            ShareableAlloc::Emulated(a) => a.size(),
+        }
+    }
+
+    pub(crate) fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        match self {
+            ShareableAlloc::Cuda(a) => a.export_fd(),
+            ShareableAlloc::Emulated(a) => a.export_fd(),
+        }
+    }
+}
+
+/// A reserved device address range that shareable allocations (ours and
+/// peers') are mapped into.
+#[allow(dead_code)] // as above
+pub(crate) enum AddressRange {
+    Cuda(cuda_vmm::VmmRange),
+    Emulated(emulated::shm::ShmRange),
+}
+
+#[allow(dead_code)] // as above
+impl AddressRange {
+    pub(crate) fn reserve(device: &Device, bytes: usize) -> Result<AddressRange> {
+        Ok(match &device.inner {
+            DeviceInner::Cuda(d) => AddressRange::Cuda(cuda_vmm::VmmRange::reserve(d, bytes)?),
+            DeviceInner::Emulated(_) => AddressRange::Emulated(emulated::shm::ShmRange::reserve(bytes)?),
+        })
+    }
+
+    pub(crate) fn base(&self) -> u64 {
+        match self {
+            AddressRange::Cuda(r) => r.base(),
+            AddressRange::Emulated(r) => r.base(),
+        }
+    }
+
+    /// Maps `len` bytes of the allocation behind `fd` at `offset`.
+    pub(crate) fn map_fd(&mut self, offset: usize, fd: std::os::fd::BorrowedFd<'_>, len: usize) -> Result<()> {
+        match self {
+            AddressRange::Cuda(r) => r.map_fd(offset, fd, len),
+            AddressRange::Emulated(r) => r.map_fd(offset, fd, len),
+        }
     }
 }
 
@@ -447,6 +545,26 @@ impl Stream {
         match &self.inner {
             StreamInner::Cuda(s) => s.read(src.raw.addr(), bytes),
             StreamInner::Emulated(s) => s.read(src.raw.addr(), bytes),
+        }
+    }
+
+    /// Copies `src` to device address `dst` and waits. The caller guarantees
+    /// `dst..dst + src.len()` is device memory of this stream's device (or
+    /// mapped into it).
+    #[allow(dead_code)] // as above
+    pub(crate) fn write_raw(&self, dst: u64, src: &[u8]) -> Result<()> {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.write(dst, src),
+            StreamInner::Emulated(s) => s.write(dst, src),
+        }
+    }
+
+    /// Copies from device address `src` into `dst` and waits (as [`Self::write_raw`]).
+    #[allow(dead_code)] // as above
+    pub(crate) fn read_raw(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.read(src, dst),
+            StreamInner::Emulated(s) => s.read(src, dst),
         }
     }
 

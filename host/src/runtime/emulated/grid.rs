@@ -1,31 +1,44 @@
 //! Running one kernel launch on CPU threads.
 //!
-//! Every GPU thread of a block is an OS thread, so a block barrier is a real
-//! barrier and threads of a block really interleave. Blocks run in waves of at
-//! most `DEVCOMM_EMU_MAX_THREADS` threads (default 4096): a grid that fits is
-//! fully co-resident, like a grid of at most one block per SM on a GPU.
+//! * Each **block** runs on one OS thread (from [`super::pool`]); the blocks
+//!   of a wave run concurrently. A wave holds as many blocks as fit in
+//!   `DEVCOMM_EMU_MAX_THREADS` GPU threads (default 16384, at least one
+//!   block), so a grid that fits is fully co-resident, as a grid of at most
+//!   one block per SM is on a GPU. (Each thread has a stack mapping of its
+//!   own: the bound keeps a process well inside the kernel's map limit.)
+//! * Each **GPU thread** of a block is a stackful coroutine (corosensei). A
+//!   small scheduler resumes them in turn; a thread suspends at every
+//!   barrier (`sync_threads`, `sync_warp`, named barriers) and at every
+//!   `spin_backoff`, so a block with hundreds of threads costs no OS context
+//!   switches. Thread switches happen only at those points, which is what
+//!   makes emulated runs deterministic per block; memory-ordering bugs are
+//!   for the GPU runs to find (DESIGN.md, principle 1).
+//! * Intrinsics find their thread through the thread-local [`ThreadCtx`] the
+//!   scheduler sets before resuming a coroutine.
 //!
-//! Intrinsics find their thread's place through a thread-local [`ThreadCtx`]
-//! set here and read by the hooks installed in `devcomm_device::emu`.
-//!
-//! Failure: a `trap`, or a panic inside the kernel's host form, poisons the
-//! thread's block barrier and raises the launch's abort flag; threads waiting
-//! at a barrier or spinning (`spin_backoff`) then unwind out of the kernel, and
-//! the launch returns [`Error::CudaError`] (what a GPU fault gives too) naming the kernel, block and thread.
+//! Failures: a `trap` or a panic in the kernel's host form, or a barrier that
+//! can never complete (threads waiting at different barriers), ends the
+//! launch with [`Error::CudaError`] naming the kernel and the thread; the
+//! other threads of the block are unwound, other blocks stop at their next
+//! spin or barrier.
 
 use super::super::LaunchConfig;
+use super::pool;
 use crate::error::{Error, Result};
+use corosensei::stack::DefaultStack;
+use corosensei::{Coroutine, CoroutineResult, Yielder};
 use devcomm_device::emu::{EmuHooks, Geometry};
 use devcomm_device::{Dim3, KernelArgs};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 use std::time::Instant;
 
-const DEFAULT_MAX_THREADS: u64 = 4096;
-const THREAD_STACK_BYTES: usize = 512 * 1024;
+const DEFAULT_MAX_THREADS: u64 = 16384;
+/// Stack of each emulated GPU thread.
+const STACK_BYTES: usize = 128 * 1024;
 
 /// Unwind payload that takes a thread out of a failed launch quietly.
 struct LaunchAborted;
@@ -38,8 +51,7 @@ pub(crate) struct GridJob<A> {
     pub(crate) name: &'static str,
 }
 
-/// Moves a [`GridJob`] to the stream's worker thread and on to the CPU
-/// threads of the grid.
+/// Moves a [`GridJob`] to the stream's worker thread and on to the blocks.
 pub(crate) struct SendJob<A>(pub(crate) GridJob<A>);
 
 // SAFETY: a job's arguments are device pointers and plain values. Sharing
@@ -50,104 +62,31 @@ unsafe impl<A> Send for SendJob<A> {}
 // SAFETY: as above.
 unsafe impl<A> Sync for SendJob<A> {}
 
-/// A barrier that can be poisoned: waiters then unwind instead of hanging.
-struct BlockBarrier {
-    state: Mutex<BarrierState>,
-    cv: Condvar,
-    parties: u32,
+/// What a suspended GPU thread waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum BarrierKey {
+    /// `bar.sync 0`: every live thread of the block.
+    Block,
+    /// `bar.warp.sync mask` in warp `warp`: the live lanes of `mask`.
+    Warp { warp: u32, mask: u32 },
+    /// `bar.sync id, n`: `n` threads.
+    Named { id: u32, threads: u32 },
 }
 
-struct BarrierState {
-    arrived: u32,
-    generation: u64,
-    poisoned: bool,
+/// Why a coroutine suspended.
+#[derive(Clone, Copy, Debug)]
+enum Suspend {
+    Barrier(BarrierKey),
+    Spin,
 }
 
-impl BlockBarrier {
-    fn new(parties: u32) -> Self {
-        BlockBarrier {
-            state: Mutex::new(BarrierState { arrived: 0, generation: 0, poisoned: false }),
-            cv: Condvar::new(),
-            parties,
-        }
-    }
+type ThreadYielder = Yielder<(), Suspend>;
 
-    fn wait(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.poisoned {
-            drop(s);
-            resume_unwind(Box::new(LaunchAborted));
-        }
-        s.arrived += 1;
-        if s.arrived == self.parties {
-            s.arrived = 0;
-            s.generation = s.generation.wrapping_add(1);
-            self.cv.notify_all();
-            return;
-        }
-        let gen = s.generation;
-        while s.generation == gen && !s.poisoned {
-            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
-        }
-        if s.generation == gen {
-            drop(s);
-            resume_unwind(Box::new(LaunchAborted));
-        }
-    }
-
-    fn poison(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.poisoned = true;
-        self.cv.notify_all();
-    }
-}
-
+/// State shared by the threads of one block (lives on the block's OS thread).
 struct BlockState {
-    barrier: BlockBarrier,
-    /// Warp and named barriers, made on first use: key (kind, warp or id,
-    /// lane mask or thread count).
-    sub_barriers: Mutex<HashMap<(u8, u32, u32), Arc<BlockBarrier>>>,
-    poisoned: AtomicBool,
-    // u128 elements: 16-byte alignment, like CUDA's dynamic shared memory.
     shared: Box<[std::cell::UnsafeCell<u128>]>,
     shared_bytes: u32,
-}
-
-// SAFETY: the shared array is accessed by the block's threads through raw
-// pointers, as GPU shared memory is; synchronisation is the kernel's job.
-unsafe impl Sync for BlockState {}
-
-const WARP_BARRIER: u8 = 0;
-const NAMED_BARRIER: u8 = 1;
-
-impl BlockState {
-    fn new(threads: u32, shared_words: usize, shared_bytes: u32) -> Self {
-        BlockState {
-            barrier: BlockBarrier::new(threads),
-            sub_barriers: Mutex::new(HashMap::new()),
-            poisoned: AtomicBool::new(false),
-            shared: (0..shared_words).map(|_| std::cell::UnsafeCell::new(0)).collect(),
-            shared_bytes,
-        }
-    }
-
-    fn sub_barrier(&self, kind: u8, id: u32, set: u32, parties: u32) -> Arc<BlockBarrier> {
-        let mut map = self.sub_barriers.lock().unwrap_or_else(|p| p.into_inner());
-        let b = map.entry((kind, id, set)).or_insert_with(|| Arc::new(BlockBarrier::new(parties.max(1))));
-        if self.poisoned.load(Ordering::SeqCst) {
-            b.poison();
-        }
-        b.clone()
-    }
-
-    fn poison(&self) {
-        self.poisoned.store(true, Ordering::SeqCst);
-        self.barrier.poison();
-        let map = self.sub_barriers.lock().unwrap_or_else(|p| p.into_inner());
-        for b in map.values() {
-            b.poison();
-        }
-    }
+    poisoned: Cell<bool>,
 }
 
 struct LaunchState {
@@ -164,15 +103,22 @@ impl LaunchState {
     }
 }
 
+/// One GPU thread's identity, plus where to suspend it.
+struct Slot {
+    geometry: Geometry,
+    yielder: Cell<*const ThreadYielder>,
+}
+
 #[derive(Clone, Copy)]
 struct ThreadCtx {
-    geometry: Geometry,
+    slot: *const Slot,
     block: *const BlockState,
     launch: *const LaunchState,
 }
 
 thread_local! {
     static CURRENT: Cell<Option<ThreadCtx>> = const { Cell::new(None) };
+    static STACKS: RefCell<Vec<DefaultStack>> = const { RefCell::new(Vec::new()) };
 }
 
 fn current() -> ThreadCtx {
@@ -182,47 +128,57 @@ fn current() -> ThreadCtx {
     }
 }
 
-fn with_block<R>(f: impl FnOnce(&BlockState) -> R) -> R {
-    // SAFETY: the pointer is set for the duration of the kernel call on this
-    // thread and the block state outlives every thread of the block.
-    f(unsafe { &*current().block })
+// SAFETY (all accessors below): the scheduler sets CURRENT to pointers into
+// the block's own frame before resuming a thread and clears it after; the
+// slot, block and launch states outlive every coroutine of the block.
+fn slot() -> &'static Slot {
+    unsafe { &*current().slot }
 }
 
-fn with_launch<R>(f: impl FnOnce(&LaunchState) -> R) -> R {
-    // SAFETY: as in `with_block`.
-    f(unsafe { &*current().launch })
+fn block() -> &'static BlockState {
+    unsafe { &*current().block }
+}
+
+fn launch() -> &'static LaunchState {
+    unsafe { &*current().launch }
+}
+
+fn suspend(why: Suspend) {
+    let y = slot().yielder.get();
+    if y.is_null() {
+        panic!("devcomm: emulated thread has no scheduler");
+    }
+    // SAFETY: set by the coroutine itself when it started; valid while it runs.
+    unsafe { &*y }.suspend(why);
+    if block().poisoned.get() || launch().aborted.load(Ordering::Relaxed) {
+        resume_unwind(Box::new(LaunchAborted));
+    }
+}
+
+fn linear_thread(g: &Geometry) -> u32 {
+    g.thread_idx.x + g.block_dim.x * (g.thread_idx.y + g.block_dim.y * g.thread_idx.z)
 }
 
 fn hook_geometry() -> Geometry {
-    current().geometry
+    slot().geometry
 }
 
 fn hook_sync_threads() {
-    with_block(|b| b.barrier.wait());
+    suspend(Suspend::Barrier(BarrierKey::Block));
 }
 
 fn hook_sync_warp(mask: u32) {
-    let g = current().geometry;
-    let b = g.block_dim;
-    let rank = g.thread_idx.x + b.x * (g.thread_idx.y + b.y * g.thread_idx.z);
-    let warp = rank / 32;
-    // Lanes past the end of the block do not exist: a partial last warp's
-    // full mask means its existing lanes.
-    let threads = b.x * b.y * b.z;
-    let lanes_here = (threads - warp * 32).min(32);
-    let existing = if lanes_here == 32 { u32::MAX } else { (1u32 << lanes_here) - 1 };
-    let lanes = mask & existing;
-    // One barrier per (warp, lane set): tiles of a warp that sync at the
-    // same time must not share one, or arrivals of different tiles mix.
-    with_block(|bs| bs.sub_barrier(WARP_BARRIER, warp, lanes, lanes.count_ones())).wait();
+    let warp = linear_thread(&slot().geometry) / 32;
+    suspend(Suspend::Barrier(BarrierKey::Warp { warp, mask }));
 }
 
-fn hook_named_barrier(id: u32, nthreads: u32) {
-    with_block(|bs| bs.sub_barrier(NAMED_BARRIER, id, nthreads, nthreads)).wait();
+fn hook_named_barrier(id: u32, threads: u32) {
+    suspend(Suspend::Barrier(BarrierKey::Named { id, threads }));
 }
 
 fn hook_dynamic_shared() -> (*mut u8, u32) {
-    with_block(|b| (b.shared.as_ptr() as *mut u8, b.shared_bytes))
+    let b = block();
+    (b.shared.as_ptr() as *mut u8, b.shared_bytes)
 }
 
 fn hook_global_timer_ns() -> u64 {
@@ -231,21 +187,16 @@ fn hook_global_timer_ns() -> u64 {
 }
 
 fn hook_yield() {
-    if with_launch(|l| l.aborted.load(Ordering::Relaxed)) {
-        resume_unwind(Box::new(LaunchAborted));
-    }
-    std::thread::yield_now();
+    suspend(Suspend::Spin);
 }
 
 fn hook_trap() -> ! {
-    let g = current().geometry;
-    with_launch(|l| {
-        l.fail(format!(
-            "trap in block ({},{},{}) thread ({},{},{})",
-            g.block_idx.x, g.block_idx.y, g.block_idx.z, g.thread_idx.x, g.thread_idx.y, g.thread_idx.z
-        ))
-    });
-    with_block(|b| b.poison());
+    let g = slot().geometry;
+    launch().fail(format!(
+        "trap in block ({},{},{}) thread ({},{},{})",
+        g.block_idx.x, g.block_idx.y, g.block_idx.z, g.thread_idx.x, g.thread_idx.y, g.thread_idx.z
+    ));
+    block().poisoned.set(true);
     resume_unwind(Box::new(LaunchAborted))
 }
 
@@ -291,6 +242,13 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+fn describe(g: &Geometry) -> String {
+    format!(
+        "block ({},{},{}) thread ({},{},{})",
+        g.block_idx.x, g.block_idx.y, g.block_idx.z, g.thread_idx.x, g.thread_idx.y, g.thread_idx.z
+    )
+}
+
 impl<A: KernelArgs> SendJob<A> {
     /// Runs the whole grid and returns when every thread has finished.
     ///
@@ -300,79 +258,24 @@ impl<A: KernelArgs> SendJob<A> {
         install_hooks();
         let job = &self.0;
         let cfg = job.cfg;
-        let threads_per_block = cfg.block.volume();
         let blocks = cfg.grid.volume();
-        let blocks_per_wave = (max_resident_threads() / threads_per_block).max(1);
+        let per_wave = (max_resident_threads() / cfg.block.volume()).max(1);
         let launch = LaunchState { aborted: AtomicBool::new(false), error: Mutex::new(None) };
-        let shared_words = (cfg.shared_mem_bytes as usize).div_ceil(16);
 
         let mut first = 0u64;
         while first < blocks && !launch.aborted.load(Ordering::SeqCst) {
-            let last = (first + blocks_per_wave).min(blocks);
-            let states: Vec<BlockState> = (first..last)
-                .map(|_| BlockState::new(threads_per_block as u32, shared_words, cfg.shared_mem_bytes))
+            let last = (first + per_wave).min(blocks);
+            let tasks: Vec<Box<dyn FnOnce() + Send>> = (first..last)
+                .map(|b| {
+                    let task = BlockTask { job: self as *const SendJob<A>, launch: &launch, block: b };
+                    // SAFETY: `run_batch` returns only after every task has
+                    // finished, so the job and launch state outlive it.
+                    Box::new(move || unsafe { task.run() }) as Box<dyn FnOnce() + Send>
+                })
                 .collect();
-            let spawned = std::thread::scope(|scope| -> Result<()> {
-                for (i, state) in states.iter().enumerate() {
-                    let block_idx = index_of(first + i as u64, cfg.grid);
-                    for t in 0..threads_per_block {
-                        let ctx = ThreadCtx {
-                            geometry: Geometry {
-                                thread_idx: index_of(t, cfg.block),
-                                block_idx,
-                                block_dim: cfg.block,
-                                grid_dim: cfg.grid,
-                            },
-                            block: state as *const BlockState,
-                            launch: &launch as *const LaunchState,
-                        };
-                        let ctx = SendCtx(ctx);
-                        let this = &*self;
-                        let launch_ref = &launch;
-                        let spawn = std::thread::Builder::new()
-                            .name(format!("emu-b{}t{}", first + i as u64, t))
-                            .stack_size(THREAD_STACK_BYTES)
-                            .spawn_scoped(scope, move || {
-                                let ctx = ctx;
-                                CURRENT.with(|c| c.set(Some(ctx.0)));
-                                let r = catch_unwind(AssertUnwindSafe(|| {
-                                    // SAFETY: the caller of `run` vouched for the arguments.
-                                    unsafe { (this.0.func)(this.0.args) }
-                                }));
-                                CURRENT.with(|c| c.set(None));
-                                if let Err(p) = r {
-                                    if !p.is::<LaunchAborted>() {
-                                        let g = ctx.0.geometry;
-                                        launch_ref.fail(format!(
-                                            "panic in block ({},{},{}) thread ({},{},{}): {}",
-                                            g.block_idx.x,
-                                            g.block_idx.y,
-                                            g.block_idx.z,
-                                            g.thread_idx.x,
-                                            g.thread_idx.y,
-                                            g.thread_idx.z,
-                                            panic_message(&*p)
-                                        ));
-                                    }
-                                    // SAFETY: the block state outlives the scope.
-                                    unsafe { &*ctx.0.block }.poison();
-                                }
-                            });
-                        if let Err(e) = spawn {
-                            launch.fail(format!("could not start an emulated GPU thread: {e}"));
-                            for s in &states {
-                                s.poison();
-                            }
-                            return Err(Error::SystemError(format!(
-                                "{}: could not start an emulated GPU thread: {e}",
-                                job.name
-                            )));
-                        }
-                    }
-                }
-                Ok(())
-            });
-            spawned?;
+            if let Err(e) = pool::pool().run_batch(tasks) {
+                launch.fail(e.to_string());
+            }
             first = last;
         }
         let err = launch.error.lock().map(|e| e.clone()).unwrap_or(None);
@@ -383,8 +286,181 @@ impl<A: KernelArgs> SendJob<A> {
     }
 }
 
-#[derive(Clone, Copy)]
-struct SendCtx(ThreadCtx);
-// SAFETY: the pointers in the context point to state that outlives the
-// scoped thread it is handed to.
-unsafe impl Send for SendCtx {}
+/// One block of a launch, run on one OS thread.
+struct BlockTask<A> {
+    job: *const SendJob<A>,
+    launch: *const LaunchState,
+    block: u64,
+}
+
+// SAFETY: the pointers reach state that outlives the task (see `run`), and
+// the job's arguments are shareable by the launch's contract (`SendJob`).
+unsafe impl<A> Send for BlockTask<A> {}
+
+type ThreadCoroutine = Coroutine<(), Suspend, (), DefaultStack>;
+
+impl<A: KernelArgs> BlockTask<A> {
+    /// # Safety
+    /// The job and launch states must outlive the call.
+    unsafe fn run(self) {
+        // SAFETY: per this function's contract.
+        let (job, launch) = unsafe { (&(*self.job).0, &*self.launch) };
+        let cfg = job.cfg;
+        let nthreads = cfg.block.volume() as usize;
+        let block = BlockState {
+            shared: (0..(cfg.shared_mem_bytes as usize).div_ceil(16)).map(|_| std::cell::UnsafeCell::new(0)).collect(),
+            shared_bytes: cfg.shared_mem_bytes,
+            poisoned: Cell::new(false),
+        };
+        let block_idx = index_of(self.block, cfg.grid);
+        let slots: Vec<Slot> = (0..nthreads as u64)
+            .map(|t| Slot {
+                geometry: Geometry {
+                    thread_idx: index_of(t, cfg.block),
+                    block_idx,
+                    block_dim: cfg.block,
+                    grid_dim: cfg.grid,
+                },
+                yielder: Cell::new(std::ptr::null()),
+            })
+            .collect();
+
+        let mut threads: Vec<Option<ThreadCoroutine>> = Vec::with_capacity(nthreads);
+        for slot in &slots {
+            let stack =
+                match STACKS.with(|s| s.borrow_mut().pop()).map(Ok).unwrap_or_else(|| DefaultStack::new(STACK_BYTES)) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        launch.fail(format!("could not allocate an emulated thread stack: {e}"));
+                        return;
+                    }
+                };
+            let slot_ptr = slot as *const Slot as usize;
+            let job_ptr = job as *const GridJob<A> as usize;
+            let launch_ptr = launch as *const LaunchState as usize;
+            threads.push(Some(Coroutine::with_stack(stack, move |y: &ThreadYielder, ()| {
+                // SAFETY: the slot, job and launch outlive the coroutine (the
+                // block frame owns the slots; see `run`'s contract).
+                let (slot, job, launch) = unsafe {
+                    (
+                        &*(slot_ptr as *const Slot),
+                        &*(job_ptr as *const GridJob<A>),
+                        &*(launch_ptr as *const LaunchState),
+                    )
+                };
+                slot.yielder.set(y as *const ThreadYielder);
+                // SAFETY: the launch's caller vouched for the arguments.
+                let r = catch_unwind(AssertUnwindSafe(|| unsafe { (job.func)(job.args) }));
+                if let Err(p) = r {
+                    if !p.is::<LaunchAborted>() {
+                        launch.fail(format!("panic in {}: {}", describe(&slot.geometry), panic_message(&*p)));
+                    }
+                }
+            })));
+        }
+
+        let mut sched = Scheduler { waiting: vec![None; nthreads], live: nthreads, arrived: HashMap::new() };
+        loop {
+            let mut progressed = false;
+            let mut runnable = 0;
+            for i in 0..nthreads {
+                if sched.waiting[i].is_some() {
+                    continue;
+                }
+                let Some(co) = threads[i].as_mut() else { continue };
+                runnable += 1;
+                CURRENT.with(|c| c.set(Some(ThreadCtx { slot: &slots[i], block: &block, launch })));
+                let r = co.resume(());
+                CURRENT.with(|c| c.set(None));
+                match r {
+                    CoroutineResult::Yield(Suspend::Spin) => {}
+                    CoroutineResult::Yield(Suspend::Barrier(key)) => {
+                        progressed = true;
+                        sched.wait(i, key);
+                    }
+                    CoroutineResult::Return(()) => {
+                        progressed = true;
+                        if let Some(co) = threads[i].take() {
+                            let stack = co.into_stack();
+                            STACKS.with(|s| s.borrow_mut().push(stack));
+                        }
+                        sched.live -= 1;
+                    }
+                }
+                sched.release_complete(&slots, &threads);
+            }
+            if sched.live == 0 {
+                break;
+            }
+            if launch.aborted.load(Ordering::Relaxed) && !block.poisoned.get() {
+                block.poisoned.set(true);
+            }
+            if block.poisoned.get() {
+                // Wake everyone: each unwinds at its next suspension point.
+                sched.waiting.iter_mut().for_each(|w| *w = None);
+                sched.arrived.clear();
+            } else if runnable == 0 {
+                let waits: Vec<String> = sched
+                    .waiting
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, w)| w.map(|k| format!("{} at {k:?}", describe(&slots[i].geometry))))
+                    .take(4)
+                    .collect();
+                launch.fail(format!(
+                    "barrier deadlock: {} threads wait at barriers that can never complete (e.g. {})",
+                    sched.live,
+                    waits.join("; ")
+                ));
+                block.poisoned.set(true);
+            } else if !progressed {
+                // Only spinning threads: let other blocks and processes run.
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Which threads of a block wait at which barrier.
+struct Scheduler {
+    waiting: Vec<Option<BarrierKey>>,
+    live: usize,
+    arrived: HashMap<BarrierKey, usize>,
+}
+
+impl Scheduler {
+    fn wait(&mut self, thread: usize, key: BarrierKey) {
+        self.waiting[thread] = Some(key);
+        *self.arrived.entry(key).or_insert(0) += 1;
+    }
+
+    /// Threads a barrier needs before it opens. Exited threads count as
+    /// arrived (as on current GPUs, where a thread that returned does not
+    /// hold a barrier up).
+    fn needed(&self, key: BarrierKey, slots: &[Slot], threads: &[Option<ThreadCoroutine>]) -> usize {
+        match key {
+            BarrierKey::Block => self.live,
+            BarrierKey::Warp { warp, mask } => (0..32u32)
+                .filter(|l| mask & (1 << l) != 0)
+                .map(|l| (warp * 32 + l) as usize)
+                .filter(|&t| t < slots.len() && threads[t].is_some())
+                .count(),
+            BarrierKey::Named { threads: n, .. } => n as usize,
+        }
+    }
+
+    fn release_complete(&mut self, slots: &[Slot], threads: &[Option<ThreadCoroutine>]) {
+        let keys: Vec<BarrierKey> = self.arrived.keys().copied().collect();
+        for key in keys {
+            let have = self.arrived.get(&key).copied().unwrap_or(0);
+            if have > 0 && have >= self.needed(key, slots, threads) {
+                self.arrived.remove(&key);
+                for w in self.waiting.iter_mut() {
+                    if *w == Some(key) {
+                        *w = None;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -12,6 +12,8 @@
 //! The number of devices is `DEVCOMM_EMULATED_DEVICES` (default 8).
 
 mod grid;
+mod pool;
+pub(crate) mod shm;
 
 use super::LaunchConfig;
 use crate::error::{Error, Result};

@@ -1,0 +1,240 @@
+//! The device communicator and windows: what the host hands a kernel.
+//!
+//! Everything here is `#[repr(C)]`, filled in by the `devcomm` host crate and
+//! passed to kernels by value. This crate owns the layout (DESIGN.md,
+//! principle 2); the size/offset tests at the bottom pin it.
+//!
+//! Address arithmetic: every rank maps the windows of all its LSA peers into
+//! one reserved range, peer `i` at `lsa_base + i * stride`. An LSA pointer is
+//! therefore `lsa_base + peer * stride + offset`, no table lookup.
+
+use crate::team::Team;
+
+/// A registered symmetric window, as seen from one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct WindowDesc {
+    /// Address (in this process) where LSA peer 0's window is mapped.
+    pub lsa_base: u64,
+    /// Distance between consecutive LSA peers' mappings.
+    pub stride: u64,
+    /// Usable bytes of the window (the same on every rank).
+    pub size: u64,
+    /// The caller's index in the LSA team.
+    pub lsa_rank: u32,
+    /// Number of LSA peers mapped.
+    pub lsa_size: u32,
+    /// Registration flags (see `devcomm::WindowFlags`).
+    pub flags: u32,
+    /// Identifier of the window within its communicator.
+    pub id: u32,
+}
+
+impl WindowDesc {
+    /// Address of byte `offset` of LSA peer `peer`'s window, or null if the
+    /// peer or the offset is out of range.
+    #[inline(always)]
+    pub fn lsa_ptr<T>(&self, offset: u64, peer: u32) -> *mut T {
+        if peer >= self.lsa_size || offset >= self.size {
+            return core::ptr::null_mut();
+        }
+        (self.lsa_base + peer as u64 * self.stride + offset) as *mut T
+    }
+
+    /// Address of byte `offset` of the caller's own window (null if out of range).
+    #[inline(always)]
+    pub fn local_ptr<T>(&self, offset: u64) -> *mut T {
+        self.lsa_ptr(offset, self.lsa_rank)
+    }
+
+    /// Address of byte `offset` of member `peer` of `team`, if that member is
+    /// an LSA peer (null otherwise). `my_world_rank` and `lsa` come from the
+    /// [`DevComm`].
+    #[inline(always)]
+    pub fn peer_ptr<T>(&self, team: &Team, lsa: &Team, my_world_rank: u32, offset: u64, peer: u32) -> *mut T {
+        match team.rank_to_team(lsa, my_world_rank, peer) {
+            Some(l) => self.lsa_ptr(offset, l),
+            None => core::ptr::null_mut(),
+        }
+    }
+}
+
+/// A typed pointer into a window: the same `offset` on every rank.
+#[derive(Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct SymPtr<T> {
+    /// The window.
+    pub window: WindowDesc,
+    /// Byte offset of element 0 in the window.
+    pub offset: u64,
+    _t: core::marker::PhantomData<*mut T>,
+}
+
+impl<T> Clone for SymPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SymPtr<T> {}
+
+impl<T> SymPtr<T> {
+    /// Element 0 at byte `offset` of `window`.
+    #[inline(always)]
+    pub const fn new(window: WindowDesc, offset: u64) -> Self {
+        SymPtr { window, offset, _t: core::marker::PhantomData }
+    }
+
+    /// The pointer `n` elements further.
+    #[inline(always)]
+    pub const fn add(self, n: u64) -> Self {
+        SymPtr::new(self.window, self.offset + n * core::mem::size_of::<T>() as u64)
+    }
+
+    /// The caller's copy.
+    #[inline(always)]
+    pub fn local(&self) -> *mut T {
+        self.window.local_ptr(self.offset)
+    }
+
+    /// LSA peer `peer`'s copy.
+    #[inline(always)]
+    pub fn lsa(&self, peer: u32) -> *mut T {
+        self.window.lsa_ptr(self.offset, peer)
+    }
+}
+
+/// Limits and state the device side needs for waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct AbortInfo {
+    /// Host-mapped word the host sets non-zero on `abort()`; every spin loop reads it.
+    pub flag: u64,
+    /// Default wait timeout in nanoseconds (0 = wait forever, still abortable).
+    pub timeout_ns: u64,
+}
+
+/// The device communicator: one rank's view, passed to kernels by value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct DevComm {
+    /// World rank.
+    pub rank: u32,
+    /// World size.
+    pub nranks: u32,
+    /// Index in the LSA team.
+    pub lsa_rank: u32,
+    /// Size of the LSA team.
+    pub lsa_size: u32,
+    /// Number of LSA barriers the resources hold.
+    pub lsa_barrier_count: u32,
+    /// Reserved, zero.
+    pub reserved0: u32,
+    /// The resource window (barrier state and user-requested resource buffers).
+    pub resources: WindowDesc,
+    /// Offset of the LSA barrier inboxes in `resources`.
+    pub lsa_barrier_offset: u64,
+    /// Offset of this rank's private barrier epochs in `resources`.
+    pub lsa_epoch_offset: u64,
+    /// Abort flag and default timeout.
+    pub abort: AbortInfo,
+}
+
+impl DevComm {
+    /// The world team.
+    #[inline(always)]
+    pub const fn world(&self) -> Team {
+        Team::world(self.nranks, self.rank)
+    }
+
+    /// The LSA team.
+    #[inline(always)]
+    pub const fn lsa(&self) -> Team {
+        Team::lsa(self.lsa_size, self.lsa_rank)
+    }
+
+    /// The rail team.
+    #[inline(always)]
+    pub const fn rail(&self) -> Team {
+        Team::rail(self.nranks, self.lsa_size, self.rank)
+    }
+}
+
+// SAFETY: all are #[repr(C)] plain data with the same layout on both targets
+// (checked by the tests below).
+unsafe impl crate::KernelParam for WindowDesc {}
+// SAFETY: as above.
+unsafe impl<T: 'static> crate::KernelParam for SymPtr<T> {}
+// SAFETY: as above.
+unsafe impl crate::KernelParam for DevComm {}
+// SAFETY: as above.
+unsafe impl crate::KernelParam for Team {}
+
+#[cfg(test)]
+mod abi {
+    use super::*;
+    use core::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn window_desc_layout() {
+        assert_eq!(size_of::<WindowDesc>(), 40);
+        assert_eq!(align_of::<WindowDesc>(), 8);
+        assert_eq!(offset_of!(WindowDesc, lsa_base), 0);
+        assert_eq!(offset_of!(WindowDesc, stride), 8);
+        assert_eq!(offset_of!(WindowDesc, size), 16);
+        assert_eq!(offset_of!(WindowDesc, lsa_rank), 24);
+        assert_eq!(offset_of!(WindowDesc, lsa_size), 28);
+        assert_eq!(offset_of!(WindowDesc, flags), 32);
+        assert_eq!(offset_of!(WindowDesc, id), 36);
+    }
+
+    #[test]
+    fn sym_ptr_layout() {
+        assert_eq!(size_of::<SymPtr<u64>>(), 48);
+        assert_eq!(offset_of!(SymPtr<u64>, offset), 40);
+    }
+
+    #[test]
+    fn dev_comm_layout() {
+        assert_eq!(size_of::<DevComm>(), 96);
+        assert_eq!(offset_of!(DevComm, rank), 0);
+        assert_eq!(offset_of!(DevComm, nranks), 4);
+        assert_eq!(offset_of!(DevComm, lsa_rank), 8);
+        assert_eq!(offset_of!(DevComm, lsa_size), 12);
+        assert_eq!(offset_of!(DevComm, lsa_barrier_count), 16);
+        assert_eq!(offset_of!(DevComm, resources), 24);
+        assert_eq!(offset_of!(DevComm, lsa_barrier_offset), 64);
+        assert_eq!(offset_of!(DevComm, lsa_epoch_offset), 72);
+        assert_eq!(offset_of!(DevComm, abort), 80);
+        assert_eq!(size_of::<AbortInfo>(), 16);
+    }
+
+    #[test]
+    fn team_layout() {
+        assert_eq!(size_of::<Team>(), 12);
+        assert_eq!(offset_of!(Team, stride), 8);
+    }
+
+    #[test]
+    fn lsa_pointers_are_arithmetic_and_bounded() {
+        let w = WindowDesc {
+            lsa_base: 0x1000_0000,
+            stride: 0x20_0000,
+            size: 4096,
+            lsa_rank: 1,
+            lsa_size: 4,
+            flags: 0,
+            id: 3,
+        };
+        assert_eq!(w.lsa_ptr::<u8>(16, 2) as u64, 0x1000_0000 + 2 * 0x20_0000 + 16);
+        assert_eq!(w.local_ptr::<u8>(0) as u64, 0x1020_0000);
+        assert!(w.lsa_ptr::<u8>(4096, 0).is_null());
+        assert!(w.lsa_ptr::<u8>(0, 4).is_null());
+        let p = SymPtr::<u64>::new(w, 64).add(2);
+        assert_eq!(p.lsa(3) as u64, 0x1000_0000 + 3 * 0x20_0000 + 80);
+        let world = Team::world(8, 5);
+        let lsa = Team::lsa(4, 1);
+        assert_eq!(w.peer_ptr::<u8>(&world, &lsa, 5, 0, 6) as u64, w.lsa_ptr::<u8>(0, 2) as u64);
+        assert!(w.peer_ptr::<u8>(&world, &lsa, 5, 0, 0).is_null());
+    }
+}

@@ -1,0 +1,164 @@
+//! Waiting on memory: wrap-safe comparisons, timeouts, and the abort flag.
+//!
+//! Every device-side spin loop in devcomm goes through [`Deadline::poll`]: it
+//! checks the host's abort flag and the clock every [`CHECK_EVERY`] misses, so
+//! a dead peer or `Communicator::abort()` ends the wait with a [`WaitError`]
+//! instead of hanging the GPU. The check is amortised so the hot path of a
+//! wait is one load and one compare.
+//!
+//! Counters and epochs roll over: compare them with [`rolling_ge_u32`] /
+//! [`rolling_ge_u64`] ("has `a` reached `b`", valid while the two are less
+//! than half the range apart), never with `>=`.
+
+use crate::arch;
+use crate::atomic::{self, Scope};
+use crate::comm::AbortInfo;
+
+/// How many failed polls pass between two checks of the abort flag and clock.
+pub const CHECK_EVERY: u32 = 64;
+
+/// Why a wait gave up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WaitError {
+    /// The deadline passed.
+    Timeout = 1,
+    /// The host raised the communicator's abort flag.
+    Aborted = 2,
+}
+
+impl WaitError {
+    /// A code for an error word the host reads (0 means no error).
+    #[inline(always)]
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// `a` has reached `b` in wrapping `u32` arithmetic.
+#[inline(always)]
+pub const fn rolling_ge_u32(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) >= 0
+}
+
+/// `a` has reached `b` in wrapping `u64` arithmetic.
+#[inline(always)]
+pub const fn rolling_ge_u64(a: u64, b: u64) -> bool {
+    (a.wrapping_sub(b) as i64) >= 0
+}
+
+/// The end of a wait: an abort flag to watch and an optional time limit.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    flag: *const u32,
+    end_ns: u64,
+    misses: u32,
+}
+
+impl Deadline {
+    /// A deadline `abort.timeout_ns` from now (none if 0), watching `abort.flag`.
+    #[inline(always)]
+    pub fn new(abort: &AbortInfo) -> Self {
+        Self::with_timeout(abort, abort.timeout_ns)
+    }
+
+    /// A deadline `timeout_ns` from now (0: no time limit), watching `abort.flag`.
+    #[inline(always)]
+    pub fn with_timeout(abort: &AbortInfo, timeout_ns: u64) -> Self {
+        let end_ns = if timeout_ns == 0 { u64::MAX } else { arch::global_timer_ns().saturating_add(timeout_ns) };
+        Deadline { flag: abort.flag as *const u32, end_ns, misses: 0 }
+    }
+
+    /// Call after each failed poll: every [`CHECK_EVERY`] calls, backs off
+    /// briefly and returns an error if the host aborted or time is up.
+    #[inline(always)]
+    pub fn poll(&mut self) -> Result<(), WaitError> {
+        self.misses = self.misses.wrapping_add(1);
+        if self.misses % CHECK_EVERY != 0 {
+            return Ok(());
+        }
+        self.check()
+    }
+
+    #[inline(never)]
+    fn check(&mut self) -> Result<(), WaitError> {
+        // SAFETY: `flag` is null or the host-mapped abort word of a live
+        // communicator (set by the host crate when it builds `AbortInfo`).
+        if !self.flag.is_null() && unsafe { atomic::load_relaxed(self.flag, Scope::Sys) } != 0 {
+            return Err(WaitError::Aborted);
+        }
+        if arch::global_timer_ns() > self.end_ns {
+            return Err(WaitError::Timeout);
+        }
+        arch::spin_backoff(20);
+        Ok(())
+    }
+}
+
+/// Spins until the `u64` at `p`, loaded with acquire at `scope`, has reached
+/// `target` (rolling). Returns the value seen.
+///
+/// # Safety
+/// `p` is valid and aligned; its writers use atomic operations.
+#[inline(always)]
+pub unsafe fn wait_ge_u64(p: *const u64, target: u64, scope: Scope, deadline: &mut Deadline) -> Result<u64, WaitError> {
+    loop {
+        let v = unsafe { atomic::load_acquire(p, scope) };
+        if rolling_ge_u64(v, target) {
+            return Ok(v);
+        }
+        deadline.poll()?;
+    }
+}
+
+/// As [`wait_ge_u64`] for a `u32`.
+///
+/// # Safety
+/// As for [`wait_ge_u64`].
+#[inline(always)]
+pub unsafe fn wait_ge_u32(p: *const u32, target: u32, scope: Scope, deadline: &mut Deadline) -> Result<u32, WaitError> {
+    loop {
+        let v = unsafe { atomic::load_acquire(p, scope) };
+        if rolling_ge_u32(v, target) {
+            return Ok(v);
+        }
+        deadline.poll()?;
+    }
+}
+
+/// As [`wait_ge_u32`] but with a relaxed load (for waits whose data needs no
+/// ordering, or that are followed by an explicit fence).
+///
+/// # Safety
+/// As for [`wait_ge_u64`].
+#[inline(always)]
+pub unsafe fn wait_ge_u32_relaxed(
+    p: *const u32,
+    target: u32,
+    scope: Scope,
+    deadline: &mut Deadline,
+) -> Result<u32, WaitError> {
+    loop {
+        let v = unsafe { atomic::load_relaxed(p, scope) };
+        if rolling_ge_u32(v, target) {
+            return Ok(v);
+        }
+        deadline.poll()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rolling_comparisons_survive_wrap() {
+        assert!(rolling_ge_u32(5, 5));
+        assert!(rolling_ge_u32(6, 5));
+        assert!(!rolling_ge_u32(4, 5));
+        assert!(rolling_ge_u32(2, u32::MAX - 1)); // wrapped past
+        assert!(!rolling_ge_u32(u32::MAX - 1, 2));
+        assert!(rolling_ge_u64(1, u64::MAX));
+        assert!(!rolling_ge_u64(u64::MAX, 1));
+    }
+}

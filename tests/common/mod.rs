@@ -1,0 +1,58 @@
+//! Helpers for multi-rank tests: ranks are separate processes that re-run
+//! this test binary with `--exact <child test>`; the child test does nothing
+//! unless [`ROLE_ENV`] names it.
+#![allow(dead_code)]
+
+use devcomm::comm::Config;
+use devcomm::launch::{spawn, LaunchOptions, LocalJob};
+use devcomm::runtime::{Device, RuntimeSelection};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+/// Names the child test a spawned process should run.
+pub const ROLE_ENV: &str = "DEVCOMM_TEST_ROLE";
+
+/// The short timeout every multi-rank test uses.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether this process was spawned to run child test `name`.
+pub fn is_child(name: &str) -> bool {
+    std::env::var(ROLE_ENV).is_ok_and(|v| v == name)
+}
+
+/// Launch options that run child test `child` in `n` processes (emulated
+/// runtime, 5 s bootstrap and op timeouts).
+pub fn child_job(child: &str, n: usize) -> LaunchOptions {
+    let exe = std::env::current_exe().expect("current test binary");
+    LaunchOptions::new(n, exe)
+        .args([child, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE_ENV, child)
+        .env("DEVCOMM_RUNTIME", "emulated")
+        .env("DEVCOMM_BOOTSTRAP_TIMEOUT_MS", TIMEOUT.as_millis().to_string())
+        .env("DEVCOMM_OP_TIMEOUT_MS", TIMEOUT.as_millis().to_string())
+        .timeout(Some(Duration::from_secs(30)))
+}
+
+/// Starts `opts`, waits, and returns the statuses.
+pub fn run(opts: &LaunchOptions) -> Vec<ExitStatus> {
+    let job: LocalJob = spawn(opts).expect("spawning ranks");
+    job.wait().expect("waiting for ranks")
+}
+
+/// Runs child test `child` in `n` processes and asserts every one succeeded.
+pub fn run_ranks(child: &str, n: usize) {
+    let st = run(&child_job(child, n));
+    for (r, s) in st.iter().enumerate() {
+        assert!(s.success(), "{child}: rank {r} of {n} {}", devcomm::launch::describe(s));
+    }
+}
+
+/// Emulated device `i`.
+pub fn emu(i: usize) -> Device {
+    Device::open(RuntimeSelection::Emulated, i).expect("emulated device")
+}
+
+/// A config with [`TIMEOUT`] and emulated device `i`.
+pub fn cfg(i: usize) -> Config {
+    Config::default().with_timeouts(TIMEOUT).with_device(emu(i))
+}
