@@ -182,3 +182,34 @@ fn every_coop_has_the_right_ranks_sizes_and_barriers() {
     let b = blocks;
     assert_eq!(s.read_vec(&sizes).unwrap(), vec![b * 4 * 32, b * 16 * 8, b * 4 * 16, b * 64, b * 128]);
 }
+
+#[test]
+fn lsa_copy_handles_every_alignment_and_tail() {
+    use devcomm_kernels::lsa::lsa_copy;
+    let dev = test_device(0);
+    let s = dev.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let cap = 70_000usize;
+    let src_data: Vec<u8> = (0..cap + 64).map(|_| rng.gen()).collect();
+    let src = dev.alloc_from(&src_data).unwrap();
+    let mut dst = dev.alloc::<u8>(cap + 64).unwrap();
+    for &bytes in &[0usize, 1, 15, 16, 17, 255, 1000, 4096, 65_537, 69_999] {
+        for &(so, dof) in &[(0usize, 0usize), (16, 32), (1, 0), (0, 8), (3, 7)] {
+            for &blocks in &[1u32, 3] {
+                s.memset(&mut dst, 0xEE).unwrap();
+                // SAFETY: offsets + bytes stay inside both buffers; they do not overlap.
+                unsafe {
+                    s.launch::<lsa_copy>(
+                        LaunchConfig::new(blocks, 64),
+                        (dst.as_mut_ptr().add(dof), src.as_ptr().add(so), bytes as u64),
+                    )
+                }
+                .unwrap();
+                let got = s.read_vec(&dst).unwrap();
+                assert_eq!(&got[dof..dof + bytes], &src_data[so..so + bytes], "bytes {bytes} src+{so} dst+{dof}");
+                assert!(got[..dof].iter().all(|&b| b == 0xEE), "wrote before dst");
+                assert!(got[dof + bytes..].iter().all(|&b| b == 0xEE), "wrote past the end");
+            }
+        }
+    }
+}

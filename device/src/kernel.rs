@@ -113,7 +113,7 @@ macro_rules! kernel {
 
         #[cfg(not(target_arch = "nvptx64"))]
         $(#[$meta])*
-        #[allow(clippy::missing_safety_doc)]
+        #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
         $vis unsafe fn $name($($arg: $ty),*) $body
 
         #[cfg(not(target_arch = "nvptx64"))]

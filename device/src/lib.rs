@@ -22,6 +22,7 @@ pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
 pub mod kernel;
+pub mod lsa;
 pub mod team;
 pub mod wait;
 

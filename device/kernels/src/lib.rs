@@ -11,4 +11,5 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     devcomm_device::arch::trap()
 }
 
+pub mod lsa;
 pub mod selftest;

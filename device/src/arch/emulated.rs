@@ -68,3 +68,15 @@ pub fn spin_backoff(_ns: u32) {
 pub fn trap() -> ! {
     (hooks().trap)()
 }
+
+#[inline]
+pub unsafe fn load16(p: *const u8) -> [u32; 4] {
+    // SAFETY: the caller guarantees 16 valid, aligned bytes.
+    unsafe { core::ptr::read_volatile(p as *const [u32; 4]) }
+}
+
+#[inline]
+pub unsafe fn store16(p: *mut u8, v: [u32; 4]) {
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(p as *mut [u32; 4], v) }
+}

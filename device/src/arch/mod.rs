@@ -154,6 +154,25 @@ pub fn dynamic_shared_size() -> u32 {
     imp::dynamic_shared_size()
 }
 
+/// Loads 16 bytes from a 16-byte-aligned address (`ld.v4.u32`), local or
+/// an LSA peer's.
+///
+/// # Safety
+/// `p` is valid for 16 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load16(p: *const u8) -> [u32; 4] {
+    unsafe { imp::load16(p) }
+}
+
+/// Stores 16 bytes to a 16-byte-aligned address (`st.v4.u32`).
+///
+/// # Safety
+/// `p` is valid for 16 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store16(p: *mut u8, v: [u32; 4]) {
+    unsafe { imp::store16(p, v) }
+}
+
 /// A global nanosecond clock, comparable across the GPU (`%globaltimer`).
 #[inline(always)]
 pub fn global_timer_ns() -> u64 {

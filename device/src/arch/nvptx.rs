@@ -99,3 +99,21 @@ pub fn trap() -> ! {
         asm!("trap;", options(noreturn, nostack));
     }
 }
+
+#[inline(always)]
+pub unsafe fn load16(p: *const u8) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, c = out(reg32) c,
+             d = out(reg32) d, p = in(reg64) p, options(nostack, readonly));
+    }
+    [a, b, c, d]
+}
+
+#[inline(always)]
+pub unsafe fn store16(p: *mut u8, v: [u32; 4]) {
+    unsafe {
+        asm!("st.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};", a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2],
+             d = in(reg32) v[3], p = in(reg64) p, options(nostack));
+    }
+}

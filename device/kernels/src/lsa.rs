@@ -1,0 +1,253 @@
+//! LSA kernels: self-tests of the device API and the benchmarks' kernels.
+//!
+//! Window layout the tests use (all ranks alike, `slot` a multiple of 16):
+//! `[0, lsa_size * slot)` one inbox slot per source LSA rank; after it,
+//! whatever the test puts at the offsets it passes.
+
+use devcomm_device::arch::{block_idx, global_timer_ns, grid_dim, thread_idx};
+use devcomm_device::atomic::{self, Order, Scope};
+use devcomm_device::comm::{DevComm, WindowDesc};
+use devcomm_device::coop::{Coop, Cta};
+use devcomm_device::kernel;
+use devcomm_device::lsa::{self, LsaBarrierSession, ReduceOp};
+
+/// Records `code` in `errors[0]` (first error wins) and counts errors in `errors[1]`.
+#[inline(always)]
+unsafe fn report(errors: *mut u32, code: u32) {
+    if code != 0 {
+        atomic::compare_exchange(errors, 0, code, Order::Relaxed, Scope::Gpu);
+        atomic::red_add_relaxed(errors.add(1), 1u32, Scope::Gpu);
+    }
+}
+
+fn op_of(op: u32) -> ReduceOp {
+    match op {
+        1 => ReduceOp::Prod,
+        2 => ReduceOp::Min,
+        3 => ReduceOp::Max,
+        _ => ReduceOp::Sum,
+    }
+}
+
+kernel! {
+    /// Puts `bytes` of `src` into slot `lsa_rank` of every LSA peer's window
+    /// (one block, the CTA as coop), then runs LSA barrier 0 with acq_rel so
+    /// every rank's slots are complete when the kernel ends. Errors (code)
+    /// go to `errors[0]`, their count to `errors[1]`.
+    ///
+    /// # Safety
+    /// `win` holds `lsa_size` slots of `slot >= bytes` bytes; `src` has `bytes`.
+    pub unsafe fn lsa_put_all(comm: DevComm, win: WindowDesc, src: *const u8, bytes: u64, slot: u64, errors: *mut u32) {
+        let cta = Cta::new();
+        lsa::copy_to_all(&cta, &win, win.lsa_rank as u64 * slot, src, bytes as usize);
+        match LsaBarrierSession::new(&cta, &comm, 0) {
+            Ok(mut bar) => {
+                if let Err(e) = bar.sync(&cta, Order::AcqRel) {
+                    report(errors, e.code());
+                }
+            }
+            Err(e) => report(errors, e.code()),
+        }
+    }
+
+    /// Every thread `t < lsa_size * values` puts `value_base + me * 1000 + t %
+    /// values` as a `u64` into peer `t / values`'s slot `lsa_rank`, index
+    /// `t % values`, with [`lsa::put_value`]; then LSA barrier 0 (acq_rel).
+    ///
+    /// # Safety
+    /// One block with at least `lsa_size * values` threads; slots of `slot`
+    /// bytes hold `values` u64s.
+    pub unsafe fn lsa_put_values(comm: DevComm, win: WindowDesc, values: u32, slot: u64, value_base: u64, errors: *mut u32) {
+        let cta = Cta::new();
+        let t = thread_idx().x;
+        if t < comm.lsa_size * values {
+            let (peer, k) = (t / values, t % values);
+            let dst = win.lsa_ptr::<u64>(win.lsa_rank as u64 * slot + k as u64 * 8, peer);
+            lsa::put_value(dst, value_base + comm.lsa_rank as u64 * 1000 + k as u64);
+        }
+        match LsaBarrierSession::new(&cta, &comm, 0) {
+            Ok(mut bar) => {
+                if let Err(e) = bar.sync(&cta, Order::AcqRel) {
+                    report(errors, e.code());
+                }
+            }
+            Err(e) => report(errors, e.code()),
+        }
+    }
+
+    /// Opens LSA barrier `index` and syncs `rounds` times with `order`
+    /// (0 relaxed, 1 acquire, 2 release, 3 acq_rel); reports errors (an index
+    /// out of range, a timeout, an abort) in `errors`. With `timeout_ns` > 0
+    /// it replaces the communicator's timeout.
+    ///
+    /// # Safety
+    /// `comm` is live.
+    pub unsafe fn lsa_barrier_rounds(comm: DevComm, index: u32, rounds: u32, order: u32, timeout_ns: u64, errors: *mut u32) {
+        let mut comm = comm;
+        if timeout_ns > 0 {
+            comm.abort.timeout_ns = timeout_ns;
+        }
+        let order = match order { 1 => Order::Acquire, 2 => Order::Release, 3 => Order::AcqRel, _ => Order::Relaxed };
+        let cta = Cta::new();
+        match LsaBarrierSession::new(&cta, &comm, index) {
+            Ok(mut bar) => {
+                for _ in 0..rounds {
+                    if let Err(e) = bar.sync(&cta, order) {
+                        report(errors, e.code());
+                        break;
+                    }
+                }
+            }
+            Err(e) => report(errors, e.code()),
+        };
+    }
+
+    /// Waits for the `u64` signal at window offset `sig_off` to reach `least`
+    /// (the communicator's abort flag and `timeout_ns` end the wait);
+    /// reports the error code, or writes the value seen to `seen`.
+    ///
+    /// # Safety
+    /// `sig_off` is an 8-aligned offset inside `win`.
+    pub unsafe fn lsa_wait_signal(comm: DevComm, win: WindowDesc, sig_off: u64, least: u64, timeout_ns: u64, seen: *mut u64, errors: *mut u32) {
+        let mut abort = comm.abort;
+        abort.timeout_ns = timeout_ns;
+        match lsa::wait_signal(win.local_ptr::<u64>(sig_off), least, &abort) {
+            Ok(v) => *seen = v,
+            Err(e) => report(errors, e.code()),
+        }
+    }
+}
+
+macro_rules! reduce_kernels {
+    ($($name:ident: $t:ty),*) => {$(
+        kernel! {
+            /// `dst[i] = op over LSA peers of window[offset + i]` for `i < count`
+            /// (op: 0 sum, 1 prod, 2 min, 3 max), grid-stride over blocks.
+            ///
+            /// # Safety
+            /// Every peer's window holds `count` elements at `offset`, complete
+            /// before the launch; `dst` holds `count`.
+            pub unsafe fn $name(win: WindowDesc, offset: u64, count: u64, dst: *mut $t, op: u32) {
+                // Each block reduces a contiguous share with the CTA as coop.
+                let (b, nb) = (block_idx().x as u64, grid_dim().x as u64);
+                let per = count.div_ceil(nb);
+                let first = (b * per).min(count);
+                let n = per.min(count - first);
+                let esz = core::mem::size_of::<$t>() as u64;
+                lsa::reduce(&Cta::new(), dst.add(first as usize), &win, offset + first * esz, n as usize, op_of(op));
+            }
+        }
+    )*};
+}
+reduce_kernels!(
+    lsa_reduce_f32: f32,
+    lsa_reduce_f64: f64,
+    lsa_reduce_i32: i32,
+    lsa_reduce_u32: u32,
+    lsa_reduce_i64: i64,
+    lsa_reduce_u64: u64,
+    lsa_reduce_i8: i8,
+    lsa_reduce_u8: u8
+);
+
+kernel! {
+    /// Bandwidth kernel: copies `bytes` from `src` to `dst` (either may be a
+    /// peer's LSA address); block `b` moves a contiguous, 16-byte aligned
+    /// share with the CTA as coop.
+    ///
+    /// # Safety
+    /// Both valid for `bytes`, 16-byte aligned, not overlapping.
+    pub unsafe fn lsa_copy(dst: *mut u8, src: *const u8, bytes: u64) {
+        let (b, nb) = (block_idx().x as u64, grid_dim().x as u64);
+        let per = bytes.div_ceil(nb).next_multiple_of(16);
+        let first = (b * per).min(bytes);
+        let n = per.min(bytes - first);
+        lsa::copy(&Cta::new(), dst.add(first as usize), src.add(first as usize), n as usize);
+    }
+
+    /// Put + signal ping-pong between LSA ranks 0 and 1 (one block).
+    ///
+    /// Rank 0, `iters` times: copy `bytes` from its window at `src_off` to
+    /// rank 1's window at `dst_off`, `sync`, add 1 to rank 1's signal at
+    /// `sig_off` with release; wait for its own signal to reach the round.
+    /// Rank 1 mirrors it. `out[0]` gets the elapsed ns (rank 0: the round
+    /// trips), errors go to `errors`. Signals must start at 0.
+    ///
+    /// # Safety
+    /// Offsets inside the window; `lsa_size >= 2`; ranks other than 0 and 1 return.
+    pub unsafe fn lsa_pingpong(comm: DevComm, win: WindowDesc, src_off: u64, dst_off: u64, sig_off: u64, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
+        let me = comm.lsa_rank;
+        if me > 1 {
+            return;
+        }
+        let peer = 1 - me;
+        let cta = Cta::new();
+        let leader = cta.is_leader();
+        let t0 = global_timer_ns();
+        for round in 1..=iters as u64 {
+            if me == 1 {
+                if leader {
+                    if let Err(e) = lsa::wait_signal(win.local_ptr::<u64>(sig_off), round, &comm.abort) {
+                        report(errors, e.code());
+                    }
+                }
+                cta.sync();
+            }
+            lsa::copy(&cta, win.lsa_ptr(dst_off, peer), win.local_ptr(src_off), bytes as usize);
+            cta.sync();
+            if leader {
+                lsa::signal_add(win.lsa_ptr::<u64>(sig_off, peer), 1);
+            }
+            if me == 0 {
+                if leader {
+                    if let Err(e) = lsa::wait_signal(win.local_ptr::<u64>(sig_off), round, &comm.abort) {
+                        report(errors, e.code());
+                    }
+                }
+                cta.sync();
+            }
+            if atomic::load_relaxed(errors as *const u32, Scope::Gpu) != 0 {
+                break;
+            }
+        }
+        if leader {
+            *out = global_timer_ns() - t0;
+        }
+    }
+
+    /// `rounds` LSA barrier syncs (barrier 0, order as in
+    /// `lsa_barrier_rounds`) in one block; `out[0]` gets the elapsed ns.
+    ///
+    /// # Safety
+    /// `comm` is live with at least one LSA barrier.
+    pub unsafe fn lsa_barrier_bench(comm: DevComm, rounds: u32, order: u32, out: *mut u64, errors: *mut u32) {
+        let order = match order { 1 => Order::Acquire, 2 => Order::Release, 3 => Order::AcqRel, _ => Order::Relaxed };
+        let cta = Cta::new();
+        let t0 = global_timer_ns();
+        match LsaBarrierSession::new(&cta, &comm, 0) {
+            Ok(mut bar) => {
+                for _ in 0..rounds {
+                    if let Err(e) = bar.sync(&cta, order) {
+                        report(errors, e.code());
+                        break;
+                    }
+                }
+            }
+            Err(e) => report(errors, e.code()),
+        }
+        if cta.is_leader() {
+            *out = global_timer_ns() - t0;
+        }
+    }
+
+    /// One thread stores `value` at `dst` with a release store at system
+    /// scope (a host-visible flag for tests).
+    ///
+    /// # Safety
+    /// `dst` is a valid `u32`.
+    pub unsafe fn store_flag(dst: *mut u32, value: u32) {
+        if thread_idx().x == 0 && block_idx().x == 0 {
+            atomic::store_release(dst, value, Scope::Sys);
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Barriers among the GPUs of an LSA team.
+//!
+//! Barrier `index` owns, in the resource window, one inbox word per source
+//! LSA rank on every rank: arriving at epoch `e` stores `e` into slot
+//! `[index][my_lsa_rank]` of every peer's inbox; waiting reads the caller's
+//! own inbox until every slot has reached `e` (wrap-safe). The epoch lives in
+//! the rank's own resource memory, so consecutive kernels keep counting.
+//!
+//! Ordering: `arrive` first joins the coop (`sync`), so every write the coop
+//! made before the barrier precedes the release store at system scope; `wait`
+//! loads with acquire at system scope and joins the coop again. With
+//! [`Order::Relaxed`] the barrier only synchronises control flow.
+//!
+//! Contract: one coop at a time uses a given barrier index; all LSA ranks
+//! take part with the same index.
+
+use crate::atomic::{self, Order, Scope};
+use crate::comm::DevComm;
+use crate::coop::Coop;
+use crate::wait::{self, Deadline, WaitError};
+
+/// Why a barrier operation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarrierError {
+    /// The index is not below the device communicator's `lsa_barrier_count`.
+    IndexOutOfRange,
+    /// A wait gave up.
+    Wait(WaitError),
+}
+
+impl From<WaitError> for BarrierError {
+    fn from(e: WaitError) -> Self {
+        BarrierError::Wait(e)
+    }
+}
+
+impl BarrierError {
+    /// A non-zero code for an error word the host reads.
+    pub const fn code(self) -> u32 {
+        match self {
+            BarrierError::IndexOutOfRange => 16,
+            BarrierError::Wait(w) => w.code(),
+        }
+    }
+}
+
+/// One use of an LSA barrier by a coop.
+///
+/// ```ignore
+/// let cta = Cta::new();
+/// let mut bar = LsaBarrierSession::new(&cta, &comm, blockIdx.x)?;
+/// bar.sync(&cta, Order::AcqRel)?; // everyone's earlier writes are visible
+/// ```
+pub struct LsaBarrierSession<'a> {
+    comm: &'a DevComm,
+    index: u32,
+    epoch: u32,
+}
+
+impl<'a> LsaBarrierSession<'a> {
+    /// Opens barrier `index` of `comm` for `coop` (every thread calls it).
+    ///
+    /// # Safety
+    /// `comm` describes a live device communicator whose resource window is
+    /// mapped; no other coop uses barrier `index` concurrently.
+    #[inline]
+    pub unsafe fn new<C: Coop>(_coop: &C, comm: &'a DevComm, index: u32) -> Result<Self, BarrierError> {
+        if index >= comm.lsa_barrier_count {
+            return Err(BarrierError::IndexOutOfRange);
+        }
+        let epoch = unsafe { atomic::load_relaxed(Self::epoch_ptr(comm, index), Scope::Gpu) };
+        Ok(LsaBarrierSession { comm, index, epoch })
+    }
+
+    fn epoch_ptr(comm: &DevComm, index: u32) -> *mut u32 {
+        comm.resources.local_ptr(comm.lsa_epoch_offset + index as u64 * 4)
+    }
+
+    /// Inbox slot `[index][src]` in LSA peer `peer`'s resource window.
+    fn inbox(&self, peer: u32, src: u32) -> *mut u32 {
+        let c = self.comm;
+        let slot = (self.index as u64 * c.lsa_size as u64 + src as u64) * 4;
+        c.resources.lsa_ptr(c.lsa_barrier_offset + slot, peer)
+    }
+
+    /// The epoch the next `wait` waits for.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Signals every LSA peer that the caller's coop has arrived.
+    ///
+    /// # Safety
+    /// As for [`LsaBarrierSession::new`]; every thread of `coop` calls it.
+    #[inline]
+    pub unsafe fn arrive<C: Coop>(&mut self, coop: &C, order: Order) {
+        coop.sync();
+        self.epoch = self.epoch.wrapping_add(1);
+        let (me, n) = (self.comm.lsa_rank, self.comm.lsa_size);
+        let mut peer = coop.thread_rank();
+        while peer < n {
+            let p = self.inbox(peer, me);
+            unsafe {
+                match order {
+                    Order::Release | Order::AcqRel => atomic::store_release(p, self.epoch, Scope::Sys),
+                    Order::Relaxed | Order::Acquire => atomic::store_relaxed(p, self.epoch, Scope::Sys),
+                }
+            }
+            peer += coop.size();
+        }
+    }
+
+    /// Waits until every LSA peer has arrived at the current epoch. Each
+    /// thread reports the error of the peers it watched; the coop is joined
+    /// either way.
+    ///
+    /// # Safety
+    /// As for [`LsaBarrierSession::arrive`].
+    #[inline]
+    pub unsafe fn wait<C: Coop>(&mut self, coop: &C, order: Order) -> Result<(), BarrierError> {
+        let (me, n) = (self.comm.lsa_rank, self.comm.lsa_size);
+        let mut deadline = Deadline::new(&self.comm.abort);
+        let mut result = Ok(());
+        let mut src = coop.thread_rank();
+        while src < n && result.is_ok() {
+            let p = self.inbox(me, src) as *const u32;
+            let r = unsafe {
+                match order {
+                    Order::Acquire | Order::AcqRel => wait::wait_ge_u32(p, self.epoch, Scope::Sys, &mut deadline),
+                    Order::Relaxed | Order::Release => {
+                        wait::wait_ge_u32_relaxed(p, self.epoch, Scope::Sys, &mut deadline)
+                    }
+                }
+            };
+            result = r.map(|_| ()).map_err(BarrierError::from);
+            src += coop.size();
+        }
+        coop.sync();
+        result
+    }
+
+    /// `arrive` then `wait`.
+    ///
+    /// # Safety
+    /// As for [`LsaBarrierSession::arrive`].
+    #[inline]
+    pub unsafe fn sync<C: Coop>(&mut self, coop: &C, order: Order) -> Result<(), BarrierError> {
+        unsafe {
+            self.arrive(coop, order);
+            self.wait(coop, order)
+        }
+    }
+}
+
+impl Drop for LsaBarrierSession<'_> {
+    /// Saves the epoch for the barrier's next session (every thread stores
+    /// the same value).
+    fn drop(&mut self) {
+        // SAFETY: the epoch word is the caller's own, valid per `new`'s contract.
+        unsafe { atomic::store_relaxed(Self::epoch_ptr(self.comm, self.index), self.epoch, Scope::Gpu) };
+    }
+}

@@ -1,0 +1,105 @@
+//! Moving data to and from LSA peers, and signalling them.
+//!
+//! Pointers come from [`WindowDesc::lsa_ptr`](crate::comm::WindowDesc::lsa_ptr)
+//! (or [`SymPtr`](crate::comm::SymPtr)); a local pointer works as well, so
+//! the same copy serves put (local → peer) and get (peer → local).
+
+use crate::arch::{load16, store16};
+use crate::atomic::{self, Scope};
+use crate::comm::{AbortInfo, WindowDesc};
+use crate::coop::Coop;
+use crate::wait::{self, Deadline, WaitError};
+
+/// 16-byte vectors each thread keeps in flight in [`copy`].
+const UNROLL: usize = 4;
+
+/// Copies `bytes` from `src` to `dst`, spread over the threads of `coop`.
+///
+/// When both addresses are 16-byte aligned the bulk moves as 16-byte
+/// vectors, [`UNROLL`] loads in flight per thread before their stores; the
+/// tail (and misaligned copies) move byte by byte. The copy is *not*
+/// followed by a `coop.sync()`: callers that need the data visible to the
+/// peer follow it with a barrier or a [`signal_add`] with release.
+///
+/// # Safety
+/// `src` and `dst` are valid for `bytes` bytes and do not overlap; every
+/// thread of `coop` calls with the same arguments.
+#[inline]
+pub unsafe fn copy<C: Coop>(coop: &C, dst: *mut u8, src: *const u8, bytes: usize) {
+    let (t, n) = (coop.thread_rank() as usize, coop.size() as usize);
+    let aligned = (dst as usize | src as usize) % 16 == 0;
+    let vec_bytes = if aligned { bytes / 16 * 16 } else { 0 };
+    let vectors = vec_bytes / 16;
+    // Whole groups: each thread moves UNROLL vectors per step.
+    let step = n * UNROLL;
+    let groups = vectors / step;
+    for g in 0..groups {
+        let base = g * step + t;
+        let mut v = [[0u32; 4]; UNROLL];
+        for (u, slot) in v.iter_mut().enumerate() {
+            *slot = unsafe { load16(src.add((base + u * n) * 16)) };
+        }
+        for (u, slot) in v.iter().enumerate() {
+            unsafe { store16(dst.add((base + u * n) * 16), *slot) };
+        }
+    }
+    let mut i = groups * step + t;
+    while i < vectors {
+        unsafe { store16(dst.add(i * 16), load16(src.add(i * 16))) };
+        i += n;
+    }
+    let mut b = vec_bytes + t;
+    while b < bytes {
+        unsafe { dst.add(b).write_volatile(src.add(b).read_volatile()) };
+        b += n;
+    }
+}
+
+/// Copies `bytes` from `src` into byte `offset` of every LSA peer's copy of
+/// `window` (the caller's own included), spread over `coop`.
+///
+/// # Safety
+/// `offset + bytes <= window.size`; `src` valid for `bytes`; every thread of
+/// `coop` calls with the same arguments.
+#[inline]
+pub unsafe fn copy_to_all<C: Coop>(coop: &C, window: &WindowDesc, offset: u64, src: *const u8, bytes: usize) {
+    for k in 0..window.lsa_size {
+        // Start with the next peer, so LSA ranks do not all hit peer 0 first.
+        let peer = (window.lsa_rank + 1 + k) % window.lsa_size;
+        unsafe { copy(coop, window.lsa_ptr(offset, peer), src, bytes) };
+    }
+}
+
+/// Stores one value at `dst` (a peer's or a local address) with a relaxed
+/// system-scope store: visible to the peer without ordering earlier writes.
+///
+/// # Safety
+/// `dst` is valid and aligned for `T`.
+#[inline(always)]
+pub unsafe fn put_value<T: Copy>(dst: *mut T, value: T) {
+    unsafe { dst.write_volatile(value) }
+}
+
+/// Adds `value` to the `u64` signal at `signal` (usually a peer's) with
+/// release at system scope: everything the calling thread wrote before —
+/// and, after a `coop.sync()`, everything its coop wrote — is visible to a
+/// peer that sees the new value with acquire.
+///
+/// # Safety
+/// `signal` is a valid, 8-byte aligned `u64` that is only updated atomically.
+#[inline(always)]
+pub unsafe fn signal_add(signal: *mut u64, value: u64) {
+    unsafe { atomic::red_add_release(signal, value, Scope::Sys) }
+}
+
+/// Waits until the `u64` signal at `signal` has reached `least` (wrap-safe),
+/// with acquire at system scope; returns the value seen. Gives up on the
+/// communicator's abort flag or after `abort.timeout_ns`.
+///
+/// # Safety
+/// As for [`signal_add`].
+#[inline(always)]
+pub unsafe fn wait_signal(signal: *const u64, least: u64, abort: &AbortInfo) -> Result<u64, WaitError> {
+    let mut deadline = Deadline::new(abort);
+    unsafe { wait::wait_ge_u64(signal, least, Scope::Sys, &mut deadline) }
+}
