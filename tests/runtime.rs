@@ -185,7 +185,7 @@ fn every_coop_has_the_right_ranks_sizes_and_barriers() {
 
 #[test]
 fn lsa_copy_handles_every_alignment_and_tail() {
-    use devcomm_kernels::lsa::lsa_copy;
+    use devcomm_kernels::lsa::{lsa_copy, lsa_copy_bulk};
     let dev = test_device(0);
     let s = dev.stream();
     let mut rng = rand::rngs::StdRng::seed_from_u64(23);
@@ -209,6 +209,26 @@ fn lsa_copy_handles_every_alignment_and_tail() {
                 assert_eq!(&got[dof..dof + bytes], &src_data[so..so + bytes], "bytes {bytes} src+{so} dst+{dof}");
                 assert!(got[..dof].iter().all(|&b| b == 0xEE), "wrote before dst");
                 assert!(got[dof + bytes..].iter().all(|&b| b == 0xEE), "wrote past the end");
+                // The bulk-copy path: several chunk sizes and pipeline depths.
+                for &(chunk, stages) in &[(48u32, 2u32), (4096, 3), (16384, 4)] {
+                    s.memset(&mut dst, 0xEE).unwrap();
+                    let smem = devcomm_device::lsa::ops::copy_bulk_smem_bytes(chunk, stages);
+                    // SAFETY: as above; `smem` bytes of shared memory for the pipeline.
+                    unsafe {
+                        s.launch::<lsa_copy_bulk>(
+                            LaunchConfig::new(blocks, 32).with_shared_mem(smem),
+                            (dst.as_mut_ptr().add(dof), src.as_ptr().add(so), bytes as u64, chunk, stages),
+                        )
+                    }
+                    .unwrap();
+                    let got = s.read_vec(&dst).unwrap();
+                    let what = format!("bulk {chunk}x{stages}: bytes {bytes} src+{so} dst+{dof}");
+                    assert_eq!(&got[dof..dof + bytes], &src_data[so..so + bytes], "{what}");
+                    assert!(
+                        got[..dof].iter().all(|&b| b == 0xEE) && got[dof + bytes..].iter().all(|&b| b == 0xEE),
+                        "{what}"
+                    );
+                }
             }
         }
     }

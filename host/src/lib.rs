@@ -19,6 +19,15 @@ pub use runtime::{Device, DeviceBuffer, Event, LaunchConfig, Module, RuntimeKind
 
 pub mod bootstrap;
 pub mod comm;
+pub mod dev_comm;
 pub mod env;
 pub mod launch;
+pub mod memory;
 pub mod ptx;
+pub mod team;
+pub mod window;
+
+pub use dev_comm::{DevCommHandle, DevCommRequirements};
+pub use memory::SymmetricMemory;
+pub use team::{Team, TeamKind};
+pub use window::{Window, WindowFlags};

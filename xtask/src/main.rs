@@ -153,6 +153,10 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
     if has_run_bin {
         bins = cargo_executables(&["build", "--release", "-p", "devcomm", "--bin", "devcomm-run"])?;
     }
+    // Benchmark programs (benches/src/bin/*).
+    if package(&meta, "devcomm-benches").is_some_and(|p| has_target(p, "bin", None)) {
+        bins.extend(cargo_executables(&["build", "--release", "-p", "devcomm-benches", "--bins"])?);
+    }
 
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;

@@ -69,6 +69,11 @@ pub const DEFAULT_TOOLCHAIN: &str = "nightly";
 /// The GPU architecture used when none is given (Hopper).
 pub const DEFAULT_ARCH: &str = "sm_90";
 
+/// The PTX ISA version asked of LLVM when none is given: 8.0, the first with
+/// Hopper's bulk-copy (`cp.async.bulk`) and `fence.proxy.async` instructions
+/// (rustc's default for `sm_90` is 7.8). Drivers of CUDA 12.0 and later load it.
+pub const DEFAULT_PTX_ISA: &str = "ptx80";
+
 /// The cargo profile used when none is given.
 pub const DEFAULT_PROFILE: &str = "ptx";
 
@@ -315,6 +320,7 @@ pub struct PtxBuilder {
     features: Vec<String>,
     no_default_features: bool,
     rustflags: Vec<String>,
+    ptx_isa: Option<String>,
     stream_output: bool,
 }
 
@@ -332,8 +338,17 @@ impl PtxBuilder {
             features: Vec::new(),
             no_default_features: false,
             rustflags: Vec::new(),
+            ptx_isa: Some(DEFAULT_PTX_ISA.to_string()),
             stream_output: false,
         }
+    }
+
+    /// The PTX ISA version as an LLVM target feature (`ptx78`, `ptx80`, ...),
+    /// or `None` for rustc's default for the architecture. Default:
+    /// [`DEFAULT_PTX_ISA`].
+    pub fn ptx_isa(mut self, isa: Option<&str>) -> Self {
+        self.ptx_isa = isa.map(str::to_string);
+        self
     }
 
     /// The directory holding the `Cargo.toml` to build from: the package's own
@@ -497,6 +512,9 @@ impl PtxBuilder {
         }
         cmd.args(["--", "--emit=asm"]);
         let mut flags = vec![format!("-Ctarget-cpu={}", self.arch), "-Clinker=/bin/true".to_string()];
+        if let Some(isa) = &self.ptx_isa {
+            flags.push(format!("-Ctarget-feature=+{isa}"));
+        }
         flags.extend(self.rustflags.iter().cloned());
         cmd.env("RUSTFLAGS", flags.join(" "));
         cmd
@@ -824,7 +842,7 @@ mod tests {
         let b = PtxBuilder::new("my-kernels").manifest_dir("/ws").target_dir("/ws/target/devcomm-ptx").arch("sm_80");
         assert_eq!(b.output_path(), PathBuf::from("/ws/target/devcomm-ptx/nvptx64-nvidia-cuda/ptx/deps/my_kernels.s"));
         let shown = display_command(&b.command());
-        assert!(shown.contains("RUSTFLAGS=\"-Ctarget-cpu=sm_80 -Clinker=/bin/true\""));
+        assert!(shown.contains("RUSTFLAGS=\"-Ctarget-cpu=sm_80 -Clinker=/bin/true -Ctarget-feature=+ptx80\""));
         assert!(shown.contains("run nightly cargo rustc"));
         assert!(shown.contains("-Zbuild-std=core"));
         assert!(shown.contains("--crate-type cdylib"));

@@ -165,6 +165,21 @@ kernel! {
         lsa::copy(&Cta::new(), dst.add(first as usize), src.add(first as usize), n as usize);
     }
 
+    /// As [`lsa_copy`] with the bulk-copy engine: each block streams its
+    /// share through `stages` shared buffers of `chunk` bytes (dynamic shared
+    /// memory: `lsa::ops::copy_bulk_smem_bytes(chunk, stages)`).
+    ///
+    /// # Safety
+    /// As for [`lsa_copy`]; `chunk` a multiple of 16, `stages >= 2`.
+    pub unsafe fn lsa_copy_bulk(dst: *mut u8, src: *const u8, bytes: u64, chunk: u32, stages: u32) {
+        let (b, nb) = (block_idx().x as u64, grid_dim().x as u64);
+        let per = bytes.div_ceil(nb).next_multiple_of(16);
+        let first = (b * per).min(bytes);
+        let n = per.min(bytes - first);
+        let smem = devcomm_device::arch::dynamic_shared::<u8>();
+        lsa::ops::copy_bulk(&Cta::new(), dst.add(first as usize), src.add(first as usize), n as usize, smem, chunk, stages);
+    }
+
     /// Put + signal ping-pong between LSA ranks 0 and 1 (one block).
     ///
     /// Rank 0, `iters` times: copy `bytes` from its window at `src_off` to
@@ -237,6 +252,17 @@ kernel! {
         }
         if cta.is_leader() {
             *out = global_timer_ns() - t0;
+        }
+    }
+
+    /// One thread adds `value` to the `u64` signal at window offset `sig_off`
+    /// of LSA peer `peer` with release at system scope.
+    ///
+    /// # Safety
+    /// `sig_off` is an 8-aligned offset inside `win`; `peer < lsa_size`.
+    pub unsafe fn lsa_signal(win: WindowDesc, peer: u32, sig_off: u64, value: u64) {
+        if thread_idx().x == 0 && block_idx().x == 0 {
+            lsa::signal_add(win.lsa_ptr::<u64>(sig_off, peer), value);
         }
     }
 

@@ -4,6 +4,8 @@
 //! special-register read or a PTX instruction; on the host it asks
 //! the emulated runtime through the hooks in [`crate::emu`].
 
+pub mod bulk;
+
 #[cfg(target_arch = "nvptx64")]
 mod nvptx;
 #[cfg(target_arch = "nvptx64")]

@@ -4,7 +4,7 @@
 //! (or [`SymPtr`](crate::comm::SymPtr)); a local pointer works as well, so
 //! the same copy serves put (local → peer) and get (peer → local).
 
-use crate::arch::{load16, store16};
+use crate::arch::{bulk, load16, store16};
 use crate::atomic::{self, Scope};
 use crate::comm::{AbortInfo, WindowDesc};
 use crate::coop::Coop;
@@ -53,6 +53,80 @@ pub unsafe fn copy<C: Coop>(coop: &C, dst: *mut u8, src: *const u8, bytes: usize
         unsafe { dst.add(b).write_volatile(src.add(b).read_volatile()) };
         b += n;
     }
+}
+
+/// Shared memory [`copy_bulk`] needs for `stages` chunks of `chunk` bytes.
+pub const fn copy_bulk_smem_bytes(chunk: u32, stages: u32) -> u32 {
+    chunk * stages + 8 * stages
+}
+
+/// Copies `bytes` from `src` to `dst` with the bulk-copy engine (TMA): the
+/// coop's leader streams `chunk`-byte pieces global → shared → global through
+/// `stages` buffers at `smem`, keeping loads ahead of stores; the other
+/// threads copy the non-16-byte tail. Returns after every store completed
+/// and the coop joined, so `smem` can be reused and a following release
+/// (signal) publishes the data.
+///
+/// Falls back to [`copy`] when `dst` or `src` is not 16-byte aligned.
+///
+/// # Safety
+/// As for [`copy`]; `smem` is this block's shared memory, 16-byte aligned,
+/// [`copy_bulk_smem_bytes`]`(chunk, stages)` long and not otherwise in use;
+/// `chunk` is a non-zero multiple of 16 and `stages >= 2`.
+#[inline]
+pub unsafe fn copy_bulk<C: Coop>(
+    coop: &C,
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+    smem: *mut u8,
+    chunk: u32,
+    stages: u32,
+) {
+    if (dst as usize | src as usize) % 16 != 0 || chunk == 0 || chunk % 16 != 0 || stages < 2 {
+        unsafe { copy(coop, dst, src, bytes) };
+        coop.sync();
+        return;
+    }
+    let bulk_bytes = bytes / 16 * 16;
+    if coop.is_leader() && bulk_bytes > 0 {
+        let bars = unsafe { smem.add((chunk * stages) as usize) } as *mut u64;
+        let chunks = bulk_bytes.div_ceil(chunk as usize);
+        let len = |c: usize| (bulk_bytes - c * chunk as usize).min(chunk as usize) as u32;
+        let buf = |c: usize| unsafe { smem.add((c % stages as usize) * chunk as usize) };
+        let bar = |c: usize| unsafe { bars.add(c % stages as usize) };
+        let load = |c: usize| unsafe {
+            bulk::mbarrier_arrive_expect_tx(bar(c), len(c));
+            bulk::load_to_shared(buf(c), src.add(c * chunk as usize), len(c), bar(c));
+        };
+        for s in 0..stages as usize {
+            unsafe { bulk::mbarrier_init(bars.add(s), 1) };
+        }
+        bulk::fence_mbarrier_init();
+        for c in 0..chunks.min(stages as usize) {
+            load(c);
+        }
+        for c in 0..chunks {
+            let parity = ((c / stages as usize) & 1) as u32;
+            while !unsafe { bulk::mbarrier_try_wait_parity(bar(c), parity) } {}
+            unsafe { bulk::store_from_shared(dst.add(c * chunk as usize), buf(c), len(c)) };
+            bulk::commit_group();
+            // Once the previous chunk's store has read its buffer, refill it.
+            if c >= 1 && c - 1 + (stages as usize) < chunks {
+                bulk::wait_group_read::<1>();
+                load(c - 1 + stages as usize);
+            }
+        }
+        bulk::wait_group::<0>();
+        bulk::fence_proxy_async();
+    }
+    let (t, n) = (coop.thread_rank() as usize, coop.size() as usize);
+    let mut b = bulk_bytes + t;
+    while b < bytes {
+        unsafe { dst.add(b).write_volatile(src.add(b).read_volatile()) };
+        b += n;
+    }
+    coop.sync();
 }
 
 /// Copies `bytes` from `src` into byte `offset` of every LSA peer's copy of

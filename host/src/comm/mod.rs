@@ -111,6 +111,8 @@ pub struct Communicator {
     config: Config,
     abort_flag: Arc<AtomicBool>,
     shared: Arc<Shared>,
+    /// Windows and device communicators: registration state, abort sinks.
+    pub(crate) ext: Arc<crate::window::CommExt>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -154,13 +156,15 @@ impl Communicator {
             None => default_device(rank)?,
         };
         let info = RankInfo::local(rank, &device).encode();
+        let abort_flag = Arc::new(AtomicBool::new(false));
         let comm = Communicator {
             rank,
             nranks,
             id,
             device,
             config,
-            abort_flag: Arc::new(AtomicBool::new(false)),
+            ext: Arc::new(crate::window::CommExt::new(abort_flag.clone())),
+            abort_flag,
             shared: Arc::new(Shared {
                 state: Mutex::new(InitState::Initializing),
                 cv: Condvar::new(),
@@ -431,6 +435,7 @@ impl Communicator {
     /// As [`Communicator::abort`], with a reason the other ranks will see.
     pub fn abort_with_reason(&self, reason: &str) {
         self.abort_flag.store(true, Ordering::SeqCst);
+        self.ext.abort_sinks.fire();
         let ready = {
             let mut st = self.shared.lock();
             match &*st {

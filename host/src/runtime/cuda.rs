@@ -269,6 +269,15 @@ impl CudaStreamHandle {
         self.synchronize()
     }
 
+    /// # Safety
+    /// Both ranges are device memory accessible from this context.
+    pub(crate) unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(cuda_err("cuMemcpyDtoDAsync"))
+    }
+
     pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         self.device.bind()?;
         // SAFETY: dst is a live allocation of `bytes` bytes (the caller's buffer).

@@ -37,6 +37,11 @@
 mod cuda;
 mod cuda_vmm;
 mod emulated;
+mod host_word;
+mod peer_access;
+
+pub(crate) use host_word::HostMappedWord;
+pub(crate) use peer_access::cuda_can_access_uuid;
 
 use crate::error::{Error, Result};
 use bytemuck::Pod;
@@ -361,13 +366,11 @@ fn device_key(inner: &DeviceInner) -> usize {
 
 /// Physical memory that other processes on the host can map: CUDA VMM
 /// memory exported as a POSIX file descriptor, or an emulated memfd.
-#[allow(dead_code)] // used by window registration, which lands next
 pub(crate) enum ShareableAlloc {
     Cuda(cuda_vmm::VmmAlloc),
     Emulated(emulated::shm::ShmAlloc),
 }
 
-#[allow(dead_code)] // as above
 impl ShareableAlloc {
     /// Allocates at least `bytes` (rounded up to [`Device::shareable_granularity`]).
     pub(crate) fn new(device: &Device, bytes: usize) -> Result<ShareableAlloc> {
@@ -406,13 +409,11 @@ impl ShareableAlloc {
 
 /// A reserved device address range that shareable allocations (ours and
 /// peers') are mapped into.
-#[allow(dead_code)] // as above
 pub(crate) enum AddressRange {
     Cuda(cuda_vmm::VmmRange),
     Emulated(emulated::shm::ShmRange),
 }
 
-#[allow(dead_code)] // as above
 impl AddressRange {
     pub(crate) fn reserve(device: &Device, bytes: usize) -> Result<AddressRange> {
         Ok(match &device.inner {
@@ -551,7 +552,6 @@ impl Stream {
     /// Copies `src` to device address `dst` and waits. The caller guarantees
     /// `dst..dst + src.len()` is device memory of this stream's device (or
     /// mapped into it).
-    #[allow(dead_code)] // as above
     pub(crate) fn write_raw(&self, dst: u64, src: &[u8]) -> Result<()> {
         match &self.inner {
             StreamInner::Cuda(s) => s.write(dst, src),
@@ -560,7 +560,6 @@ impl Stream {
     }
 
     /// Copies from device address `src` into `dst` and waits (as [`Self::write_raw`]).
-    #[allow(dead_code)] // as above
     pub(crate) fn read_raw(&self, src: u64, dst: &mut [u8]) -> Result<()> {
         match &self.inner {
             StreamInner::Cuda(s) => s.read(src, dst),
@@ -582,6 +581,23 @@ impl Stream {
         match &self.inner {
             StreamInner::Cuda(s) => s.memset(dst.raw.addr(), value, n),
             StreamInner::Emulated(s) => s.memset(dst.raw.addr(), value, n),
+        }
+    }
+
+    /// Queues a copy of `bytes` between two device addresses (the copy engine
+    /// on a GPU; peer mappings included). Asynchronous: returns once queued.
+    ///
+    /// # Safety
+    ///
+    /// `src..src+bytes` and `dst..dst+bytes` are device memory this device can
+    /// access (its own, or a peer's mapped into it), alive until the stream
+    /// passes this point, and do not overlap.
+    pub unsafe fn memcpy_raw(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        match &self.inner {
+            // SAFETY: forwarded from the caller.
+            StreamInner::Cuda(s) => unsafe { s.memcpy(dst, src, bytes) },
+            // SAFETY: forwarded from the caller.
+            StreamInner::Emulated(s) => unsafe { s.memcpy(dst, src, bytes) },
         }
     }
 

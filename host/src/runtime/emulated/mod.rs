@@ -209,6 +209,17 @@ impl EmuStream {
         self.synchronize()
     }
 
+    /// # Safety
+    /// Both ranges are live host memory until the stream passes this point.
+    pub(crate) unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        let (d, s) = (dst as usize, src as usize);
+        // SAFETY: forwarded from the caller.
+        self.submit(Box::new(move || {
+            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, bytes) };
+            Ok(())
+        }))
+    }
+
     pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         let d = dst as usize;
         // SAFETY: dst is a live buffer of `bytes` bytes; the caller keeps it

@@ -1,0 +1,338 @@
+//! LSA benchmark: put bandwidth (SM stores, bulk-copy engine, copy engine),
+//! put + signal round trip, and LSA barrier latency between two GPUs.
+//!
+//! ```text
+//! devcomm-run -n 2 target/release/lsa_bench            # GPUs (or emulated)
+//! lsa_bench --quick                                      # starts 2 ranks itself, small sizes
+//! ```
+//!
+//! Every measurement: warm-up, then the median of several repetitions of
+//! many back-to-back operations timed with events (bandwidth) or with the
+//! GPU's global timer inside one kernel (latency). Each put variant's
+//! destination is checked against the source once before it is timed.
+//! Rank 0 prints nccl-tests-like tables and `csv,` lines.
+
+use devcomm::comm::Communicator;
+use devcomm::dev_comm::DevCommRequirements;
+use devcomm::env::LaunchEnv;
+use devcomm::launch::LaunchOptions;
+use devcomm::runtime::{Device, Event, LaunchConfig, Stream};
+use devcomm::window::{Window, WindowFlags};
+use devcomm::{Error, Result};
+use devcomm_device::comm::{DevComm, WindowDesc};
+use devcomm_device::lsa::ops::copy_bulk_smem_bytes;
+use devcomm_kernels::lsa::{lsa_barrier_bench, lsa_copy, lsa_copy_bulk, lsa_pingpong};
+use rand::{Rng, SeedableRng};
+use std::process::ExitCode;
+
+const BULK_CHUNK: u32 = 32 * 1024;
+const BULK_STAGES: u32 = 4;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lsa_bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    match LaunchEnv::from_env() {
+        Err(Error::InvalidUsage(_)) => {
+            let exe = std::env::current_exe().map_err(|e| Error::system("locating this program", e))?;
+            let opts = LaunchOptions::new(2, exe).args(std::env::args_os().skip(1));
+            devcomm::launch::spawn(&opts)?.wait_success()
+        }
+        Err(e) => Err(e),
+        Ok(_) => bench(quick),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median microseconds per call of `op`, `iters` calls per repetition.
+fn time_us(dev: &Device, stream: &Stream, iters: u32, reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+    let dev_events = (Event::new(dev)?, Event::new(dev)?);
+    for _ in 0..2 {
+        op()?;
+    }
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        stream.record(&dev_events.0)?;
+        for _ in 0..iters {
+            op()?;
+        }
+        stream.record(&dev_events.1)?;
+        samples.push(dev_events.0.elapsed_ms(&dev_events.1)? as f64 * 1e3 / iters as f64);
+    }
+    Ok(median(samples))
+}
+
+struct Ctx<'a> {
+    dev: Device,
+    window: &'a Window<'a>,
+    stream: Stream,
+    win: WindowDesc,
+    dev_comm: DevComm,
+    /// Our source region (offset 0) and where peers write to us (offset `max`).
+    max: u64,
+    sms: u32,
+}
+
+impl Ctx<'_> {
+    fn peer(&self) -> u32 {
+        1 - self.win.lsa_rank
+    }
+    fn src(&self) -> u64 {
+        self.win.local_ptr::<u8>(0) as u64
+    }
+    fn dst(&self) -> u64 {
+        self.win.lsa_ptr::<u8>(self.max, self.peer()) as u64
+    }
+
+    fn sm_put(&self, bytes: u64) -> Result<()> {
+        let blocks = (bytes / (64 * 1024)).clamp(1, 2 * self.sms as u64) as u32;
+        // SAFETY: src and dst are 16-aligned regions of `max >= bytes` bytes
+        // in mapped windows that outlive the stream's work (synchronised below).
+        unsafe {
+            self.stream.launch::<lsa_copy>(
+                LaunchConfig::new(blocks, 512),
+                (self.dst() as *mut u8, self.src() as *const u8, bytes),
+            )
+        }
+    }
+
+    fn bulk_put(&self, bytes: u64) -> Result<()> {
+        let blocks = (bytes / (BULK_CHUNK as u64 * 2)).clamp(1, self.sms as u64) as u32;
+        let smem = copy_bulk_smem_bytes(BULK_CHUNK, BULK_STAGES);
+        // SAFETY: as in `sm_put`; shared memory sized for the pipeline.
+        unsafe {
+            self.stream.launch::<lsa_copy_bulk>(
+                LaunchConfig::new(blocks, 32).with_shared_mem(smem),
+                (self.dst() as *mut u8, self.src() as *const u8, bytes, BULK_CHUNK, BULK_STAGES),
+            )
+        }
+    }
+
+    fn ce_put(&self, bytes: u64) -> Result<()> {
+        // SAFETY: as in `sm_put`.
+        unsafe { self.stream.memcpy_raw(self.dst(), self.src(), bytes as usize) }
+    }
+
+    /// Runs `put` once on fresh random data and checks what landed in the
+    /// peer's window (read back through our mapping of it).
+    fn verify(&self, what: &str, bytes: u64, put: impl Fn(&Self, u64) -> Result<()>) -> Result<()> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(bytes ^ self.win.lsa_rank as u64);
+        let data: Vec<u8> = (0..bytes).map(|_| rng.gen()).collect();
+        let peer = self.peer() as usize;
+        self.window.write(&self.stream, 0, &data)?;
+        self.window.write_lsa(&self.stream, peer, self.max as usize, &vec![0xCBu8; bytes as usize])?;
+        put(self, bytes)?;
+        self.stream.synchronize()?;
+        let mut got = vec![0u8; bytes as usize];
+        self.window.read_lsa(&self.stream, peer, self.max as usize, &mut got)?;
+        if got != data {
+            let first = got.iter().zip(&data).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(Error::internal(format!("{what} put of {bytes} B: wrong byte at {first}")));
+        }
+        Ok(())
+    }
+}
+
+fn bench(quick: bool) -> Result<()> {
+    let comm = Communicator::init_from_env()?;
+    let rank = comm.rank();
+    let dev = comm.device().clone();
+    let max: u64 = if quick { 1 << 20 } else { 1 << 30 };
+    let mem = comm.mem_alloc((2 * max + (1 << 20)) as usize)?;
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC)?;
+    let mut req = DevCommRequirements::new();
+    req.lsa_barrier_count = 1;
+    req.use_window(&window);
+    let dc = comm.create_dev_comm(&req)?;
+    let win = window.desc();
+    if win.lsa_size < 2 {
+        return Err(Error::invalid_usage("lsa_bench needs two ranks in one LSA team"));
+    }
+    let ctx = Ctx {
+        dev: dev.clone(),
+        window: &window,
+        stream: dev.new_stream()?,
+        win,
+        dev_comm: dc.dev_comm(),
+        max,
+        sms: dev.multiprocessor_count(),
+    };
+    if rank == 0 {
+        println!(
+            "# devcomm LSA benchmark: {} x {} ({} runtime), {} SMs",
+            comm.count(),
+            dev.name(),
+            dev.kind(),
+            ctx.sms
+        );
+    }
+
+    // ---- put bandwidth, one direction and both at once ----
+    let sizes: Vec<u64> = (10..=if quick { 20 } else { 30 }).step_by(2).map(|k| 1u64 << k).collect();
+    for both in [false, true] {
+        if rank == 0 {
+            println!();
+            println!(
+                "# LSA put bandwidth, {} (GB/s per direction; ratio vs copy engine)",
+                if both { "both directions at once" } else { "GPU0 -> GPU1" }
+            );
+            println!(
+                "{:>12} {:>10} {:>9} {:>10} {:>9} {:>6} {:>10} {:>9} {:>6}",
+                "bytes", "ce_us", "ce_GB/s", "sm_us", "sm_GB/s", "sm/ce", "bulk_us", "bulk_GB/s", "bulk/ce"
+            );
+        }
+        for &bytes in &sizes {
+            let active = both || rank == 0;
+            comm.bootstrap_barrier()?;
+            if active && !both {
+                ctx.verify("sm", bytes, Ctx::sm_put)?;
+                ctx.verify("bulk", bytes, Ctx::bulk_put)?;
+                ctx.verify("ce", bytes, Ctx::ce_put)?;
+            }
+            comm.bootstrap_barrier()?;
+            let iters = if quick {
+                3
+            } else if bytes <= 1 << 20 {
+                200
+            } else if bytes <= 64 << 20 {
+                20
+            } else {
+                5
+            };
+            let mut row = [0.0f64; 3];
+            for (k, slot) in row.iter_mut().enumerate() {
+                comm.bootstrap_barrier()?;
+                if active {
+                    let reps = if quick { 3 } else { 7 };
+                    *slot = time_us(&ctx.dev, &ctx.stream, iters, reps, || match k {
+                        0 => ctx.ce_put(bytes),
+                        1 => ctx.sm_put(bytes),
+                        _ => ctx.bulk_put(bytes),
+                    })?;
+                }
+            }
+            if rank == 0 {
+                let gbps = |us: f64| bytes as f64 / us / 1e3;
+                println!(
+                    "{:>12} {:>10.2} {:>9.1} {:>10.2} {:>9.1} {:>6.3} {:>10.2} {:>9.1} {:>6.3}",
+                    bytes,
+                    row[0],
+                    gbps(row[0]),
+                    row[1],
+                    gbps(row[1]),
+                    row[0] / row[1],
+                    row[2],
+                    gbps(row[2]),
+                    row[0] / row[2]
+                );
+                println!(
+                    "csv,put,{},{},{:.3},{:.3},{:.3}",
+                    if both { "bidir" } else { "oneway" },
+                    bytes,
+                    row[0],
+                    row[1],
+                    row[2]
+                );
+            }
+        }
+    }
+
+    // ---- put + signal round trip ----
+    if rank == 0 {
+        println!();
+        println!("# put + signal round trip (one block; us per round trip)");
+        println!("{:>10} {:>10} {:>8}", "bytes", "rtt_us", "iters");
+    }
+    let sig_off = 2 * max;
+    let data_off = 2 * max + 4096;
+    let pp_sizes: &[u64] = if quick { &[8, 4096] } else { &[8, 64, 512, 4096, 65536] };
+    for &bytes in pp_sizes {
+        let iters: u32 = if quick {
+            50
+        } else if bytes <= 4096 {
+            20_000
+        } else {
+            5_000
+        };
+        let threads = if bytes <= 512 { 32 } else { 512 };
+        let mut samples = Vec::new();
+        for rep in 0..if quick { 1 } else { 5 } {
+            window.write(&ctx.stream, sig_off as usize, &[0u64])?;
+            comm.bootstrap_barrier()?;
+            let out = dev.alloc_from(&[0u64])?;
+            let errors = dev.alloc_from(&[0u32; 2])?;
+            // SAFETY: offsets inside the window; out/errors live until the reads below.
+            unsafe {
+                ctx.stream.launch::<lsa_pingpong>(
+                    LaunchConfig::new(1, threads),
+                    (ctx.dev_comm, win, 0u64, data_off, sig_off, bytes, iters, out.as_mut_ptr(), errors.as_mut_ptr()),
+                )?;
+            }
+            let errs = ctx.stream.read_vec(&errors)?;
+            if errs[0] != 0 {
+                return Err(Error::internal(format!("ping-pong of {bytes} B failed with device error {}", errs[0])));
+            }
+            let ns = ctx.stream.read_vec(&out)?[0];
+            if rep > 0 || quick {
+                samples.push(ns as f64 / iters as f64 / 1e3);
+            }
+            comm.bootstrap_barrier()?;
+        }
+        if rank == 0 {
+            let us = median(samples);
+            println!("{bytes:>10} {us:>10.3} {iters:>8}");
+            println!("csv,pingpong,{bytes},{us:.4}");
+        }
+    }
+
+    // ---- LSA barrier ----
+    if rank == 0 {
+        println!();
+        println!("# LSA barrier across the GPUs (one block of 32 threads; us per barrier)");
+    }
+    for (order, name) in [(0u32, "relaxed"), (3, "acq_rel")] {
+        let rounds: u32 = if quick { 50 } else { 20_000 };
+        let mut samples = Vec::new();
+        for rep in 0..if quick { 1 } else { 5 } {
+            comm.bootstrap_barrier()?;
+            let out = dev.alloc_from(&[0u64])?;
+            let errors = dev.alloc_from(&[0u32; 2])?;
+            // SAFETY: the device communicator is live; buffers outlive the reads.
+            unsafe {
+                ctx.stream.launch::<lsa_barrier_bench>(
+                    LaunchConfig::new(1, 32),
+                    (ctx.dev_comm, rounds, order, out.as_mut_ptr(), errors.as_mut_ptr()),
+                )?;
+            }
+            let errs = ctx.stream.read_vec(&errors)?;
+            if errs[0] != 0 {
+                return Err(Error::internal(format!("barrier bench failed with device error {}", errs[0])));
+            }
+            if rep > 0 || quick {
+                samples.push(ctx.stream.read_vec(&out)?[0] as f64 / rounds as f64 / 1e3);
+            }
+        }
+        if rank == 0 {
+            let us = median(samples);
+            println!("{name:>10} {us:>10.3} us");
+            println!("csv,barrier,{name},{us:.4}");
+        }
+    }
+    comm.bootstrap_barrier()?;
+    drop(ctx);
+    drop(dc);
+    window.deregister()?;
+    comm.finalize()
+}

@@ -1,0 +1,215 @@
+//! [`DevCommRequirements`]: what a device communicator must provide.
+
+use crate::error::{Error, Result};
+use crate::team::TeamKind;
+use crate::window::{Window, WindowShared};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Most barriers of one kind a device communicator may hold.
+pub const MAX_BARRIERS: u32 = 1 << 16;
+/// Largest alignment a resource buffer may ask for.
+pub const MAX_RESOURCE_ALIGN: u64 = 4096;
+/// Most resource buffers one device communicator may hold.
+pub const MAX_RESOURCES: usize = 1024;
+
+static NEXT_REQ_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A resource buffer asked for with [`DevCommRequirements::add_resource`]:
+/// resolve it to an offset in the resource window with
+/// [`DevCommHandle::resource_offset`](super::DevCommHandle::resource_offset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ResourceHandle {
+    pub(crate) req_id: u64,
+    pub(crate) index: usize,
+}
+
+/// What [`Communicator::create_dev_comm`](crate::comm::Communicator::create_dev_comm)
+/// must set up (`ncclDevCommRequirements`). Every rank passes the same
+/// requirements (checked).
+///
+/// ```
+/// use devcomm::dev_comm::DevCommRequirements;
+/// use devcomm::team::TeamKind;
+/// let mut req = DevCommRequirements::new();
+/// req.lsa_barrier_count = 4;
+/// let scratch = req.add_resource(1 << 16, 256);
+/// req.require_team(TeamKind::Lsa, false);
+/// # let _ = scratch;
+/// ```
+#[derive(Clone)]
+pub struct DevCommRequirements {
+    /// LSA barriers (each: one inbox word per LSA peer, and a private epoch).
+    pub lsa_barrier_count: u32,
+    /// World barriers. Without GIN these exist only when the LSA team is
+    /// the world (then they are LSA barriers, numbered after `lsa_barrier_count`).
+    pub barrier_count: u32,
+    pub(crate) id: u64,
+    pub(crate) resources: Vec<(u64, u64)>,
+    pub(crate) teams: Vec<(TeamKind, bool)>,
+    /// Weak: the requirements do not keep a released window mapped.
+    pub(crate) windows: Vec<Weak<WindowShared>>,
+}
+
+impl Default for DevCommRequirements {
+    fn default() -> Self {
+        DevCommRequirements::new()
+    }
+}
+
+impl std::fmt::Debug for DevCommRequirements {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevCommRequirements")
+            .field("lsa_barrier_count", &self.lsa_barrier_count)
+            .field("barrier_count", &self.barrier_count)
+            .field("resources", &self.resources)
+            .field("teams", &self.teams)
+            .field("windows", &self.windows.iter().filter_map(|w| w.upgrade().map(|w| w.desc.id)).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl DevCommRequirements {
+    /// No barriers, no resources, no teams beyond the defaults, no windows.
+    pub fn new() -> Self {
+        DevCommRequirements {
+            lsa_barrier_count: 0,
+            barrier_count: 0,
+            id: NEXT_REQ_ID.fetch_add(1, Ordering::Relaxed),
+            resources: Vec::new(),
+            teams: Vec::new(),
+            windows: Vec::new(),
+        }
+    }
+
+    /// Asks for a resource buffer of `size` bytes aligned to `align` in the
+    /// resource window (validated by `create_dev_comm`: `size > 0`, `align`
+    /// a power of two up to [`MAX_RESOURCE_ALIGN`]). Resource buffers start zeroed.
+    pub fn add_resource(&mut self, size: u64, align: u64) -> ResourceHandle {
+        self.resources.push((size, align));
+        ResourceHandle { req_id: self.id, index: self.resources.len() - 1 }
+    }
+
+    /// Asks for a team the kernels will use; `multimem` asks for NVLink
+    /// multicast over it (not supported: `create_dev_comm` refuses it).
+    pub fn require_team(&mut self, kind: TeamKind, multimem: bool) -> &mut Self {
+        self.teams.push((kind, multimem));
+        self
+    }
+
+    /// Declares that the device communicator's kernels use `window`: it stays
+    /// registered while the device communicator lives (deregistering it
+    /// meanwhile is [`Error::InvalidUsage`]).
+    pub fn use_window(&mut self, window: &Window<'_>) -> &mut Self {
+        self.windows.push(Arc::downgrade(&window.shared));
+        self
+    }
+
+    /// The declared windows, or [`Error::InvalidArgument`] if one was released.
+    pub(crate) fn live_windows(&self) -> Result<Vec<Arc<WindowShared>>> {
+        self.windows
+            .iter()
+            .map(|w| {
+                w.upgrade().ok_or_else(|| {
+                    Error::invalid_argument("a window declared with use_window was deregistered or dropped")
+                })
+            })
+            .collect()
+    }
+
+    /// Checks every field against this communicator's shape.
+    pub(crate) fn validate(&self, nranks: usize, lsa_size: usize, comm_key: usize) -> Result<()> {
+        for (what, n) in [("lsa_barrier_count", self.lsa_barrier_count), ("barrier_count", self.barrier_count)] {
+            if n > MAX_BARRIERS {
+                return Err(Error::invalid_argument(format!("{what} = {n}: at most {MAX_BARRIERS}")));
+            }
+        }
+        if self.barrier_count > 0 && lsa_size < nranks {
+            return Err(Error::invalid_usage(format!(
+                "{} world barriers requested, but the LSA team ({lsa_size}) is not the world ({nranks}): world \
+                 barriers across nodes need GIN (not yet available)",
+                self.barrier_count
+            )));
+        }
+        if self.resources.len() > MAX_RESOURCES {
+            return Err(Error::invalid_argument(format!(
+                "{} resource buffers: at most {MAX_RESOURCES}",
+                self.resources.len()
+            )));
+        }
+        for (i, &(size, align)) in self.resources.iter().enumerate() {
+            if size == 0 {
+                return Err(Error::invalid_argument(format!("resource buffer {i} has size 0")));
+            }
+            if !align.is_power_of_two() || align > MAX_RESOURCE_ALIGN {
+                return Err(Error::invalid_argument(format!(
+                    "resource buffer {i}: alignment {align} is not a power of two up to {MAX_RESOURCE_ALIGN}"
+                )));
+            }
+        }
+        for &(kind, multimem) in &self.teams {
+            if multimem {
+                return Err(Error::invalid_usage(format!(
+                    "{kind:?} team with multimem: NVLink multicast is not supported"
+                )));
+            }
+            let beyond_lsa = match kind {
+                TeamKind::Lsa => false,
+                TeamKind::World => lsa_size < nranks,
+                TeamKind::Rail => nranks / lsa_size.max(1) > 1,
+            };
+            if beyond_lsa {
+                return Err(Error::invalid_usage(format!(
+                    "the {kind:?} team reaches beyond the LSA team ({lsa_size} of {nranks} ranks): that needs GIN \
+                     (not yet available)"
+                )));
+            }
+        }
+        for w in self.live_windows()? {
+            if w.comm_key != comm_key {
+                return Err(Error::invalid_argument(format!(
+                    "window {} is registered on another communicator",
+                    w.desc.id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A digest of everything that must match between ranks.
+    pub(crate) fn digest(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&self.lsa_barrier_count.to_le_bytes());
+        b.extend_from_slice(&self.barrier_count.to_le_bytes());
+        b.extend_from_slice(&(self.resources.len() as u64).to_le_bytes());
+        for &(s, a) in &self.resources {
+            b.extend_from_slice(&s.to_le_bytes());
+            b.extend_from_slice(&a.to_le_bytes());
+        }
+        let mut teams: Vec<(u8, bool)> = self
+            .teams
+            .iter()
+            .map(|&(k, m)| {
+                let k = match k {
+                    TeamKind::World => 0,
+                    TeamKind::Lsa => 1,
+                    TeamKind::Rail => 2,
+                };
+                (k, m)
+            })
+            .collect();
+        teams.sort_unstable();
+        teams.dedup();
+        for (k, m) in teams {
+            b.push(k);
+            b.push(m as u8);
+        }
+        let mut ids: Vec<u32> = self.windows.iter().map(|w| w.upgrade().map_or(u32::MAX, |w| w.desc.id)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            b.extend_from_slice(&id.to_le_bytes());
+        }
+        b
+    }
+}
