@@ -272,6 +272,43 @@ fn signals(s: &Setup) {
     s.comm.bootstrap_barrier().unwrap();
 }
 
+/// Every LSA rank sends an LL message to the next; twice per size, reusing
+/// the slot with a new flag.
+fn ll_ring(s: &Setup) {
+    let dev = s.comm.device();
+    let (src_off, dst_off, slot_off) = (s.red_off + 32 * 1024, s.red_off + 40 * 1024, s.red_off + 48 * 1024);
+    let me = s.comm.rank();
+    let lsa = s.win.lsa_size as usize;
+    let prev_world = me - s.win.lsa_rank as usize + (s.win.lsa_rank as usize + lsa - 1) % lsa;
+    s.window.write(&s.stream, slot_off as usize, &vec![0u8; 8 * 1024]).unwrap();
+    let mut flag = 0u32;
+    for &bytes in &[1usize, 13, 4099] {
+        for round in 0..2 {
+            flag += 1;
+            let data: Vec<u8> = pattern(me * 100 + round, bytes);
+            s.window.write(&s.stream, src_off as usize, &data).unwrap();
+            s.window.write(&s.stream, dst_off as usize, &vec![0xCBu8; bytes + 1]).unwrap();
+            s.comm.bootstrap_barrier().unwrap();
+            let errors = dev.alloc_from(&[0u32; 2]).unwrap();
+            // SAFETY: the regions are inside the window (see child_body's layout).
+            unsafe {
+                s.stream
+                    .launch::<lsa_ll_ring>(
+                        LaunchConfig::new(1, 32),
+                        (s.dc, s.win, src_off, dst_off, slot_off, bytes as u64, flag, errors.as_mut_ptr()),
+                    )
+                    .unwrap();
+            }
+            assert_eq!(check_errors(&s.stream, &errors, "ll ring"), 0);
+            let mut got = vec![0u8; bytes + 1];
+            s.window.read(&s.stream, dst_off as usize, &mut got).unwrap();
+            assert_eq!(&got[..bytes], &pattern(prev_world * 100 + round, bytes)[..], "LL {bytes} B round {round}");
+            assert_eq!(got[bytes], 0xCB, "LL wrote past the payload");
+            s.comm.bootstrap_barrier().unwrap();
+        }
+    }
+}
+
 fn child_body(comm: &Communicator) {
     let stream = comm.device().new_stream().unwrap();
     let lsa = comm.lsa_size().unwrap() as u64;
@@ -289,6 +326,7 @@ fn child_body(comm: &Communicator) {
     reductions(&s);
     barriers(&s);
     signals(&s);
+    ll_ring(&s);
     // A signal wait that only the host's abort flag can end (no timeout).
     let sig_off = s.red_off + 24 * 1024;
     s.window.write(&s.stream, sig_off as usize, &[0u64]).unwrap();

@@ -20,9 +20,11 @@ step() { echo; echo "== $*"; "$@" || { echo "!! FAILED ($?): $*"; status=1; }; }
     step env DEVCOMM_RUNTIME=cuda $B/tests/lsa-* --test-threads=1
     for t in $B/tests/windows-* $B/tests/windows_bad_input-*; do [ -x "$t" ] && step env DEVCOMM_RUNTIME=cuda "$t" --test-threads=1; done
     echo; echo "== lsa_bench (devcomm, CUDA, 2 GPUs)"
-    DEVCOMM_RUNTIME=cuda timeout 300 $B/bin/devcomm-run -n 2 $B/bin/lsa_bench $QUICK 2>&1 | tee "$OUT/lsa_bench.log" || { echo "!! lsa_bench failed"; status=1; }
-    echo; echo "== NCCL point-to-point, same machine, same call"
-    timeout 300 python3 benches/gpu/nccl_p2p.py $QUICK 2>&1 | grep -v Warning | tee "$OUT/nccl_p2p.log" || { echo "!! nccl_p2p failed"; status=1; }
+    DEVCOMM_RUNTIME=cuda LSA_BENCH_SWEEP=${LSA_BENCH_SWEEP:-1} timeout 300 $B/bin/devcomm-run -n 2 $B/bin/lsa_bench $QUICK 2>&1 | tee "$OUT/lsa_bench.log" || { echo "!! lsa_bench failed"; status=1; }
+    if [ -z "${SKIP_NCCL:-}" ]; then
+        echo; echo "== NCCL point-to-point, same machine, same call"
+        timeout 300 python3 benches/gpu/nccl_p2p.py $QUICK 2>&1 | grep -v Warning | tee "$OUT/nccl_p2p.log" || { echo "!! nccl_p2p failed"; status=1; }
+    fi
     echo
     echo "lsa: overall status $status"
 } 2>&1 | tee "$OUT/lsa.log"

@@ -48,9 +48,16 @@ pub const fn rolling_ge_u64(a: u64, b: u64) -> bool {
 }
 
 /// The end of a wait: an abort flag to watch and an optional time limit.
+///
+/// The clock is first read at the first check (after [`CHECK_EVERY`]
+/// misses), not when the deadline is made: a wait that succeeds quickly —
+/// the latency-critical case — never reads `%globaltimer`. The time limit
+/// therefore runs from a few polls after the wait began.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {
     flag: *const u32,
+    timeout_ns: u64,
+    /// 0 until the first check; then the absolute end (`u64::MAX`: none).
     end_ns: u64,
     misses: u32,
 }
@@ -65,8 +72,7 @@ impl Deadline {
     /// A deadline `timeout_ns` from now (0: no time limit), watching `abort.flag`.
     #[inline(always)]
     pub fn with_timeout(abort: &AbortInfo, timeout_ns: u64) -> Self {
-        let end_ns = if timeout_ns == 0 { u64::MAX } else { arch::global_timer_ns().saturating_add(timeout_ns) };
-        Deadline { flag: abort.flag as *const u32, end_ns, misses: 0 }
+        Deadline { flag: abort.flag as *const u32, timeout_ns, end_ns: 0, misses: 0 }
     }
 
     /// Call after each failed poll: every [`CHECK_EVERY`] calls, backs off
@@ -87,7 +93,10 @@ impl Deadline {
         if !self.flag.is_null() && unsafe { atomic::load_relaxed(self.flag, Scope::Sys) } != 0 {
             return Err(WaitError::Aborted);
         }
-        if arch::global_timer_ns() > self.end_ns {
+        let now = arch::global_timer_ns();
+        if self.end_ns == 0 {
+            self.end_ns = if self.timeout_ns == 0 { u64::MAX } else { now.saturating_add(self.timeout_ns) };
+        } else if now > self.end_ns {
             return Err(WaitError::Timeout);
         }
         arch::spin_backoff(20);

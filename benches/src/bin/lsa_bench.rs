@@ -21,7 +21,7 @@ use devcomm::window::{Window, WindowFlags};
 use devcomm::{Error, Result};
 use devcomm_device::comm::{DevComm, WindowDesc};
 use devcomm_device::lsa::ops::copy_bulk_smem_bytes;
-use devcomm_kernels::lsa::{lsa_barrier_bench, lsa_copy, lsa_copy_bulk, lsa_pingpong};
+use devcomm_kernels::lsa::{lsa_barrier_bench, lsa_copy, lsa_copy_bulk, lsa_copy_repeat, lsa_pingpong, lsa_pingpong_ll};
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 
@@ -150,7 +150,7 @@ fn bench(quick: bool) -> Result<()> {
     let rank = comm.rank();
     let dev = comm.device().clone();
     let max: u64 = if quick { 1 << 20 } else { 1 << 30 };
-    let mem = comm.mem_alloc((2 * max + (1 << 20)) as usize)?;
+    let mem = comm.mem_alloc((2 * max + (2 << 20)) as usize)?;
     let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC)?;
     let mut req = DevCommRequirements::new();
     req.lsa_barrier_count = 1;
@@ -177,6 +177,69 @@ fn bench(quick: bool) -> Result<()> {
             dev.kind(),
             ctx.sms
         );
+    }
+
+    // ---- optional sweep of launch shapes at one large size (LSA_BENCH_SWEEP=1) ----
+    if std::env::var("LSA_BENCH_SWEEP").is_ok_and(|v| v == "1") {
+        let bytes = max / 4;
+        if rank == 0 {
+            println!();
+            println!("# sweep at {bytes} B, GPU0 -> GPU1: GB/s");
+        }
+        let ce = time_us(&ctx.dev, &ctx.stream, 5, 5, || ctx.ce_put(bytes))?;
+        if rank == 0 {
+            println!("sweep,ce,{:.1}", bytes as f64 / ce / 1e3);
+        }
+        for (blocks, threads) in [(132u32, 512u32), (264, 512), (528, 512), (132, 1024), (264, 1024), (1056, 256)] {
+            let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
+                // SAFETY: as in `sm_put`.
+                ctx.stream.launch::<lsa_copy>(
+                    LaunchConfig::new(blocks, threads),
+                    (ctx.dst() as *mut u8, ctx.src() as *const u8, bytes),
+                )
+            })?;
+            if rank == 0 {
+                println!("sweep,sm,{blocks}x{threads},{:.1},{:.3}", bytes as f64 / us / 1e3, ce / us);
+            }
+        }
+        // Pull: read the peer's window into our own (what a "get" does).
+        let (pull_dst, pull_src) = (ctx.win.local_ptr::<u8>(ctx.max) as u64, ctx.win.lsa_ptr::<u8>(0, ctx.peer()) as u64);
+        for (blocks, threads) in [(132u32, 512u32), (264, 1024)] {
+            let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
+                // SAFETY: both regions are `max >= bytes` bytes of mapped windows.
+                ctx.stream.launch::<lsa_copy>(LaunchConfig::new(blocks, threads), (pull_dst as *mut u8, pull_src as *const u8, bytes))
+            })?;
+            if rank == 0 {
+                println!("sweep,sm_pull,{blocks}x{threads},{:.1},{:.3}", bytes as f64 / us / 1e3, ce / us);
+            }
+        }
+        let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
+            // SAFETY: as above.
+            ctx.stream.launch::<lsa_copy_bulk>(
+                LaunchConfig::new(132, 32).with_shared_mem(copy_bulk_smem_bytes(32768, 4)),
+                (pull_dst as *mut u8, pull_src as *const u8, bytes, 32768u32, 4u32),
+            )
+        })?;
+        if rank == 0 {
+            println!("sweep,bulk_pull,132x32768x4,{:.1},{:.3}", bytes as f64 / us / 1e3, ce / us);
+        }
+        let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe { ctx.stream.memcpy_raw(pull_dst, pull_src, bytes as usize) })?;
+        if rank == 0 {
+            println!("sweep,ce_pull,{:.1}", bytes as f64 / us / 1e3);
+        }
+        for (blocks, chunk, stages) in [(132u32, 32768u32, 4u32), (132, 16384, 8), (132, 65536, 3), (264, 16384, 4), (66, 65536, 3)] {
+            let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
+                // SAFETY: as in `bulk_put`.
+                ctx.stream.launch::<lsa_copy_bulk>(
+                    LaunchConfig::new(blocks, 32).with_shared_mem(copy_bulk_smem_bytes(chunk, stages)),
+                    (ctx.dst() as *mut u8, ctx.src() as *const u8, bytes, chunk, stages),
+                )
+            })?;
+            if rank == 0 {
+                println!("sweep,bulk,{blocks}x{chunk}x{stages},{:.1},{:.3}", bytes as f64 / us / 1e3, ce / us);
+            }
+        }
+        comm.bootstrap_barrier()?;
     }
 
     // ---- put bandwidth, one direction and both at once ----
@@ -249,51 +312,85 @@ fn bench(quick: bool) -> Result<()> {
         }
     }
 
-    // ---- put + signal round trip ----
+    // ---- puts issued from inside one running kernel ----
     if rank == 0 {
         println!();
-        println!("# put + signal round trip (one block; us per round trip)");
-        println!("{:>10} {:>10} {:>8}", "bytes", "rtt_us", "iters");
+        println!("# puts issued back to back inside one kernel, GPU0 -> GPU1 (no launch per put)");
+        println!("{:>12} {:>8} {:>10} {:>10} {:>12}", "bytes", "blocks", "us/put", "GB/s", "Mputs/s");
+    }
+    for &bytes in sizes.iter().filter(|&&b| b <= 16 << 20) {
+        comm.bootstrap_barrier()?;
+        if rank == 0 {
+            let blocks = (bytes / (32 * 1024)).clamp(1, 2 * ctx.sms as u64) as u32;
+            let threads = (bytes / 16).clamp(32, 512) as u32;
+            let puts: u32 = if quick { 4 } else { ((256u64 << 20) / bytes).clamp(16, 100_000) as u32 };
+            let us = time_us(&ctx.dev, &ctx.stream, 1, if quick { 3 } else { 7 }, || unsafe {
+                // SAFETY: as in `sm_put`.
+                ctx.stream.launch::<lsa_copy_repeat>(
+                    LaunchConfig::new(blocks, threads),
+                    (ctx.dst() as *mut u8, ctx.src() as *const u8, bytes, puts),
+                )
+            })? / puts as f64;
+            println!("{bytes:>12} {blocks:>8} {us:>10.4} {:>10.1} {:>12.3}", bytes as f64 / us / 1e3, 1.0 / us);
+            println!("csv,put_in_kernel,{bytes},{us:.5}");
+        }
+    }
+    comm.bootstrap_barrier()?;
+
+    // ---- put + signal round trip: generic (copy + release signal) and LL ----
+    if rank == 0 {
+        println!();
+        println!("# put + signal round trip between the GPUs (us per round trip)");
+        println!("#   generic: CTA copy, sync, red.release.sys signal, acquire wait; LL: data+flag in each 8-byte store");
+        println!("{:>10} {:>12} {:>10} {:>8}", "bytes", "generic_us", "ll_us", "iters");
     }
     let sig_off = 2 * max;
     let data_off = 2 * max + 4096;
+    let ll_src = 2 * max + 256 * 1024;
+    let ll_dst = 2 * max + 384 * 1024;
+    let ll_slot = 2 * max + 512 * 1024;
     let pp_sizes: &[u64] = if quick { &[8, 4096] } else { &[8, 64, 512, 4096, 65536] };
     for &bytes in pp_sizes {
-        let iters: u32 = if quick {
-            50
-        } else if bytes <= 4096 {
-            20_000
-        } else {
-            5_000
-        };
+        let iters: u32 = if quick { 50 } else if bytes <= 4096 { 20_000 } else { 5_000 };
         let threads = if bytes <= 512 { 32 } else { 512 };
-        let mut samples = Vec::new();
-        for rep in 0..if quick { 1 } else { 5 } {
-            window.write(&ctx.stream, sig_off as usize, &[0u64])?;
-            comm.bootstrap_barrier()?;
-            let out = dev.alloc_from(&[0u64])?;
-            let errors = dev.alloc_from(&[0u32; 2])?;
-            // SAFETY: offsets inside the window; out/errors live until the reads below.
-            unsafe {
-                ctx.stream.launch::<lsa_pingpong>(
-                    LaunchConfig::new(1, threads),
-                    (ctx.dev_comm, win, 0u64, data_off, sig_off, bytes, iters, out.as_mut_ptr(), errors.as_mut_ptr()),
-                )?;
+        let mut results = [0.0f64; 2];
+        for (variant, result) in results.iter_mut().enumerate() {
+            let mut samples = Vec::new();
+            for rep in 0..if quick { 1 } else { 5 } {
+                window.write(&ctx.stream, sig_off as usize, &[0u64])?;
+                window.write(&ctx.stream, ll_slot as usize, &vec![0u8; 2 * bytes as usize + 8])?;
+                comm.bootstrap_barrier()?;
+                let out = dev.alloc_from(&[0u64])?;
+                let errors = dev.alloc_from(&[0u32; 2])?;
+                // SAFETY: offsets inside the window; out/errors live until the reads below.
+                unsafe {
+                    if variant == 0 {
+                        ctx.stream.launch::<lsa_pingpong>(
+                            LaunchConfig::new(1, threads),
+                            (ctx.dev_comm, win, 0u64, data_off, sig_off, bytes, iters, out.as_mut_ptr(), errors.as_mut_ptr()),
+                        )?;
+                    } else {
+                        ctx.stream.launch::<lsa_pingpong_ll>(
+                            LaunchConfig::new(1, 32),
+                            (ctx.dev_comm, win, ll_src, ll_dst, ll_slot, bytes, iters, out.as_mut_ptr(), errors.as_mut_ptr()),
+                        )?;
+                    }
+                }
+                let errs = ctx.stream.read_vec(&errors)?;
+                if errs[0] != 0 {
+                    return Err(Error::internal(format!("ping-pong of {bytes} B failed with device error {}", errs[0])));
+                }
+                let ns = ctx.stream.read_vec(&out)?[0];
+                if rep > 0 || quick {
+                    samples.push(ns as f64 / iters as f64 / 1e3);
+                }
+                comm.bootstrap_barrier()?;
             }
-            let errs = ctx.stream.read_vec(&errors)?;
-            if errs[0] != 0 {
-                return Err(Error::internal(format!("ping-pong of {bytes} B failed with device error {}", errs[0])));
-            }
-            let ns = ctx.stream.read_vec(&out)?[0];
-            if rep > 0 || quick {
-                samples.push(ns as f64 / iters as f64 / 1e3);
-            }
-            comm.bootstrap_barrier()?;
+            *result = median(samples);
         }
         if rank == 0 {
-            let us = median(samples);
-            println!("{bytes:>10} {us:>10.3} {iters:>8}");
-            println!("csv,pingpong,{bytes},{us:.4}");
+            println!("{bytes:>10} {:>12.3} {:>10.3} {iters:>8}", results[0], results[1]);
+            println!("csv,pingpong,{bytes},{:.4},{:.4}", results[0], results[1]);
         }
     }
 

@@ -152,32 +152,43 @@ reduce_kernels!(
 
 kernel! {
     /// Bandwidth kernel: copies `bytes` from `src` to `dst` (either may be a
-    /// peer's LSA address); block `b` moves a contiguous, 16-byte aligned
-    /// share with the CTA as coop.
+    /// peer's LSA address) with every thread of the grid.
     ///
     /// # Safety
     /// Both valid for `bytes`, 16-byte aligned, not overlapping.
     pub unsafe fn lsa_copy(dst: *mut u8, src: *const u8, bytes: u64) {
-        let (b, nb) = (block_idx().x as u64, grid_dim().x as u64);
-        let per = bytes.div_ceil(nb).next_multiple_of(16);
-        let first = (b * per).min(bytes);
-        let n = per.min(bytes - first);
-        lsa::copy(&Cta::new(), dst.add(first as usize), src.add(first as usize), n as usize);
+        // The whole grid shares the copy: neighbouring threads (and blocks)
+        // move neighbouring vectors, so the bytes in flight stay contiguous.
+        let t = devcomm_device::arch::global_thread_x() as usize;
+        let n = devcomm_device::arch::grid_threads_x() as usize;
+        lsa::ops::copy_strided(t, n, dst, src, bytes as usize);
     }
 
-    /// As [`lsa_copy`] with the bulk-copy engine: each block streams its
-    /// share through `stages` shared buffers of `chunk` bytes (dynamic shared
-    /// memory: `lsa::ops::copy_bulk_smem_bytes(chunk, stages)`).
+    /// `iters` back-to-back copies of `bytes` from `src` to `dst` by the whole
+    /// grid inside one kernel (no synchronisation between them): the rate at
+    /// which a running kernel can issue puts of that size.
+    ///
+    /// # Safety
+    /// As for [`lsa_copy`].
+    pub unsafe fn lsa_copy_repeat(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
+        let t = devcomm_device::arch::global_thread_x() as usize;
+        let n = devcomm_device::arch::grid_threads_x() as usize;
+        for _ in 0..iters {
+            lsa::ops::copy_strided(t, n, dst, src, bytes as usize);
+        }
+    }
+
+    /// As [`lsa_copy`] with the bulk-copy engine: block `b` streams chunks
+    /// `b, b + gridDim.x, ...` of `chunk` bytes through `stages` shared
+    /// buffers (dynamic shared memory: `lsa::ops::copy_bulk_smem_bytes(chunk, stages)`).
     ///
     /// # Safety
     /// As for [`lsa_copy`]; `chunk` a multiple of 16, `stages >= 2`.
     pub unsafe fn lsa_copy_bulk(dst: *mut u8, src: *const u8, bytes: u64, chunk: u32, stages: u32) {
-        let (b, nb) = (block_idx().x as u64, grid_dim().x as u64);
-        let per = bytes.div_ceil(nb).next_multiple_of(16);
-        let first = (b * per).min(bytes);
-        let n = per.min(bytes - first);
+        // Chunk c goes to block c % gridDim.x: the blocks' chunks interleave.
+        let (b, nb) = (block_idx().x as usize, grid_dim().x as usize);
         let smem = devcomm_device::arch::dynamic_shared::<u8>();
-        lsa::ops::copy_bulk(&Cta::new(), dst.add(first as usize), src.add(first as usize), n as usize, smem, chunk, stages);
+        lsa::ops::copy_bulk_strided(&Cta::new(), dst, src, bytes as usize, smem, chunk, stages, b, nb);
     }
 
     /// Put + signal ping-pong between LSA ranks 0 and 1 (one block).
@@ -227,6 +238,66 @@ kernel! {
         }
         if leader {
             *out = global_timer_ns() - t0;
+        }
+    }
+
+    /// LL ping-pong between LSA ranks 0 and 1 (the first `ceil(bytes/4)`
+    /// lanes of warp 0, at most 32): each round, rank 0
+    /// sends `bytes` from its window at `src_off` into rank 1's LL slot at
+    /// `slot_off` with flag = round, and waits for the reply in its own slot
+    /// (copied to `dst_off`); rank 1 mirrors it. `out[0]`: elapsed ns on
+    /// rank 0. Slots must start zeroed.
+    ///
+    /// # Safety
+    /// Offsets inside the window, the slot `ll::slot_bytes(bytes)` long and
+    /// 8-aligned; `lsa_size >= 2`; other ranks return.
+    pub unsafe fn lsa_pingpong_ll(comm: DevComm, win: WindowDesc, src_off: u64, dst_off: u64, slot_off: u64, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
+        let me = comm.lsa_rank;
+        if me > 1 {
+            return;
+        }
+        let peer = 1 - me;
+        // As many lanes as the message has LL words (at most a warp).
+        let lanes = (bytes.div_ceil(4)).clamp(1, 32) as u32;
+        if devcomm_device::arch::lane_id() >= lanes || devcomm_device::arch::warp_id() > 0 {
+            return;
+        }
+        let warp = devcomm_device::coop::Lanes::new(if lanes == 32 { u32::MAX } else { (1u32 << lanes) - 1 });
+        let (src, dst) = (win.local_ptr::<u8>(src_off), win.local_ptr::<u8>(dst_off));
+        let (mine, theirs) = (win.local_ptr::<u64>(slot_off), win.lsa_ptr::<u64>(slot_off, peer));
+        let t0 = global_timer_ns();
+        for round in 1..=iters {
+            if me == 1 {
+                if let Err(e) = lsa::ll::wait(&warp, mine, dst, bytes as usize, round, &comm.abort) {
+                    report(errors, e.code());
+                    break;
+                }
+            }
+            lsa::ll::put(&warp, theirs, src, bytes as usize, round);
+            if me == 0 {
+                if let Err(e) = lsa::ll::wait(&warp, mine, dst, bytes as usize, round, &comm.abort) {
+                    report(errors, e.code());
+                    break;
+                }
+            }
+        }
+        if warp.is_leader() {
+            *out = global_timer_ns() - t0;
+        }
+    }
+
+    /// Every LSA rank sends `bytes` from its window at `src_off` into the LL
+    /// slot at `slot_off` of LSA rank `lsa_rank + 1` (mod size) with `flag`,
+    /// then waits for its own slot and copies the payload to `dst_off`.
+    ///
+    /// # Safety
+    /// As for [`lsa_pingpong_ll`]; one warp.
+    pub unsafe fn lsa_ll_ring(comm: DevComm, win: WindowDesc, src_off: u64, dst_off: u64, slot_off: u64, bytes: u64, flag: u32, errors: *mut u32) {
+        let warp = devcomm_device::coop::Warp::new();
+        let next = (comm.lsa_rank + 1) % comm.lsa_size;
+        lsa::ll::put(&warp, win.lsa_ptr::<u64>(slot_off, next), win.local_ptr::<u8>(src_off), bytes as usize, flag);
+        if let Err(e) = lsa::ll::wait(&warp, win.local_ptr::<u64>(slot_off), win.local_ptr::<u8>(dst_off), bytes as usize, flag, &comm.abort) {
+            report(errors, e.code());
         }
     }
 

@@ -16,19 +16,30 @@ const UNROLL: usize = 4;
 /// Copies `bytes` from `src` to `dst`, spread over the threads of `coop`.
 ///
 /// When both addresses are 16-byte aligned the bulk moves as 16-byte
-/// vectors, [`UNROLL`] loads in flight per thread before their stores; the
-/// tail (and misaligned copies) move byte by byte. The copy is *not*
-/// followed by a `coop.sync()`: callers that need the data visible to the
-/// peer follow it with a barrier or a [`signal_add`] with release.
+/// vectors, [`UNROLL`] loads in flight per thread before their stores, with
+/// consecutive threads on consecutive vectors; the tail (and misaligned
+/// copies) moves in 8-byte words where aligned, else byte by byte. The copy
+/// is *not* followed by a `coop.sync()`: callers that need the data visible
+/// to the peer follow it with a barrier or a [`signal_add`] with release.
 ///
 /// # Safety
 /// `src` and `dst` are valid for `bytes` bytes and do not overlap; every
 /// thread of `coop` calls with the same arguments.
 #[inline]
 pub unsafe fn copy<C: Coop>(coop: &C, dst: *mut u8, src: *const u8, bytes: usize) {
-    let (t, n) = (coop.thread_rank() as usize, coop.size() as usize);
-    let aligned = (dst as usize | src as usize) % 16 == 0;
-    let vec_bytes = if aligned { bytes / 16 * 16 } else { 0 };
+    unsafe { copy_strided(coop.thread_rank() as usize, coop.size() as usize, dst, src, bytes) }
+}
+
+/// The work of thread `t` of `n` threads copying `bytes` from `src` to
+/// `dst` together (any set of threads: a coop, or a whole grid with `t` the
+/// global thread index). See [`copy`].
+///
+/// # Safety
+/// As for [`copy`]; the `n` threads use `t = 0..n` once each.
+#[inline]
+pub unsafe fn copy_strided(t: usize, n: usize, dst: *mut u8, src: *const u8, bytes: usize) {
+    let aligned16 = (dst as usize | src as usize) % 16 == 0;
+    let vec_bytes = if aligned16 { bytes / 16 * 16 } else { 0 };
     let vectors = vec_bytes / 16;
     // Whole groups: each thread moves UNROLL vectors per step.
     let step = n * UNROLL;
@@ -48,9 +59,18 @@ pub unsafe fn copy<C: Coop>(coop: &C, dst: *mut u8, src: *const u8, bytes: usize
         unsafe { store16(dst.add(i * 16), load16(src.add(i * 16))) };
         i += n;
     }
-    let mut b = vec_bytes + t;
-    while b < bytes {
-        unsafe { dst.add(b).write_volatile(src.add(b).read_volatile()) };
+    // Tail: 8-byte words when both ends allow, then single bytes.
+    let (d, s) = (unsafe { dst.add(vec_bytes) }, unsafe { src.add(vec_bytes) });
+    let rest = bytes - vec_bytes;
+    let words = if (d as usize | s as usize) % 8 == 0 { rest / 8 } else { 0 };
+    let mut w = t;
+    while w < words {
+        unsafe { (d as *mut u64).add(w).write_volatile((s as *const u64).add(w).read_volatile()) };
+        w += n;
+    }
+    let mut b = words * 8 + t;
+    while b < rest {
+        unsafe { d.add(b).write_volatile(s.add(b).read_volatile()) };
         b += n;
     }
 }
@@ -83,21 +103,49 @@ pub unsafe fn copy_bulk<C: Coop>(
     chunk: u32,
     stages: u32,
 ) {
-    if (dst as usize | src as usize) % 16 != 0 || chunk == 0 || chunk % 16 != 0 || stages < 2 {
-        unsafe { copy(coop, dst, src, bytes) };
+    unsafe { copy_bulk_strided(coop, dst, src, bytes, smem, chunk, stages, 0, 1) }
+}
+
+/// As [`copy_bulk`], but this coop moves only chunks `first, first + stride,
+/// first + 2 * stride, ...` of the copy (and, when `first == 0`, the tail):
+/// `stride` coops (e.g. the blocks of a grid, `first` = block index) share
+/// one copy with neighbouring chunks in flight at the same time.
+///
+/// # Safety
+/// As for [`copy_bulk`]; `stride >= 1`, `first < stride`, and the `stride`
+/// coops use each `first` once.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub unsafe fn copy_bulk_strided<C: Coop>(
+    coop: &C,
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+    smem: *mut u8,
+    chunk: u32,
+    stages: u32,
+    first: usize,
+    stride: usize,
+) {
+    if (dst as usize | src as usize) % 16 != 0 || chunk == 0 || chunk % 16 != 0 || stages < 2 || stride == 0 {
+        let (t, n) = (coop.thread_rank() as usize, coop.size() as usize);
+        unsafe { copy_strided(first * n + t, stride.max(1) * n, dst, src, bytes) };
         coop.sync();
         return;
     }
     let bulk_bytes = bytes / 16 * 16;
-    if coop.is_leader() && bulk_bytes > 0 {
+    let total = bulk_bytes.div_ceil(chunk as usize);
+    // This coop's chunks, numbered 0.. locally.
+    let chunks = if first < total { (total - first).div_ceil(stride) } else { 0 };
+    if coop.is_leader() && chunks > 0 {
         let bars = unsafe { smem.add((chunk * stages) as usize) } as *mut u64;
-        let chunks = bulk_bytes.div_ceil(chunk as usize);
-        let len = |c: usize| (bulk_bytes - c * chunk as usize).min(chunk as usize) as u32;
+        let at = |c: usize| (first + c * stride) * chunk as usize;
+        let len = |c: usize| (bulk_bytes - at(c)).min(chunk as usize) as u32;
         let buf = |c: usize| unsafe { smem.add((c % stages as usize) * chunk as usize) };
         let bar = |c: usize| unsafe { bars.add(c % stages as usize) };
         let load = |c: usize| unsafe {
             bulk::mbarrier_arrive_expect_tx(bar(c), len(c));
-            bulk::load_to_shared(buf(c), src.add(c * chunk as usize), len(c), bar(c));
+            bulk::load_to_shared(buf(c), src.add(at(c)), len(c), bar(c));
         };
         for s in 0..stages as usize {
             unsafe { bulk::mbarrier_init(bars.add(s), 1) };
@@ -109,7 +157,7 @@ pub unsafe fn copy_bulk<C: Coop>(
         for c in 0..chunks {
             let parity = ((c / stages as usize) & 1) as u32;
             while !unsafe { bulk::mbarrier_try_wait_parity(bar(c), parity) } {}
-            unsafe { bulk::store_from_shared(dst.add(c * chunk as usize), buf(c), len(c)) };
+            unsafe { bulk::store_from_shared(dst.add(at(c)), buf(c), len(c)) };
             bulk::commit_group();
             // Once the previous chunk's store has read its buffer, refill it.
             if c >= 1 && c - 1 + (stages as usize) < chunks {
@@ -120,11 +168,13 @@ pub unsafe fn copy_bulk<C: Coop>(
         bulk::wait_group::<0>();
         bulk::fence_proxy_async();
     }
-    let (t, n) = (coop.thread_rank() as usize, coop.size() as usize);
-    let mut b = bulk_bytes + t;
-    while b < bytes {
-        unsafe { dst.add(b).write_volatile(src.add(b).read_volatile()) };
-        b += n;
+    if first == 0 {
+        let (t, n) = (coop.thread_rank() as usize, coop.size() as usize);
+        let mut b = bulk_bytes + t;
+        while b < bytes {
+            unsafe { dst.add(b).write_volatile(src.add(b).read_volatile()) };
+            b += n;
+        }
     }
     coop.sync();
 }

@@ -1,0 +1,105 @@
+//! Low-latency (LL) transfers for small messages.
+//!
+//! A put followed by a release-signal costs a system-scope fence on the
+//! sender; for a few bytes that fence *is* the latency. An LL transfer needs
+//! none: every 8-byte word of the destination slot carries 4 bytes of payload
+//! and a 4-byte flag, written with one relaxed system-scope 64-bit store
+//! (single-copy atomic). The receiver polls its own slot; once every word
+//! shows the expected flag, the payload is there. Arrival *is* the signal.
+//!
+//! The price: a slot takes twice the payload's bytes, and the flag must be
+//! new on every use of a slot (count rounds from 1; a slot starts zeroed).
+//! The same idea underlies NCCL's LL protocol.
+
+use crate::atomic::{self, Scope};
+use crate::comm::AbortInfo;
+use crate::coop::Coop;
+use crate::wait::{Deadline, WaitError};
+
+/// Bytes of LL slot needed to carry `bytes` of payload.
+pub const fn slot_bytes(bytes: usize) -> usize {
+    bytes.div_ceil(4) * 8
+}
+
+#[inline(always)]
+unsafe fn read_word(src: *const u8, bytes: usize, w: usize) -> u32 {
+    let at = w * 4;
+    if at + 4 <= bytes && (src as usize) % 4 == 0 {
+        unsafe { (src.add(at) as *const u32).read_volatile() }
+    } else {
+        let mut v = 0u32;
+        for k in 0..(bytes - at).min(4) {
+            v |= (unsafe { src.add(at + k).read_volatile() } as u32) << (8 * k);
+        }
+        v
+    }
+}
+
+#[inline(always)]
+unsafe fn write_word(dst: *mut u8, bytes: usize, w: usize, v: u32) {
+    let at = w * 4;
+    if at + 4 <= bytes && (dst as usize) % 4 == 0 {
+        unsafe { (dst.add(at) as *mut u32).write_volatile(v) }
+    } else {
+        for k in 0..(bytes - at).min(4) {
+            unsafe { dst.add(at + k).write_volatile((v >> (8 * k)) as u8) };
+        }
+    }
+}
+
+/// Sends `bytes` from `src` into the LL slot at `slot` (usually an LSA
+/// peer's), tagged with `flag`, spread over `coop`. Returns without waiting:
+/// the receiver's [`wait`] completes when the words land.
+///
+/// # Safety
+/// `slot` is 8-byte aligned with [`slot_bytes`]`(bytes)` bytes; `src` valid
+/// for `bytes`; `flag != 0` and different from the slot's previous flag;
+/// every thread of `coop` calls with the same arguments.
+#[inline]
+pub unsafe fn put<C: Coop>(coop: &C, slot: *mut u64, src: *const u8, bytes: usize, flag: u32) {
+    let words = bytes.div_ceil(4);
+    let mut w = coop.thread_rank() as usize;
+    while w < words {
+        let v = ((flag as u64) << 32) | unsafe { read_word(src, bytes, w) } as u64;
+        unsafe { atomic::store_relaxed(slot.add(w), v, Scope::Sys) };
+        w += coop.size() as usize;
+    }
+}
+
+/// Waits until every word of the caller's LL slot at `slot` carries `flag`,
+/// copies the payload to `dst`, and joins the coop. Gives up on the abort
+/// flag or timeout of `abort` (each thread reports on the words it watched;
+/// the coop is joined either way).
+///
+/// # Safety
+/// As for [`put`], with `dst` valid for `bytes`.
+#[inline]
+pub unsafe fn wait<C: Coop>(
+    coop: &C,
+    slot: *const u64,
+    dst: *mut u8,
+    bytes: usize,
+    flag: u32,
+    abort: &AbortInfo,
+) -> Result<(), WaitError> {
+    let words = bytes.div_ceil(4);
+    let mut deadline = Deadline::new(abort);
+    let mut result = Ok(());
+    let mut w = coop.thread_rank() as usize;
+    while w < words && result.is_ok() {
+        loop {
+            let v = unsafe { atomic::load_relaxed(slot.add(w), Scope::Sys) };
+            if (v >> 32) as u32 == flag {
+                unsafe { write_word(dst, bytes, w, v as u32) };
+                break;
+            }
+            if let Err(e) = deadline.poll() {
+                result = Err(e);
+                break;
+            }
+        }
+        w += coop.size() as usize;
+    }
+    coop.sync();
+    result
+}
