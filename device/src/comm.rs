@@ -138,6 +138,8 @@ pub struct DevComm {
     pub lsa_epoch_offset: u64,
     /// Abort flag and default timeout.
     pub abort: AbortInfo,
+    /// GIN backend state (all zero without GIN).
+    pub gin: crate::gin::GinState,
 }
 
 impl DevComm {
@@ -196,7 +198,8 @@ mod abi {
 
     #[test]
     fn dev_comm_layout() {
-        assert_eq!(size_of::<DevComm>(), 96);
+        assert_eq!(size_of::<DevComm>(), 96 + 88);
+        assert_eq!(offset_of!(DevComm, gin), 96);
         assert_eq!(offset_of!(DevComm, rank), 0);
         assert_eq!(offset_of!(DevComm, nranks), 4);
         assert_eq!(offset_of!(DevComm, lsa_rank), 8);

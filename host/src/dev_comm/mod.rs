@@ -174,6 +174,8 @@ impl Communicator {
                 flag: word.device_addr(),
                 timeout_ns: u64::try_from(self.config().op_timeout.as_nanos()).unwrap_or(u64::MAX),
             },
+            // No GIN backend yet: every GIN call on the device reports `NoGin`.
+            gin: devcomm_device::gin::GinState::default(),
         };
         tracing::debug!(rank = self.rank(), ?dev_comm, "device communicator created");
         Ok(DevCommHandle {

@@ -1,0 +1,484 @@
+//! GIN: GPU-initiated operations on peers the GPU cannot load/store.
+//!
+//! A kernel issues puts, inline puts and signals through a [`Gin`] handle;
+//! the device communicator's backend carries them out. With the proxy
+//! backend each operation becomes a [`GinDescriptor`] in a ring per
+//! (context, peer) that a CPU progress thread drains ([`abi`] has the
+//! protocol). The contract, as NCCL's:
+//!
+//! * operations on one context to one peer complete in order, so a signal
+//!   seen by the peer implies every earlier put's data is visible;
+//! * [`Gin::flush`] returns once the sources of every operation posted on the
+//!   context so far have been read (they may be reused);
+//! * counters count local completions ([`LocalAction::CounterInc`]);
+//! * waits compare with rolling arithmetic and end on the abort flag or a
+//!   timeout with an error, never by hanging.
+//!
+//! ```ignore
+//! let gin = Gin::new(&comm, 0)?;
+//! let world = comm.world();
+//! // put 1 MiB to rank 3 and bump its signal 0 once it has landed
+//! gin.put(&cta, &world, 3, &win, dst_off, &win, src_off, 1 << 20,
+//!         RemoteAction::SignalInc { signal: 0 }, LocalAction::None)?;
+//! gin.wait_signal(&cta, 0, expected)?; // on rank 3
+//! ```
+
+pub mod abi;
+mod barrier;
+pub mod queue;
+
+pub use abi::{GinBackend, GinDescriptor, GinOp, GinState, LocalActionKind, RemoteActionKind};
+pub use barrier::{GinBarrierSession, GinBarrierTeam};
+
+use crate::atomic::{self, Order, Scope};
+use crate::comm::{DevComm, SymPtr, WindowDesc};
+use crate::coop::Coop;
+use crate::team::Team;
+use crate::wait::{self, Deadline, WaitError};
+use queue::QueueError;
+
+/// What happens at the destination after the data has landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteAction {
+    /// Nothing.
+    None,
+    /// `signal += 1` on the peer. `strong`: also ordered after every earlier
+    /// operation on this context to this peer (weak: after its own put only).
+    SignalInc {
+        /// Signal id.
+        signal: u32,
+        /// Strong ordering.
+        strong: bool,
+    },
+    /// `signal += value` on the peer.
+    SignalAdd {
+        /// Signal id.
+        signal: u32,
+        /// Increment.
+        value: u64,
+        /// Strong ordering.
+        strong: bool,
+    },
+}
+
+/// What happens locally once the source has been read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalAction {
+    /// Nothing.
+    None,
+    /// `counter += 1` on the caller.
+    CounterInc {
+        /// Counter id.
+        counter: u32,
+    },
+}
+
+/// Why a GIN call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GinError {
+    /// The device communicator has no GIN backend.
+    NoGin,
+    /// Context id not below `contexts`.
+    ContextOutOfRange,
+    /// Peer index not below the team's size.
+    PeerNotInTeam,
+    /// The peer is not reachable with this connection type (rail: only the rail team).
+    PeerNotConnected,
+    /// Signal id out of range.
+    SignalOutOfRange,
+    /// Counter id out of range.
+    CounterOutOfRange,
+    /// Offset + bytes past a window's end.
+    OutOfWindow,
+    /// `put_value` of a type wider than 8 bytes.
+    ValueTooWide,
+    /// Barrier index out of range.
+    BarrierOutOfRange,
+    /// The ring failed or a wait gave up.
+    Queue(QueueError),
+}
+
+impl From<QueueError> for GinError {
+    fn from(e: QueueError) -> Self {
+        GinError::Queue(e)
+    }
+}
+
+impl From<WaitError> for GinError {
+    fn from(e: WaitError) -> Self {
+        GinError::Queue(QueueError::Wait(e))
+    }
+}
+
+impl GinError {
+    /// A non-zero code for an error word the host reads: wait errors keep
+    /// [`WaitError::code`] (1 timeout, 2 aborted); the others are 32 + n.
+    pub const fn code(self) -> u32 {
+        match self {
+            GinError::Queue(QueueError::Wait(w)) => w.code(),
+            GinError::Queue(QueueError::RingFailed) => 3,
+            GinError::NoGin => 32,
+            GinError::ContextOutOfRange => 33,
+            GinError::PeerNotInTeam => 34,
+            GinError::PeerNotConnected => 35,
+            GinError::SignalOutOfRange => 36,
+            GinError::CounterOutOfRange => 37,
+            GinError::OutOfWindow => 38,
+            GinError::ValueTooWide => 39,
+            GinError::BarrierOutOfRange => 40,
+        }
+    }
+}
+
+/// A kernel's handle on one GIN context of a device communicator.
+#[derive(Clone, Copy)]
+pub struct Gin<'a> {
+    comm: &'a DevComm,
+    context: u32,
+}
+
+impl<'a> Gin<'a> {
+    /// Context `context` of `comm`'s GIN backend.
+    pub fn new(comm: &'a DevComm, context: u32) -> Result<Self, GinError> {
+        if comm.gin.backend == GinBackend::None as u32 {
+            return Err(GinError::NoGin);
+        }
+        if context >= comm.gin.contexts {
+            return Err(GinError::ContextOutOfRange);
+        }
+        Ok(Gin { comm, context })
+    }
+
+    /// The device communicator.
+    pub fn comm(&self) -> &'a DevComm {
+        self.comm
+    }
+
+    fn state(&self) -> &GinState {
+        &self.comm.gin
+    }
+
+    /// World rank of member `peer` of `team`, checked against the connection type.
+    fn world_peer(&self, team: &Team, peer: u32) -> Result<u32, GinError> {
+        if peer >= team.nranks {
+            return Err(GinError::PeerNotInTeam);
+        }
+        let c = self.comm;
+        let w = team.rank_to_world(c.rank, peer);
+        if w >= c.nranks {
+            return Err(GinError::PeerNotInTeam);
+        }
+        if self.state().connection == 2 && !c.rail().contains_world(c.rank, w) {
+            return Err(GinError::PeerNotConnected);
+        }
+        Ok(w)
+    }
+
+    fn check_signal(&self, id: u32) -> Result<(), GinError> {
+        if id < self.state().signal_count { Ok(()) } else { Err(GinError::SignalOutOfRange) }
+    }
+
+    fn check_counter(&self, id: u32) -> Result<(), GinError> {
+        if id < self.state().counter_count { Ok(()) } else { Err(GinError::CounterOutOfRange) }
+    }
+
+    /// Fills the remote- and local-action fields of `d`, checking ids.
+    fn actions(&self, d: &mut GinDescriptor, remote: RemoteAction, local: LocalAction) -> Result<(), GinError> {
+        self.actions_unchecked(d, remote, local, self.state().signal_count)
+    }
+
+    fn actions_unchecked(
+        &self,
+        d: &mut GinDescriptor,
+        remote: RemoteAction,
+        local: LocalAction,
+        signal_limit: u32,
+    ) -> Result<(), GinError> {
+        match remote {
+            RemoteAction::None => d.remote_action = RemoteActionKind::None as u8,
+            RemoteAction::SignalInc { signal, strong } | RemoteAction::SignalAdd { signal, strong, .. } => {
+                if signal >= signal_limit {
+                    return Err(GinError::SignalOutOfRange);
+                }
+                d.signal = signal;
+                d.flags = if strong { abi::FLAG_STRONG } else { 0 };
+                (d.remote_action, d.value) = match remote {
+                    RemoteAction::SignalAdd { value, .. } => (RemoteActionKind::SignalAdd as u8, value),
+                    _ => (RemoteActionKind::SignalInc as u8, 1),
+                };
+            }
+        }
+        match local {
+            LocalAction::None => d.local_action = LocalActionKind::None as u8,
+            LocalAction::CounterInc { counter } => {
+                self.check_counter(counter)?;
+                d.local_action = LocalActionKind::CounterInc as u8;
+                d.counter = counter;
+            }
+        }
+        Ok(())
+    }
+
+    fn post(&self, world_peer: u32, d: &GinDescriptor) -> Result<(), GinError> {
+        let ring = self.state().ring_index(self.context, world_peer, self.comm.nranks);
+        // SAFETY: the GinState comes from a live device communicator (the
+        // contract of the kernel that received it) and the ring index is in range.
+        unsafe { queue::post(self.state(), &self.comm.abort, ring, d) }?;
+        Ok(())
+    }
+
+    /// Puts `bytes` from `src` (offset `src_offset`) into member `peer` of
+    /// `team`'s `dst` window (offset `dst_offset`), then applies `remote` at
+    /// the peer and `local` here. Every thread of `coop` calls it; the coop is
+    /// joined first (so all its writes to the source are included), and its
+    /// leader posts the operation and gets the result (the others get `Ok`).
+    ///
+    /// # Safety
+    /// The windows belong to this device communicator's communicator.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub unsafe fn put<C: Coop>(
+        &self,
+        coop: &C,
+        team: &Team,
+        peer: u32,
+        dst: &WindowDesc,
+        dst_offset: u64,
+        src: &WindowDesc,
+        src_offset: u64,
+        bytes: u64,
+        remote: RemoteAction,
+        local: LocalAction,
+    ) -> Result<(), GinError> {
+        coop.sync();
+        if !coop.is_leader() {
+            return Ok(());
+        }
+        let w = self.world_peer(team, peer)?;
+        let end = |off: u64, win: &WindowDesc| off.checked_add(bytes).is_some_and(|e| e <= win.size);
+        if !end(dst_offset, dst) || !end(src_offset, src) {
+            return Err(GinError::OutOfWindow);
+        }
+        let mut d = GinDescriptor {
+            op: GinOp::Put as u8,
+            peer: w,
+            src_window: src.id,
+            dst_window: dst.id,
+            src_offset,
+            dst_offset,
+            bytes,
+            ..Default::default()
+        };
+        self.actions(&mut d, remote, local)?;
+        self.post(w, &d)
+    }
+
+    /// [`Gin::put`] with typed symmetric pointers: `count` elements.
+    ///
+    /// # Safety
+    /// As for [`Gin::put`].
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub unsafe fn put_sym<T, C: Coop>(
+        &self,
+        coop: &C,
+        team: &Team,
+        peer: u32,
+        dst: SymPtr<T>,
+        src: SymPtr<T>,
+        count: u64,
+        remote: RemoteAction,
+        local: LocalAction,
+    ) -> Result<(), GinError> {
+        let bytes = count * core::mem::size_of::<T>() as u64;
+        unsafe { self.put(coop, team, peer, &dst.window, dst.offset, &src.window, src.offset, bytes, remote, local) }
+    }
+
+    /// Writes `value` (at most 8 bytes) into member `peer` of `team`'s `dst`
+    /// window at `dst_offset`, then applies `remote`/`local`. One thread calls it.
+    ///
+    /// # Safety
+    /// As for [`Gin::put`].
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub unsafe fn put_value<T: Copy>(
+        &self,
+        team: &Team,
+        peer: u32,
+        dst: &WindowDesc,
+        dst_offset: u64,
+        value: T,
+        remote: RemoteAction,
+        local: LocalAction,
+    ) -> Result<(), GinError> {
+        let size = core::mem::size_of::<T>();
+        if size > 8 {
+            return Err(GinError::ValueTooWide);
+        }
+        let w = self.world_peer(team, peer)?;
+        if dst_offset.checked_add(size as u64).is_none_or(|e| e > dst.size) {
+            return Err(GinError::OutOfWindow);
+        }
+        let mut raw = 0u64;
+        // SAFETY: `size <= 8` bytes of a `Copy` value into a u64.
+        unsafe { core::ptr::copy_nonoverlapping(&value as *const T as *const u8, &mut raw as *mut u64 as *mut u8, size) };
+        // The payload rides in `src_offset`, which an inline put does not use.
+        let mut d = GinDescriptor {
+            op: GinOp::PutValue as u8,
+            peer: w,
+            dst_window: dst.id,
+            dst_offset,
+            src_offset: raw,
+            bytes: size as u64,
+            ..Default::default()
+        };
+        self.actions(&mut d, remote, local)?;
+        self.post(w, &d)
+    }
+
+    /// Applies `action` at member `peer` of `team`, after every earlier
+    /// operation of this context to that peer. One thread calls it.
+    ///
+    /// # Safety
+    /// As for [`Gin::put`].
+    #[inline]
+    pub unsafe fn signal(&self, team: &Team, peer: u32, action: RemoteAction) -> Result<(), GinError> {
+        let w = self.world_peer(team, peer)?;
+        let mut d = GinDescriptor { op: GinOp::Signal as u8, peer: w, ..Default::default() };
+        self.actions(&mut d, action, LocalAction::None)?;
+        self.post(w, &d)
+    }
+
+    /// Signal with an id past the user's range (GIN barriers).
+    pub(crate) unsafe fn signal_internal(&self, world_peer: u32, signal: u32) -> Result<(), GinError> {
+        let mut d = GinDescriptor { op: GinOp::Signal as u8, peer: world_peer, ..Default::default() };
+        let remote = RemoteAction::SignalInc { signal, strong: true };
+        self.actions_unchecked(&mut d, remote, LocalAction::None, self.state().total_signals())?;
+        self.post(world_peer, &d)
+    }
+
+    /// Waits until the sources of every operation posted on this context so
+    /// far have been read (they may be overwritten), then joins the coop.
+    ///
+    /// # Safety
+    /// As for [`Gin::put`].
+    #[inline]
+    pub unsafe fn flush<C: Coop>(&self, coop: &C) -> Result<(), GinError> {
+        let mut r = Ok(());
+        let n = self.comm.nranks;
+        let mut peer = coop.thread_rank();
+        while peer < n && r.is_ok() {
+            let ring = self.state().ring_index(self.context, peer, n);
+            // SAFETY: ring index in range; live GIN memory.
+            r = unsafe { queue::flush_ring(self.state(), &self.comm.abort, ring) }.map_err(GinError::from);
+            peer += coop.size();
+        }
+        coop.sync();
+        r
+    }
+
+    fn signal_ptr(&self, id: u32) -> *mut u64 {
+        (self.state().signals as *mut u64).wrapping_add(id as usize)
+    }
+
+    fn counter_ptr(&self, id: u32) -> *mut u64 {
+        (self.state().counters as *mut u64).wrapping_add(id as usize)
+    }
+
+    /// Current value of signal `id` (acquire, system scope).
+    pub fn read_signal(&self, id: u32) -> Result<u64, GinError> {
+        self.check_signal(id)?;
+        // SAFETY: id checked; the signal array is live GIN memory.
+        Ok(unsafe { atomic::load_acquire(self.signal_ptr(id), Scope::Sys) })
+    }
+
+    pub(crate) fn wait_signal_any(&self, id: u32, least: u64) -> Result<u64, GinError> {
+        let mut deadline = Deadline::new(&self.comm.abort);
+        // SAFETY: id checked by the callers; live GIN memory.
+        Ok(unsafe { wait::wait_ge_u64(self.signal_ptr(id), least, Scope::Sys, &mut deadline) }?)
+    }
+
+    /// Waits (the coop's leader polls) until signal `id` has reached `least`
+    /// (rolling), then joins the coop. Returns the value seen (to the leader;
+    /// the others get `least`).
+    pub fn wait_signal<C: Coop>(&self, coop: &C, id: u32, least: u64) -> Result<u64, GinError> {
+        self.check_signal(id)?;
+        let r = if coop.is_leader() { self.wait_signal_any(id, least) } else { Ok(least) };
+        coop.sync();
+        r
+    }
+
+    /// Address of signal `id`'s shadow (device memory, the caller's own).
+    pub fn signal_shadow(&self, id: u32) -> Result<*mut u64, GinError> {
+        self.check_signal(id)?;
+        Ok((self.state().shadows as *mut u64).wrapping_add(id as usize))
+    }
+
+    /// Adds `delta` to signal `id`'s shadow; returns the new shadow.
+    pub fn increase_signal_shadow(&self, id: u32, delta: u64) -> Result<u64, GinError> {
+        let p = self.signal_shadow(id)?;
+        // SAFETY: live device memory of this rank.
+        Ok(unsafe { atomic::fetch_add(p, delta, Order::Relaxed, Scope::Gpu) }.wrapping_add(delta))
+    }
+
+    /// Waits until signal `id` has reached its shadow.
+    pub fn wait_signal_meet_shadow<C: Coop>(&self, coop: &C, id: u32) -> Result<u64, GinError> {
+        let p = self.signal_shadow(id)?;
+        // SAFETY: as above.
+        let target = unsafe { atomic::load_relaxed(p, Scope::Gpu) };
+        self.wait_signal(coop, id, target)
+    }
+
+    /// Adds `delta` to the shadow, then waits for the signal to reach it: the
+    /// usual "expect `delta` more signals" step. The leader moves the shadow.
+    pub fn wait_signal_follow_shadow<C: Coop>(&self, coop: &C, id: u32, delta: u64) -> Result<u64, GinError> {
+        let p = self.signal_shadow(id)?;
+        if coop.is_leader() {
+            // SAFETY: as above.
+            unsafe { atomic::fetch_add(p, delta, Order::Relaxed, Scope::Gpu) };
+        }
+        coop.sync();
+        self.wait_signal_meet_shadow(coop, id)
+    }
+
+    /// Sets signal `id` and its shadow to 0. Only when no operation that
+    /// signals it is in flight.
+    pub fn reset_signal(&self, id: u32) -> Result<(), GinError> {
+        let shadow = self.signal_shadow(id)?;
+        // SAFETY: id checked; live memory.
+        unsafe {
+            atomic::store_relaxed(self.signal_ptr(id), 0, Scope::Sys);
+            atomic::store_relaxed(shadow, 0, Scope::Gpu);
+        }
+        Ok(())
+    }
+
+    /// Current value of counter `id`.
+    pub fn read_counter(&self, id: u32) -> Result<u64, GinError> {
+        self.check_counter(id)?;
+        // SAFETY: id checked; live memory.
+        Ok(unsafe { atomic::load_acquire(self.counter_ptr(id), Scope::Sys) })
+    }
+
+    /// Waits (the leader polls) until counter `id` has reached `least`, then joins the coop.
+    pub fn wait_counter<C: Coop>(&self, coop: &C, id: u32, least: u64) -> Result<u64, GinError> {
+        self.check_counter(id)?;
+        let r = if coop.is_leader() {
+            let mut deadline = Deadline::new(&self.comm.abort);
+            // SAFETY: id checked; live memory.
+            unsafe { wait::wait_ge_u64(self.counter_ptr(id), least, Scope::Sys, &mut deadline) }.map_err(GinError::from)
+        } else {
+            Ok(least)
+        };
+        coop.sync();
+        r
+    }
+
+    /// Sets counter `id` to 0 (only when no operation that counts on it is in flight).
+    pub fn reset_counter(&self, id: u32) -> Result<(), GinError> {
+        self.check_counter(id)?;
+        // SAFETY: id checked; live memory.
+        unsafe { atomic::store_relaxed(self.counter_ptr(id), 0, Scope::Sys) };
+        Ok(())
+    }
+}

@@ -1,0 +1,97 @@
+//! The producer side of a GIN proxy ring (see [`super::abi`] for the protocol).
+
+use super::abi::{GinDescriptor, GinState, QueueTail, TAIL_STRIDE};
+use crate::arch::store16;
+use crate::atomic::{self, Order, Scope};
+use crate::comm::AbortInfo;
+use crate::wait::{Deadline, WaitError};
+
+/// Why posting to or flushing a ring failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueError {
+    /// The proxy marked the ring failed (dead peer, transport error).
+    RingFailed,
+    /// Waiting for credit or completion gave up.
+    Wait(WaitError),
+}
+
+impl From<WaitError> for QueueError {
+    fn from(e: WaitError) -> Self {
+        QueueError::Wait(e)
+    }
+}
+
+#[inline(always)]
+fn tail_of(g: &GinState, ring: u64) -> *const QueueTail {
+    (g.tails + ring * TAIL_STRIDE as u64) as *const QueueTail
+}
+
+/// Tickets completed by the proxy on `ring`, or the ring's failure.
+///
+/// # Safety
+/// `g` describes live GIN memory and `ring < contexts * nranks`.
+#[inline(always)]
+pub unsafe fn completed(g: &GinState, ring: u64) -> Result<u64, QueueError> {
+    let tail = tail_of(g, ring);
+    let done = unsafe { atomic::load_acquire(core::ptr::addr_of!((*tail).completed), Scope::Sys) };
+    if unsafe { atomic::load_relaxed(core::ptr::addr_of!((*tail).error), Scope::Sys) } != 0 {
+        return Err(QueueError::RingFailed);
+    }
+    Ok(done)
+}
+
+/// Posts `body` to `ring` (its `ticket_plus_one` is ignored) and returns its
+/// ticket. Waits for credit while the ring is full: a descriptor is never
+/// dropped. One thread calls it per descriptor.
+///
+/// # Safety
+/// `g` describes live GIN memory, `ring < contexts * nranks`, and `abort`
+/// belongs to the same device communicator.
+#[inline]
+pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescriptor) -> Result<u64, QueueError> {
+    let depth = g.queue_depth as u64;
+    let ticket = unsafe { atomic::fetch_add((g.heads as *mut u64).add(ring as usize), 1, Order::Relaxed, Scope::Gpu) };
+    let cache = unsafe { (g.tail_cache as *mut u64).add(ring as usize) };
+    let cached = unsafe { atomic::load_relaxed(cache, Scope::Gpu) };
+    if ticket >= cached + depth {
+        let mut deadline = Deadline::new(abort);
+        loop {
+            let done = unsafe { completed(g, ring) }?;
+            if ticket < done + depth {
+                unsafe { atomic::store_relaxed(cache, done, Scope::Gpu) };
+                break;
+            }
+            deadline.poll()?;
+        }
+    }
+    let slot = unsafe { (g.rings as *mut GinDescriptor).add((ring * depth + ticket % depth) as usize) };
+    // The body (bytes 8..64) as one 8-byte and three 16-byte stores, then the
+    // ticket with release: the proxy never sees a ticket before its body.
+    let words: &[u32; 16] = unsafe { &*(body as *const GinDescriptor as *const [u32; 16]) };
+    let base = slot as *mut u8;
+    unsafe {
+        (base.add(8) as *mut u64).write_volatile((words[2] as u64) | ((words[3] as u64) << 32));
+        store16(base.add(16), [words[4], words[5], words[6], words[7]]);
+        store16(base.add(32), [words[8], words[9], words[10], words[11]]);
+        store16(base.add(48), [words[12], words[13], words[14], words[15]]);
+        atomic::store_release(core::ptr::addr_of_mut!((*slot).ticket_plus_one), ticket + 1, Scope::Sys);
+    }
+    Ok(ticket)
+}
+
+/// Waits until the proxy has completed every ticket taken on `ring` so far
+/// (sources read, local actions applied).
+///
+/// # Safety
+/// As for [`post`].
+#[inline]
+pub unsafe fn flush_ring(g: &GinState, abort: &AbortInfo, ring: u64) -> Result<(), QueueError> {
+    let target = unsafe { atomic::load_relaxed((g.heads as *const u64).add(ring as usize), Scope::Gpu) };
+    let mut deadline = Deadline::new(abort);
+    loop {
+        if unsafe { completed(g, ring) }? >= target {
+            return Ok(());
+        }
+        deadline.poll()?;
+    }
+}
