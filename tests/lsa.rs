@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{child_job, is_child, run};
+use common::{child_job, is_child, run, runtime};
 use devcomm::comm::Communicator;
 use devcomm::runtime::{LaunchConfig, Stream};
 use devcomm::{DevCommRequirements, Window, WindowFlags};
@@ -22,23 +22,9 @@ const SLOT: u64 = 100_016; // BYTES rounded up to 16
 const RED_COUNT: usize = 1001;
 const SEED: u64 = 0xD0C0;
 
-fn runtime() -> String {
-    std::env::var("DEVCOMM_RUNTIME").unwrap_or_else(|_| "emulated".into())
-}
-
-/// Runs child `child` in `n` processes, unless the runtime has fewer devices.
+/// Runs child `child` in `n` processes on the parent's runtime.
 fn ranks(child: &str, n: usize) {
-    let rt = runtime();
-    if rt == "cuda" {
-        let gpus = devcomm::runtime::device_count(devcomm::RuntimeSelection::Cuda).map(|x| x.1).unwrap_or(0);
-        if gpus < n {
-            eprintln!("skipped: {n} ranks need {n} GPUs, this machine has {gpus}");
-            return;
-        }
-    }
-    let opts = child_job(child, n).env("DEVCOMM_RUNTIME", rt).timeout(Some(Duration::from_secs(120)));
-    let statuses = run(&opts);
-    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+    common::run_on_runtime(child, n, &[]);
 }
 
 fn pattern(rank: usize, len: usize) -> Vec<u8> {

@@ -21,6 +21,7 @@ pub mod bootstrap;
 pub mod comm;
 pub mod dev_comm;
 pub mod env;
+pub mod gin;
 pub mod launch;
 pub mod memory;
 pub mod ptx;

@@ -56,3 +56,28 @@ pub fn emu(i: usize) -> Device {
 pub fn cfg(i: usize) -> Config {
     Config::default().with_timeouts(TIMEOUT).with_device(emu(i))
 }
+
+/// The runtime the parent test runs on (`DEVCOMM_RUNTIME`, default emulated).
+pub fn runtime() -> String {
+    std::env::var("DEVCOMM_RUNTIME").unwrap_or_else(|_| "emulated".into())
+}
+
+/// Runs child test `child` in `n` processes on the parent's runtime, with
+/// `env` added, and asserts every rank succeeded. On CUDA it skips (saying
+/// so) when the machine has fewer than `n` GPUs.
+pub fn run_on_runtime(child: &str, n: usize, env: &[(&str, String)]) {
+    let rt = runtime();
+    if rt == "cuda" {
+        let gpus = devcomm::runtime::device_count(RuntimeSelection::Cuda).map(|x| x.1).unwrap_or(0);
+        if gpus < n {
+            eprintln!("skipped: {n} ranks need {n} GPUs, this machine has {gpus}");
+            return;
+        }
+    }
+    let mut opts = child_job(child, n).env("DEVCOMM_RUNTIME", rt).timeout(Some(Duration::from_secs(120)));
+    for (k, v) in env {
+        opts = opts.env(*k, v.clone());
+    }
+    let statuses = run(&opts);
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}

@@ -11,5 +11,6 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     devcomm_device::arch::trap()
 }
 
+pub mod gin;
 pub mod lsa;
 pub mod selftest;

@@ -20,6 +20,19 @@ unsafe fn report(errors: *mut u32, code: u32) {
     }
 }
 
+/// LSA barrier 0 with acq_rel over the CTA, errors reported.
+#[inline(always)]
+unsafe fn barrier0_acq_rel(comm: &DevComm, cta: &Cta, errors: *mut u32) {
+    match LsaBarrierSession::new(cta, comm, 0) {
+        Ok(mut bar) => {
+            if let Err(e) = bar.sync(cta, Order::AcqRel) {
+                report(errors, e.code());
+            }
+        }
+        Err(e) => report(errors, e.code()),
+    }
+}
+
 fn op_of(op: u32) -> ReduceOp {
     match op {
         1 => ReduceOp::Prod,
@@ -40,14 +53,7 @@ kernel! {
     pub unsafe fn lsa_put_all(comm: DevComm, win: WindowDesc, src: *const u8, bytes: u64, slot: u64, errors: *mut u32) {
         let cta = Cta::new();
         lsa::copy_to_all(&cta, &win, win.lsa_rank as u64 * slot, src, bytes as usize);
-        match LsaBarrierSession::new(&cta, &comm, 0) {
-            Ok(mut bar) => {
-                if let Err(e) = bar.sync(&cta, Order::AcqRel) {
-                    report(errors, e.code());
-                }
-            }
-            Err(e) => report(errors, e.code()),
-        }
+        barrier0_acq_rel(&comm, &cta, errors);
     }
 
     /// Every thread `t < lsa_size * values` puts `value_base + me * 1000 + t %
@@ -65,14 +71,7 @@ kernel! {
             let dst = win.lsa_ptr::<u64>(win.lsa_rank as u64 * slot + k as u64 * 8, peer);
             lsa::put_value(dst, value_base + comm.lsa_rank as u64 * 1000 + k as u64);
         }
-        match LsaBarrierSession::new(&cta, &comm, 0) {
-            Ok(mut bar) => {
-                if let Err(e) = bar.sync(&cta, Order::AcqRel) {
-                    report(errors, e.code());
-                }
-            }
-            Err(e) => report(errors, e.code()),
-        }
+        barrier0_acq_rel(&comm, &cta, errors);
     }
 
     /// Opens LSA barrier `index` and syncs `rounds` times with `order`

@@ -42,6 +42,8 @@ pub struct Config {
     /// The device this rank drives. `None`: the runtime of `DEVCOMM_RUNTIME`,
     /// ordinal `LOCAL_RANK` (else the rank) modulo the number of devices.
     pub device: Option<Device>,
+    /// Force a GIN backend (`None`: `DEVCOMM_GIN_TYPE`, else automatic).
+    pub gin_type: Option<crate::gin::GinType>,
 }
 
 impl Default for Config {
@@ -51,6 +53,7 @@ impl Default for Config {
             op_timeout: DEFAULT_OP_TIMEOUT,
             blocking: true,
             device: None,
+            gin_type: None,
         }
     }
 }
@@ -108,6 +111,12 @@ impl Config {
     /// Sets [`Config::device`].
     pub fn with_device(mut self, device: Device) -> Self {
         self.device = Some(device);
+        self
+    }
+
+    /// The same config forcing GIN backend `t`.
+    pub fn with_gin_type(mut self, t: crate::gin::GinType) -> Self {
+        self.gin_type = Some(t);
         self
     }
 

@@ -32,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+mod gin_resources;
 mod requirements;
 
 pub use devcomm_device::comm::{AbortInfo, DevComm};
@@ -91,6 +92,7 @@ pub struct DevCommHandle<'c> {
     world_barrier_base: u32,
     abort_word: Arc<HostMappedWord>,
     windows: Vec<Arc<WindowShared>>,
+    gin: Option<gin_resources::GinResources>,
 }
 
 impl fmt::Debug for DevCommHandle<'_> {
@@ -174,9 +176,13 @@ impl Communicator {
                 flag: word.device_addr(),
                 timeout_ns: u64::try_from(self.config().op_timeout.as_nanos()).unwrap_or(u64::MAX),
             },
-            // No GIN backend yet: every GIN call on the device reports `NoGin`.
             gin: devcomm_device::gin::GinState::default(),
         };
+        let mut dev_comm = dev_comm;
+        let gin = self.create_gin(req)?;
+        if let Some(g) = &gin {
+            dev_comm.gin = g.state;
+        }
         tracing::debug!(rank = self.rank(), ?dev_comm, "device communicator created");
         Ok(DevCommHandle {
             comm: self,
@@ -188,7 +194,24 @@ impl Communicator {
             world_barrier_base: req.lsa_barrier_count,
             abort_word: word,
             windows,
+            gin,
         })
+    }
+
+    /// The GIN part of `create_dev_comm`: picks the backend (every rank
+    /// agrees, or all fail with the first rank's error) and sets it up.
+    fn create_gin(&self, req: &DevCommRequirements) -> Result<Option<gin_resources::GinResources>> {
+        use crate::gin::GinConnectionType;
+        let backend = match req.gin_connection_type {
+            GinConnectionType::None => return Ok(None),
+            GinConnectionType::Full => self.gin_type(),
+            GinConnectionType::Rail => self.railed_gin_type(),
+        };
+        agree(self, "create_dev_comm (GIN backend)", backend.as_ref().map(|_| ()).map_err(Clone::clone))?;
+        let backend = backend?;
+        let res = gin_resources::GinResources::create(self, req, backend);
+        agree(self, "create_dev_comm (GIN setup)", res.as_ref().map(|_| ()).map_err(Clone::clone))?;
+        res.map(Some)
     }
 }
 
@@ -256,13 +279,26 @@ impl<'c> DevCommHandle<'c> {
     /// Collective release (`ncclDevCommDestroy`): the windows it used may be
     /// deregistered afterwards. Kernels using it must have finished.
     pub fn destroy(mut self) -> Result<()> {
+        // Every rank has stopped posting before any proxy stops serving.
+        let mut r = Ok(());
+        if self.gin.is_some() {
+            r = self.comm.bootstrap_barrier();
+            if let Some(mut g) = self.gin.take() {
+                r = r.and(g.stop());
+            }
+        }
         self.release_windows();
-        let r = match self.resource_window.take() {
+        let r2 = match self.resource_window.take() {
             Some(w) => w.deregister(),
             None => Ok(()),
         };
         drop(self);
-        r
+        r.and(r2)
+    }
+
+    /// The GIN backend of this device communicator ([`GinType::None`](crate::gin::GinType) without GIN).
+    pub fn gin_type(&self) -> crate::gin::GinType {
+        self.gin.as_ref().map_or(crate::gin::GinType::None, |g| g.backend)
     }
 
     fn release_windows(&mut self) {

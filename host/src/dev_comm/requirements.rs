@@ -12,6 +12,14 @@ pub const MAX_BARRIERS: u32 = 1 << 16;
 pub const MAX_RESOURCE_ALIGN: u64 = 4096;
 /// Most resource buffers one device communicator may hold.
 pub const MAX_RESOURCES: usize = 1024;
+/// Most GIN signals or counters.
+pub const MAX_GIN_IDS: u32 = 1 << 20;
+/// Most GIN contexts.
+pub const MAX_GIN_CONTEXTS: u32 = 64;
+/// Deepest GIN ring.
+pub const MAX_GIN_QUEUE_DEPTH: u32 = 1 << 16;
+/// Ring depth when none is asked for.
+pub const DEFAULT_GIN_QUEUE_DEPTH: u32 = 256;
 
 static NEXT_REQ_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -44,6 +52,20 @@ pub struct DevCommRequirements {
     /// World barriers. Without GIN these exist only when the LSA team is
     /// the world (then they are LSA barriers, numbered after `lsa_barrier_count`).
     pub barrier_count: u32,
+    /// Which peers GIN must reach: none (no GIN), every rank, or the rail team.
+    pub gin_connection_type: crate::gin::GinConnectionType,
+    /// GIN signals (ids `0..gin_signal_count`), each a `u64` on every rank.
+    pub gin_signal_count: u32,
+    /// GIN counters (local completions), each a `u64`.
+    pub gin_counter_count: u32,
+    /// GIN contexts (independent rings per peer; a hint, at least 1). 0: 1.
+    pub gin_context_count: u32,
+    /// Descriptors per ring, a power of two from 2 to [`MAX_GIN_QUEUE_DEPTH`]. 0: [`DEFAULT_GIN_QUEUE_DEPTH`].
+    pub gin_queue_depth: u32,
+    /// GIN barriers over the rail team.
+    pub rail_gin_barrier_count: u32,
+    /// GIN barriers over the world.
+    pub world_gin_barrier_count: u32,
     pub(crate) id: u64,
     pub(crate) resources: Vec<(u64, u64)>,
     pub(crate) teams: Vec<(TeamKind, bool)>,
@@ -75,6 +97,13 @@ impl DevCommRequirements {
         DevCommRequirements {
             lsa_barrier_count: 0,
             barrier_count: 0,
+            gin_connection_type: crate::gin::GinConnectionType::None,
+            gin_signal_count: 0,
+            gin_counter_count: 0,
+            gin_context_count: 0,
+            gin_queue_depth: 0,
+            rail_gin_barrier_count: 0,
+            world_gin_barrier_count: 0,
             id: NEXT_REQ_ID.fetch_add(1, Ordering::Relaxed),
             resources: Vec::new(),
             teams: Vec::new(),
@@ -124,6 +153,8 @@ impl DevCommRequirements {
                 return Err(Error::invalid_argument(format!("{what} = {n}: at most {MAX_BARRIERS}")));
             }
         }
+        self.validate_gin()?;
+        let gin = self.gin_connection_type != crate::gin::GinConnectionType::None;
         if self.barrier_count > 0 && lsa_size < nranks {
             return Err(Error::invalid_usage(format!(
                 "{} world barriers requested, but the LSA team ({lsa_size}) is not the world ({nranks}): world \
@@ -155,8 +186,8 @@ impl DevCommRequirements {
             }
             let beyond_lsa = match kind {
                 TeamKind::Lsa => false,
-                TeamKind::World => lsa_size < nranks,
-                TeamKind::Rail => nranks / lsa_size.max(1) > 1,
+                TeamKind::World => lsa_size < nranks && self.gin_connection_type != crate::gin::GinConnectionType::Full,
+                TeamKind::Rail => nranks / lsa_size.max(1) > 1 && !gin,
             };
             if beyond_lsa {
                 return Err(Error::invalid_usage(format!(
@@ -176,11 +207,72 @@ impl DevCommRequirements {
         Ok(())
     }
 
+    /// Checks the GIN fields on their own.
+    pub(crate) fn validate_gin(&self) -> Result<()> {
+        use crate::gin::GinConnectionType;
+        let asks = [
+            ("gin_signal_count", self.gin_signal_count),
+            ("gin_counter_count", self.gin_counter_count),
+            ("rail_gin_barrier_count", self.rail_gin_barrier_count),
+            ("world_gin_barrier_count", self.world_gin_barrier_count),
+        ];
+        if self.gin_connection_type == GinConnectionType::None {
+            if let Some((what, n)) = asks.iter().find(|(_, n)| *n > 0) {
+                return Err(Error::invalid_argument(format!(
+                    "{what} = {n} but gin_connection_type is None: GIN resources need a GIN connection (Full or Rail)"
+                )));
+            }
+            return Ok(());
+        }
+        for (what, n) in asks {
+            let max = if what.ends_with("barrier_count") { MAX_BARRIERS } else { MAX_GIN_IDS };
+            if n > max {
+                return Err(Error::invalid_argument(format!("{what} = {n}: at most {max}")));
+            }
+        }
+        if self.gin_context_count > MAX_GIN_CONTEXTS {
+            return Err(Error::invalid_argument(format!(
+                "gin_context_count = {}: at most {MAX_GIN_CONTEXTS}",
+                self.gin_context_count
+            )));
+        }
+        let d = self.gin_queue_depth;
+        if d != 0 && (!d.is_power_of_two() || !(2..=MAX_GIN_QUEUE_DEPTH).contains(&d)) {
+            return Err(Error::invalid_argument(format!(
+                "gin_queue_depth = {d}: a power of two from 2 to {MAX_GIN_QUEUE_DEPTH} (0 for {DEFAULT_GIN_QUEUE_DEPTH})"
+            )));
+        }
+        if self.gin_connection_type == GinConnectionType::Rail && self.world_gin_barrier_count > 0 {
+            return Err(Error::invalid_argument(
+                "world GIN barriers need gin_connection_type Full (a rail connection reaches the rail team only)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Contexts and ring depth after defaults.
+    pub(crate) fn gin_shape(&self) -> (u32, u32) {
+        let contexts = self.gin_context_count.max(1);
+        let depth = if self.gin_queue_depth == 0 { DEFAULT_GIN_QUEUE_DEPTH } else { self.gin_queue_depth };
+        (contexts, depth)
+    }
+
     /// A digest of everything that must match between ranks.
     pub(crate) fn digest(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&self.lsa_barrier_count.to_le_bytes());
         b.extend_from_slice(&self.barrier_count.to_le_bytes());
+        for v in [
+            self.gin_connection_type.code(),
+            self.gin_signal_count,
+            self.gin_counter_count,
+            self.gin_context_count,
+            self.gin_queue_depth,
+            self.rail_gin_barrier_count,
+            self.world_gin_barrier_count,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
         b.extend_from_slice(&(self.resources.len() as u64).to_le_bytes());
         for &(s, a) in &self.resources {
             b.extend_from_slice(&s.to_le_bytes());

@@ -37,9 +37,11 @@
 mod cuda;
 mod cuda_vmm;
 mod emulated;
+mod host_buffer;
 mod host_word;
 mod peer_access;
 
+pub(crate) use host_buffer::HostMappedBuffer;
 pub(crate) use host_word::HostMappedWord;
 pub(crate) use peer_access::cuda_can_access_uuid;
 

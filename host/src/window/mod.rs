@@ -76,6 +76,7 @@ pub(crate) struct WindowShared {
     user_ptr: u64,
     region: Region,
     regions: Arc<Mutex<Vec<Region>>>,
+    table: Arc<Mutex<std::collections::HashMap<u32, (u64, u64)>>>,
     /// Number of live device communicators using the window.
     pub(crate) users: AtomicUsize,
     /// Identity of the communicator (address of its extension state).
@@ -87,6 +88,7 @@ impl Drop for WindowShared {
     fn drop(&mut self) {
         let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         regions.retain(|r| *r != self.region);
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.desc.id);
     }
 }
 
@@ -309,6 +311,8 @@ pub(crate) fn register<'c>(
     };
     let region = (mem.id, offset, offset + len, id);
     comm.ext.regions.lock().unwrap_or_else(|p| p.into_inner()).push(region);
+    let user_ptr = mem.device_addr() + offset as u64;
+    comm.ext.window_table.lock().unwrap_or_else(|p| p.into_inner()).insert(id, (user_ptr, size));
     tracing::debug!(rank = comm.rank(), ?desc, "window registered");
     Ok(Window {
         comm,
@@ -316,9 +320,10 @@ pub(crate) fn register<'c>(
             desc,
             _range: mapping.range,
             _mem: mem.alloc.clone(),
-            user_ptr: mem.device_addr() + offset as u64,
+            user_ptr,
             region,
             regions: comm.ext.regions.clone(),
+            table: comm.ext.window_table.clone(),
             users: AtomicUsize::new(0),
             comm_key: comm_key(comm),
             world_rank: comm.rank() as u32,

@@ -27,6 +27,9 @@ pub(crate) struct CommExt {
     pub(crate) p2p_ok: Mutex<Option<bool>>,
     /// Device-visible abort flags of live device communicators.
     pub(crate) abort_sinks: Arc<AbortSinks>,
+    /// Window id → (this rank's address of the window, usable size): what
+    /// the GIN proxy resolves descriptors' window ids with.
+    pub(crate) window_table: Arc<Mutex<std::collections::HashMap<u32, (u64, u64)>>>,
 }
 
 impl CommExt {
@@ -43,6 +46,7 @@ impl CommExt {
                 words: Mutex::new(Vec::new()),
                 watcher: AtomicBool::new(false),
             }),
+            window_table: Arc::new(Mutex::new(std::collections::HashMap::new())),
         }
     }
 }

@@ -1,0 +1,227 @@
+//! GIN kernels: self-tests of the device GIN API and the benchmarks' kernels.
+//!
+//! Errors go to `errors[0]` (first code wins) and their count to `errors[1]`.
+
+use devcomm_device::arch::{block_idx, global_timer_ns, grid_dim, thread_idx};
+use devcomm_device::atomic::{self, Order, Scope};
+use devcomm_device::comm::{DevComm, WindowDesc};
+use devcomm_device::coop::{Coop, Cta, ThreadCoop};
+use devcomm_device::gin::{Gin, GinBarrierSession, GinBarrierTeam, GinError, LocalAction, RemoteAction};
+use devcomm_device::kernel;
+
+#[inline(always)]
+unsafe fn report(errors: *mut u32, code: u32) {
+    if code != 0 {
+        atomic::compare_exchange(errors, 0, code, Order::Relaxed, Scope::Gpu);
+        atomic::red_add_relaxed(errors.add(1), 1u32, Scope::Gpu);
+    }
+}
+
+#[inline(always)]
+unsafe fn check<T>(errors: *mut u32, r: Result<T, GinError>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            report(errors, e.code());
+            None
+        }
+    }
+}
+
+kernel! {
+    /// Every rank puts `bytes` of its window at `src_off` into slot `rank` (of
+    /// `slot` bytes, from offset 0) of every rank's window, itself included,
+    /// on context `ctx`, each put followed by `SignalInc` of signal 0 at the
+    /// peer and `CounterInc` of counter 0 here. Then: flush, wait for counter
+    /// 0 to reach `counter_target` and signal 0 to reach `signal_target`
+    /// (cumulative values the host computes). One block.
+    ///
+    /// # Safety
+    /// The window holds `nranks` slots and the source; the device
+    /// communicator has GIN with at least one signal and one counter.
+    pub unsafe fn gin_put_all(comm: DevComm, win: WindowDesc, src_off: u64, slot: u64, bytes: u64, ctx: u32, signal_target: u64, counter_target: u64, errors: *mut u32) {
+        let cta = Cta::new();
+        let Some(gin) = check(errors, Gin::new(&comm, ctx)) else { return };
+        let world = comm.world();
+        for peer in 0..comm.nranks {
+            let r = gin.put(&cta, &world, peer, &win, comm.rank as u64 * slot, &win, src_off, bytes,
+                RemoteAction::SignalInc { signal: 0, strong: true }, LocalAction::CounterInc { counter: 0 });
+            check(errors, r);
+        }
+        check(errors, gin.flush(&cta));
+        check(errors, gin.wait_counter(&cta, 0, counter_target));
+        check(errors, gin.wait_signal(&cta, 0, signal_target));
+    }
+
+    /// Thread 0 puts `values` inline `u64`s `base + rank * 1000 + k` into
+    /// slot `rank` (index k) of every rank's window, the last one to each
+    /// peer with `SignalAdd(values)` on signal 1; then waits for signal 1 to
+    /// reach `signal_target`.
+    ///
+    /// # Safety
+    /// As for [`gin_put_all`]; at least two signals.
+    pub unsafe fn gin_put_values(comm: DevComm, win: WindowDesc, slot: u64, values: u32, base: u64, signal_target: u64, errors: *mut u32) {
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        if thread_idx().x == 0 {
+            let world = comm.world();
+            for peer in 0..comm.nranks {
+                for k in 0..values {
+                    let remote = if k + 1 == values {
+                        RemoteAction::SignalAdd { signal: 1, value: values as u64, strong: true }
+                    } else {
+                        RemoteAction::None
+                    };
+                    let v = base + comm.rank as u64 * 1000 + k as u64;
+                    check(errors, gin.put_value(&world, peer, &win, comm.rank as u64 * slot + k as u64 * 8, v, remote, LocalAction::None));
+                }
+            }
+        }
+        check(errors, gin.wait_signal(&ThreadCoop, 1, signal_target));
+    }
+
+    /// Thread 0 adds `rank + 1` to signal 1 of every member of `team` (0: the
+    /// world, 1: the rail team) with `signal`; then waits for signal 1 to
+    /// reach `signal_target`.
+    ///
+    /// # Safety
+    /// As for [`gin_put_values`].
+    pub unsafe fn gin_signal_team(comm: DevComm, team: u32, signal_target: u64, errors: *mut u32) {
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let t = if team == 1 { comm.rail() } else { comm.world() };
+        if thread_idx().x == 0 {
+            for peer in 0..t.nranks {
+                check(errors, gin.signal(&t, peer, RemoteAction::SignalAdd { signal: 1, value: comm.rank as u64 + 1, strong: false }));
+            }
+        }
+        check(errors, gin.wait_signal(&ThreadCoop, 1, signal_target));
+    }
+
+    /// `rounds` GIN barriers over `team` (0 world, 1 rail), barrier `index`.
+    ///
+    /// # Safety
+    /// Every member of the team runs it with the same arguments.
+    pub unsafe fn gin_barrier_rounds(comm: DevComm, team: u32, index: u32, rounds: u32, errors: *mut u32) {
+        let cta = Cta::new();
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let which = if team == 1 { GinBarrierTeam::Rail } else { GinBarrierTeam::World };
+        let Some(mut bar) = check(errors, GinBarrierSession::new(&cta, &gin, which, index)) else { return };
+        for _ in 0..rounds {
+            if check(errors, bar.sync(&cta)).is_none() {
+                break;
+            }
+        }
+    }
+
+    /// Queue stress: every block's thread 0 posts `per_block` inline puts to
+    /// rank `(rank + 1) % nranks`, value `(rank << 40) | (block << 20) | i`
+    /// at slot `block * per_block + i` of the window (offset `base_off`),
+    /// each with `SignalInc` on signal 2. Then every block waits for signal 2
+    /// to reach `signal_target` (all blocks of the previous rank).
+    ///
+    /// # Safety
+    /// The window holds `gridDim.x * per_block` u64s at `base_off`.
+    pub unsafe fn gin_stress(comm: DevComm, win: WindowDesc, base_off: u64, per_block: u32, signal_target: u64, errors: *mut u32) {
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let b = block_idx().x as u64;
+        if thread_idx().x == 0 {
+            let world = comm.world();
+            let peer = (comm.rank + 1) % comm.nranks;
+            for i in 0..per_block as u64 {
+                let v = ((comm.rank as u64) << 40) | (b << 20) | i;
+                let off = base_off + (b * per_block as u64 + i) * 8;
+                check(errors, gin.put_value(&world, peer, &win, off, v, RemoteAction::SignalInc { signal: 2, strong: true }, LocalAction::None));
+            }
+            check(errors, gin.wait_signal(&ThreadCoop, 2, signal_target));
+        }
+        let _ = grid_dim();
+    }
+
+    /// Tries calls that must fail and stores each error code in `codes`:
+    /// [0] signal id out of range, [1] counter id out of range, [2] put past
+    /// the window's end, [3] peer outside the team, [4] context out of range,
+    /// [5] a put to world rank `rail_probe` (35 when it is outside the rail
+    /// and the connection is Rail; 0 when the put was accepted).
+    ///
+    /// # Safety
+    /// `codes` has 6 elements.
+    pub unsafe fn gin_bad_calls(comm: DevComm, win: WindowDesc, rail_probe: u32, codes: *mut u32) {
+        if thread_idx().x != 0 {
+            return;
+        }
+        let code = |r: Result<(), GinError>| match r { Ok(()) => 0, Err(e) => e.code() };
+        let Ok(gin) = Gin::new(&comm, 0) else {
+            *codes = 32;
+            return;
+        };
+        let world = comm.world();
+        let me = ThreadCoop;
+        *codes.add(0) = code(gin.signal(&world, 0, RemoteAction::SignalInc { signal: u32::MAX, strong: true }));
+        *codes.add(1) = code(gin.put_value(&world, 0, &win, 0, 1u64, RemoteAction::None, LocalAction::CounterInc { counter: u32::MAX }));
+        *codes.add(2) = code(gin.put(&me, &world, 0, &win, win.size - 8, &win, 0, 16, RemoteAction::None, LocalAction::None));
+        *codes.add(3) = code(gin.signal(&world, comm.nranks, RemoteAction::None));
+        *codes.add(4) = match Gin::new(&comm, comm.gin.contexts) { Ok(_) => 0, Err(e) => e.code() };
+        *codes.add(5) = code(gin.put_value(&world, rail_probe, &win, 0, 7u64, RemoteAction::None, LocalAction::None));
+        let _ = gin.flush(&me);
+    }
+
+    /// Put + signal round trip between world ranks 0 and 1 over GIN, `iters`
+    /// times, `bytes` per put (0: a signal alone), one thread. `out[0]`: ns on rank 0.
+    ///
+    /// # Safety
+    /// Two or more ranks; the window holds `bytes` at offsets 0 and `bytes`.
+    pub unsafe fn gin_pingpong(comm: DevComm, win: WindowDesc, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
+        if comm.rank > 1 || thread_idx().x != 0 {
+            return;
+        }
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let world = comm.world();
+        let peer = 1 - comm.rank;
+        let me = ThreadCoop;
+        let base = gin.read_signal(3).unwrap_or(0);
+        let t0 = global_timer_ns();
+        for round in 1..=iters as u64 {
+            if comm.rank == 1 && check(errors, gin.wait_signal(&me, 3, base + round)).is_none() {
+                break;
+            }
+            let remote = RemoteAction::SignalInc { signal: 3, strong: true };
+            let r = if bytes == 0 {
+                gin.signal(&world, peer, remote)
+            } else if bytes <= 8 {
+                gin.put_value(&world, peer, &win, bytes, round, remote, LocalAction::None)
+            } else {
+                gin.put(&me, &world, peer, &win, bytes, &win, 0, bytes, remote, LocalAction::None)
+            };
+            if check(errors, r).is_none() {
+                break;
+            }
+            if comm.rank == 0 && check(errors, gin.wait_signal(&me, 3, base + round)).is_none() {
+                break;
+            }
+        }
+        *out = global_timer_ns() - t0;
+    }
+
+    /// Message rate: every thread of every block posts `per_thread` inline
+    /// 8-byte puts to rank `(rank + 1) % nranks` (no signal), then the block
+    /// flushes. `out[0]`: ns from first post to the last flush (block 0's view).
+    ///
+    /// # Safety
+    /// The window holds 8 bytes per (block, thread).
+    pub unsafe fn gin_put_value_rate(comm: DevComm, win: WindowDesc, per_thread: u32, out: *mut u64, errors: *mut u32) {
+        let cta = Cta::new();
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let world = comm.world();
+        let peer = (comm.rank + 1) % comm.nranks;
+        let slot = (block_idx().x * cta.size() + cta.thread_rank()) as u64 * 8;
+        let t0 = global_timer_ns();
+        for i in 0..per_thread as u64 {
+            if check(errors, gin.put_value(&world, peer, &win, slot, i, RemoteAction::None, LocalAction::None)).is_none() {
+                break;
+            }
+        }
+        check(errors, gin.flush(&cta));
+        if block_idx().x == 0 && cta.is_leader() {
+            *out = global_timer_ns() - t0;
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The proxy: one progress thread per device communicator serving the
+//! descriptor rings.
+//!
+//! The thread sweeps every ring; for each ready descriptor, in ticket
+//! order, it validates it ([`crate::descriptor::decode`]), carries it out
+//! through the [`Transport`] (a put's source is read with
+//! [`LocalMemory::read_device`] in pieces of at most [`PUT_CHUNK`] bytes),
+//! applies the local action (counter + 1) and completes the ticket, which
+//! returns credit to the producers and satisfies flushes. After each sweep
+//! that did work it flushes the transport, and every sweep it asks the
+//! transport for failed peers. An idle proxy backs off (spin, yield, then
+//! sleeps of up to [`MAX_IDLE_SLEEP`]).
+//!
+//! Failures never hang producers: a malformed descriptor fails its ring; a
+//! failed peer fails every ring toward it (all contexts). Failed rings have
+//! `error = 1` in their tail and are no longer served; the first error is
+//! kept for [`Proxy::error`].
+
+use crate::descriptor::{decode, Limits, Request};
+use crate::ring::Rings;
+use crate::transport::{PeerFailure, Transport};
+use crate::{GinDescriptor, GinHostError, GinHostMemory, GinResult, LocalMemory};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Largest piece of a put read from the source and handed to the transport
+/// at once.
+pub const PUT_CHUNK: usize = 4 << 20;
+/// Longest sleep of an idle proxy (the worst added latency after idling).
+pub const MAX_IDLE_SLEEP: Duration = Duration::from_micros(500);
+/// Descriptors served from one ring before moving on to the next (fairness).
+const BATCH: usize = 64;
+
+const RUN: u8 = 0;
+const STOP: u8 = 1;
+const ABORT: u8 = 2;
+
+struct Shared {
+    command: AtomicU8,
+    error: Mutex<Option<GinHostError>>,
+}
+
+impl Shared {
+    fn record(&self, e: GinHostError) {
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+    }
+}
+
+/// A running proxy (see the module docs). Dropping it stops it as
+/// [`Proxy::stop`] does.
+pub struct Proxy {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy").field("running", &self.thread.is_some()).field("error", &self.error()).finish()
+    }
+}
+
+impl Proxy {
+    /// Starts the progress thread of rank `rank` serving the rings of `mem`,
+    /// reading put sources from `local` and sending through `transport`.
+    ///
+    /// # Safety
+    /// The pointers of `mem` name live memory of the sizes it states until
+    /// the proxy has stopped ([`Proxy::stop`], [`Proxy::abort`] or drop
+    /// returned), and producers access the shared words atomically (as
+    /// `devcomm_device::gin::queue::post` does).
+    pub unsafe fn start(
+        mem: GinHostMemory,
+        local: Arc<dyn LocalMemory>,
+        transport: Box<dyn Transport>,
+        rank: usize,
+    ) -> GinResult<Proxy> {
+        // SAFETY: forwarded from our contract.
+        let rings = unsafe { Rings::new(mem) }?;
+        if rank >= mem.nranks as usize {
+            return Err(GinHostError::Invalid(format!("rank {rank} of {} ranks", mem.nranks)));
+        }
+        let shared = Arc::new(Shared { command: AtomicU8::new(RUN), error: Mutex::new(None) });
+        let limits = Limits { nranks: mem.nranks, total_signals: mem.total_signals, counters: mem.counters_len };
+        let mut worker =
+            Worker { rings, limits, local, transport, shared: shared.clone(), buf: Vec::new(), failed: Vec::new() };
+        let thread = std::thread::Builder::new()
+            .name(format!("gin-proxy{rank}"))
+            .spawn(move || worker.run())
+            .map_err(|e| GinHostError::System(format!("spawning the GIN proxy thread: {e}")))?;
+        Ok(Proxy { shared, thread: Some(thread) })
+    }
+
+    /// The first error the proxy met (malformed descriptor, failed peer,
+    /// memory access error), if any. Rings it concerned are failed; the
+    /// proxy goes on serving the others.
+    pub fn error(&self) -> Option<GinHostError> {
+        self.shared.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether the progress thread still runs.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    fn finish(&mut self, command: u8) -> GinResult<()> {
+        let Some(t) = self.thread.take() else { return Ok(()) };
+        self.shared.command.store(command, Ordering::SeqCst);
+        if t.join().is_err() {
+            self.shared.record(GinHostError::System("the GIN proxy thread panicked".into()));
+        }
+        match self.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Serves what is already posted (until every ring is empty or failed),
+    /// flushes and closes the transport gracefully (peers do not take it as
+    /// a failure), and joins the thread. Returns the first error the proxy
+    /// met, if any.
+    pub fn stop(mut self) -> GinResult<()> {
+        self.finish(STOP)
+    }
+
+    /// Stops at once without serving what is queued: every ring is failed
+    /// (producers and flushes give up) and connections are cut, as if this
+    /// rank had died. Returns the first error the proxy met before, if any.
+    pub fn abort(mut self) -> GinResult<()> {
+        self.finish(ABORT)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.finish(STOP);
+    }
+}
+
+struct Worker {
+    rings: Rings,
+    limits: Limits,
+    local: Arc<dyn LocalMemory>,
+    transport: Box<dyn Transport>,
+    shared: Arc<Shared>,
+    buf: Vec<u8>,
+    failed: Vec<PeerFailure>,
+}
+
+/// Fails every ring if the worker unwinds (a panic in a `LocalMemory` or
+/// transport implementation), so producers do not wait forever.
+struct PanicGuard(Rings);
+
+impl Drop for PanicGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for q in 0..self.0.count() {
+                self.0.fail(q);
+            }
+        }
+    }
+}
+
+impl Worker {
+    fn run(&mut self) {
+        let _guard = PanicGuard(self.rings.clone());
+        let mut idle = 0u32;
+        loop {
+            let command = self.shared.command.load(Ordering::SeqCst);
+            if command == ABORT {
+                for q in 0..self.rings.count() {
+                    self.rings.fail(q);
+                }
+                self.transport.close(false);
+                return;
+            }
+            let did = self.sweep();
+            self.progress();
+            if did > 0 {
+                if let Err(e) = self.transport.flush() {
+                    self.transport_failed(e);
+                }
+                idle = 0;
+                continue;
+            }
+            if command == STOP {
+                if let Err(e) = self.transport.flush() {
+                    self.transport_failed(e);
+                }
+                self.progress();
+                self.transport.close(true);
+                return;
+            }
+            backoff(&mut idle);
+        }
+    }
+
+    /// Serves every ready descriptor (up to [`BATCH`] per ring); returns how many.
+    fn sweep(&mut self) -> usize {
+        let mut did = 0;
+        for q in 0..self.rings.count() {
+            for _ in 0..BATCH {
+                let Some(d) = self.rings.poll(q) else { break };
+                self.serve(q, &d);
+                did += 1;
+            }
+        }
+        did
+    }
+
+    fn serve(&mut self, q: usize, d: &GinDescriptor) {
+        let ring_peer = self.rings.peer_of(q);
+        let req = match decode(d, &self.limits) {
+            Ok(r) if r.peer() as usize == ring_peer => r,
+            Ok(r) => {
+                return self.fail_ring(
+                    q,
+                    GinHostError::Invalid(format!("descriptor for peer {} in the ring of peer {ring_peer}", r.peer())),
+                )
+            }
+            Err(e) => return self.fail_ring(q, e),
+        };
+        match self.perform(&req) {
+            Ok(()) => {}
+            Err(e @ GinHostError::Remote(_)) => return self.fail_peer(ring_peer, e),
+            Err(e) => return self.fail_ring(q, e),
+        }
+        if let Some(c) = req.local() {
+            if let Err(e) = self.rings.counter_inc(c) {
+                return self.fail_ring(q, e);
+            }
+        }
+        self.rings.complete(q);
+    }
+
+    fn perform(&mut self, req: &Request) -> GinResult<()> {
+        match *req {
+            Request::Put { peer, src_window, src_offset, dst_window, dst_offset, bytes, remote, .. } => {
+                let peer = peer as usize;
+                if bytes == 0 {
+                    return self.transport.put(peer, dst_window, dst_offset, &[], remote);
+                }
+                let src = self.local.window_addr(src_window, src_offset, bytes)?;
+                let mut done = 0u64;
+                while done < bytes {
+                    let n = (bytes - done).min(PUT_CHUNK as u64) as usize;
+                    if self.buf.len() < n {
+                        self.buf.resize(n, 0);
+                    }
+                    self.local.read_device(src + done, &mut self.buf[..n])?;
+                    let last = done + n as u64 == bytes;
+                    let signal = if last { remote } else { None };
+                    self.transport.put(peer, dst_window, dst_offset + done, &self.buf[..n], signal)?;
+                    done += n as u64;
+                }
+                Ok(())
+            }
+            Request::PutValue { peer, dst_window, dst_offset, payload, len, remote, .. } => {
+                self.transport.put(peer as usize, dst_window, dst_offset, &payload[..len as usize], remote)
+            }
+            Request::Signal { peer, remote, .. } => match remote {
+                Some((signal, value)) => self.transport.signal(peer as usize, signal, value),
+                None => Ok(()),
+            },
+        }
+    }
+
+    fn progress(&mut self) {
+        if let Err(e) = self.transport.progress(&mut self.failed) {
+            self.transport_failed(e);
+        }
+        while let Some(PeerFailure { peer, error }) = self.failed.pop() {
+            self.fail_peer(peer, error);
+        }
+    }
+
+    fn fail_ring(&mut self, q: usize, e: GinHostError) {
+        tracing::error!(ring = q, error = %e, "GIN proxy: ring failed");
+        self.rings.fail(q);
+        self.shared.record(e);
+    }
+
+    fn fail_peer(&mut self, peer: usize, e: GinHostError) {
+        tracing::error!(peer, error = %e, "GIN proxy: peer failed");
+        for q in (0..self.rings.count()).filter(|&q| self.rings.peer_of(q) == peer) {
+            self.rings.fail(q);
+        }
+        self.shared.record(e);
+    }
+
+    fn transport_failed(&mut self, e: GinHostError) {
+        tracing::error!(error = %e, "GIN proxy: transport failed");
+        for q in 0..self.rings.count() {
+            self.rings.fail(q);
+        }
+        self.shared.record(e);
+    }
+}
+
+fn backoff(idle: &mut u32) {
+    *idle = idle.saturating_add(1);
+    match *idle {
+        0..=64 => std::hint::spin_loop(),
+        65..=128 => std::thread::yield_now(),
+        n => {
+            let us = (10u64 << ((n - 129) / 16).min(6)).min(MAX_IDLE_SLEEP.as_micros() as u64);
+            std::thread::sleep(Duration::from_micros(us));
+        }
+    }
+}

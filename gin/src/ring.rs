@@ -1,0 +1,222 @@
+//! The consumer side of the descriptor rings (the producer is
+//! `devcomm_device::gin::queue::post`; `devcomm_device::gin::abi` has the
+//! protocol).
+//!
+//! Ring `q` (`q = context * nranks + peer`) holds `depth` slots. The
+//! consumer (one proxy thread) keeps its position in the ring's
+//! [`QueueTail::completed`]: the next ticket is `completed`, in slot
+//! `completed % depth`, ready once that slot's `ticket_plus_one` reads
+//! `completed + 1` (acquire). Completing the ticket stores `completed + 1`
+//! with release, which returns the slot to the producers as credit and
+//! tells flushes that the source has been read.
+
+use crate::{GinDescriptor, GinHostError, GinHostMemory, GinResult, QueueTail};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The rings of one rank, seen from the proxy (a view: clones share the memory).
+#[derive(Clone, Debug)]
+pub struct Rings {
+    mem: GinHostMemory,
+    count: usize,
+}
+
+impl Rings {
+    /// Wraps `mem`, after checking its sizes (depth a non-zero power of two,
+    /// at least one context and rank, pointers non-null and aligned).
+    ///
+    /// # Safety
+    /// The pointers of `mem` name live memory of the sizes it states, for
+    /// the whole life of the returned value, and every word shared with
+    /// producers is accessed atomically by them (as `queue::post` does).
+    pub unsafe fn new(mem: GinHostMemory) -> GinResult<Rings> {
+        let bad = |m: &str| Err(GinHostError::Invalid(format!("GIN host memory: {m}")));
+        if mem.depth == 0 || !mem.depth.is_power_of_two() {
+            return bad("queue depth must be a non-zero power of two");
+        }
+        if mem.contexts == 0 || mem.nranks == 0 {
+            return bad("no contexts or no ranks");
+        }
+        if mem.rings.is_null() || mem.tails.is_null() {
+            return bad("null ring or tail pointer");
+        }
+        if (mem.rings as usize) % align_of::<GinDescriptor>() != 0
+            || (mem.tails as usize) % align_of::<QueueTail>() != 0
+        {
+            return bad("misaligned rings or tails");
+        }
+        if (mem.total_signals > 0 && (mem.signals.is_null() || (mem.signals as usize) % 8 != 0))
+            || (mem.counters_len > 0 && (mem.counters.is_null() || (mem.counters as usize) % 8 != 0))
+        {
+            return bad("null or misaligned signals or counters");
+        }
+        let count = mem.contexts as usize * mem.nranks as usize;
+        Ok(Rings { mem, count })
+    }
+
+    /// The memory this wraps.
+    pub fn memory(&self) -> &GinHostMemory {
+        &self.mem
+    }
+
+    /// Number of rings (`contexts * nranks`).
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Index of the ring of (`context`, `peer`).
+    pub fn index(&self, context: u32, peer: u32) -> usize {
+        context as usize * self.mem.nranks as usize + peer as usize
+    }
+
+    /// The peer ring `q` sends to.
+    pub fn peer_of(&self, q: usize) -> usize {
+        q % self.mem.nranks as usize
+    }
+
+    fn tail(&self, q: usize) -> *mut QueueTail {
+        assert!(q < self.count, "ring {q} out of range");
+        // SAFETY: q < count, the tails array has `count` entries (Rings::new's contract).
+        unsafe { self.mem.tails.add(q) }
+    }
+
+    fn completed_word(&self, q: usize) -> &AtomicU64 {
+        // SAFETY: live, 8-aligned, only accessed atomically (Rings::new's contract).
+        unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.tail(q)).completed)) }
+    }
+
+    fn error_word(&self, q: usize) -> &AtomicU64 {
+        // SAFETY: as above.
+        unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.tail(q)).error)) }
+    }
+
+    /// Tickets completed on ring `q`.
+    pub fn completed(&self, q: usize) -> u64 {
+        self.completed_word(q).load(Ordering::Acquire)
+    }
+
+    /// The next descriptor of ring `q`, if its producer has published it
+    /// (`None` also for a failed ring). Returns the same descriptor until
+    /// [`Rings::complete`] is called.
+    pub fn poll(&self, q: usize) -> Option<GinDescriptor> {
+        if self.is_failed(q) {
+            return None;
+        }
+        // Only this consumer writes `completed`.
+        let next = self.completed_word(q).load(Ordering::Relaxed);
+        let depth = self.mem.depth as u64;
+        // SAFETY: q < count (checked by tail()), slot < depth: inside the ring array.
+        let slot = unsafe { self.mem.rings.add(q * self.mem.depth as usize + (next % depth) as usize) };
+        // SAFETY: live, 8-aligned word; producers store it atomically.
+        let ticket = unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*slot).ticket_plus_one)) };
+        if ticket.load(Ordering::Acquire) != next + 1 {
+            return None;
+        }
+        // SAFETY: the acquire above orders this read after the producer's
+        // body writes; no producer writes this slot again before we
+        // complete the ticket (credit). Volatile: the GPU writes it.
+        let mut d = unsafe { core::ptr::read_volatile(slot) };
+        d.ticket_plus_one = next + 1;
+        Some(d)
+    }
+
+    /// Completes the ticket [`Rings::poll`] returned on ring `q`: its
+    /// source has been read and its local action applied; the slot is
+    /// free for producers again.
+    pub fn complete(&self, q: usize) {
+        let w = self.completed_word(q);
+        w.store(w.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+
+    /// Marks ring `q` failed: producers and flushes give up on it.
+    pub fn fail(&self, q: usize) {
+        self.error_word(q).store(1, Ordering::Release);
+    }
+
+    /// Whether ring `q` has been marked failed.
+    pub fn is_failed(&self, q: usize) -> bool {
+        self.error_word(q).load(Ordering::Acquire) != 0
+    }
+
+    /// Adds 1 to counter `c` (`c < counters_len`, else `Invalid`).
+    pub fn counter_inc(&self, c: u32) -> GinResult<()> {
+        if c >= self.mem.counters_len {
+            return Err(GinHostError::Invalid(format!("counter {c} out of range")));
+        }
+        // SAFETY: in range, live, 8-aligned, atomically accessed.
+        unsafe { AtomicU64::from_ptr(self.mem.counters.add(c as usize)) }.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_complete_wrap() {
+        let depth = 2u32;
+        let mut rings = vec![GinDescriptor::default(); 2 * depth as usize];
+        let mut tails = vec![QueueTail::default(); 2];
+        let mut counters = [0u64; 1];
+        let mem = GinHostMemory {
+            rings: rings.as_mut_ptr(),
+            tails: tails.as_mut_ptr(),
+            signals: core::ptr::null_mut(),
+            counters: counters.as_mut_ptr(),
+            contexts: 1,
+            nranks: 2,
+            depth,
+            total_signals: 0,
+            counters_len: 1,
+        };
+        // SAFETY: the vectors outlive `r`; single-threaded.
+        let r = unsafe { Rings::new(mem) }.unwrap();
+        assert_eq!(r.count(), 2);
+        assert!(r.poll(1).is_none());
+        for t in 0..5u64 {
+            let slot = &mut rings[depth as usize + (t % depth as u64) as usize];
+            slot.bytes = t * 10;
+            slot.ticket_plus_one = t + 1;
+            let d = r.poll(1).unwrap();
+            assert_eq!(d.bytes, t * 10);
+            assert_eq!(r.poll(1), Some(d));
+            r.complete(1);
+            assert_eq!(r.completed(1), t + 1);
+            assert!(r.poll(1).is_none());
+        }
+        assert!(r.poll(0).is_none());
+        r.counter_inc(0).unwrap();
+        assert!(r.counter_inc(1).is_err());
+        r.fail(1);
+        assert!(r.is_failed(1) && !r.is_failed(0));
+        drop(r);
+        assert_eq!(tails[1].error, 1);
+        assert_eq!(counters[0], 1);
+    }
+
+    #[test]
+    fn rejects_bad_memory() {
+        let mut rings = vec![GinDescriptor::default(); 4];
+        let mut tails = vec![QueueTail::default(); 2];
+        let good = GinHostMemory {
+            rings: rings.as_mut_ptr(),
+            tails: tails.as_mut_ptr(),
+            signals: core::ptr::null_mut(),
+            counters: core::ptr::null_mut(),
+            contexts: 1,
+            nranks: 2,
+            depth: 2,
+            total_signals: 0,
+            counters_len: 0,
+        };
+        // SAFETY: nothing is accessed by these constructions.
+        unsafe {
+            assert!(Rings::new(good).is_ok());
+            assert!(Rings::new(GinHostMemory { depth: 3, ..good }).is_err());
+            assert!(Rings::new(GinHostMemory { depth: 0, ..good }).is_err());
+            assert!(Rings::new(GinHostMemory { nranks: 0, ..good }).is_err());
+            assert!(Rings::new(GinHostMemory { total_signals: 1, ..good }).is_err());
+            assert!(Rings::new(GinHostMemory { rings: core::ptr::null_mut(), ..good }).is_err());
+        }
+    }
+}

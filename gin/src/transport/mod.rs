@@ -1,0 +1,117 @@
+//! Transports: how the proxy's operations reach a peer.
+//!
+//! A [`Transport`] carries puts and signals from this rank to its peers and
+//! lands what peers send here through a [`Landing`]: the data is written
+//! with [`LocalMemory::write_device`] first, and only once that returned is
+//! the signal added, so a signal never becomes visible before its data.
+//! Operations to one peer are delivered in the order they were issued.
+//!
+//! * [`tcp::TcpTransport`]: a full mesh of TCP connections (between hosts,
+//!   or between emulated nodes on one host).
+
+pub mod tcp;
+
+use crate::descriptor::RemoteSignal;
+use crate::{GinHostError, GinResult, LocalMemory};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A peer the transport found failed (connection broken, protocol error).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerFailure {
+    /// World rank of the peer.
+    pub peer: usize,
+    /// What happened.
+    pub error: GinHostError,
+}
+
+/// Carries operations to peers and applies what peers send. Driven by one
+/// proxy thread.
+pub trait Transport: Send {
+    /// Sends `data` to `dst_offset` of window `dst_window` on `peer`, then
+    /// (in order after the data) adds `signal.1` to signal `signal.0` there.
+    /// Returns once `data` has been consumed (the caller may reuse it);
+    /// delivery may complete later but stays ordered with every other
+    /// operation to `peer`. `Remote` if `peer` is unreachable; `Invalid`
+    /// if the request is malformed (detected locally).
+    fn put(&mut self, peer: usize, dst_window: u32, dst_offset: u64, data: &[u8], signal: Option<RemoteSignal>)
+        -> GinResult<()>;
+    /// Adds `value` to signal `signal` on `peer`, after every earlier
+    /// operation to `peer`.
+    fn signal(&mut self, peer: usize, signal: u32, value: u64) -> GinResult<()>;
+    /// Receives and applies what peers sent (where the transport does that
+    /// on the caller's thread), and appends peers found failed since the
+    /// last call to `failed`. `Err` means the whole transport failed.
+    fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()>;
+    /// Pushes out everything issued so far (no buffering left on this side).
+    /// Peers that fail here are reported by the next [`Transport::progress`].
+    fn flush(&mut self) -> GinResult<()>;
+    /// Closes the transport. `graceful`: peers are told this rank leaves (they
+    /// do not treat it as a failure); otherwise connections are cut as if
+    /// the process had died. After it returns, nothing is written to this
+    /// rank's memory or signals any more.
+    fn close(&mut self, graceful: bool);
+}
+
+/// Where incoming operations land: this rank's windows and signals.
+#[derive(Clone)]
+pub struct Landing {
+    local: Arc<dyn LocalMemory>,
+    signals: *mut u64,
+    total_signals: u32,
+}
+
+// SAFETY: `signals` is only accessed atomically, and `Landing::new`'s
+// contract keeps it alive while any `Landing` exists.
+unsafe impl Send for Landing {}
+// SAFETY: as above.
+unsafe impl Sync for Landing {}
+
+impl std::fmt::Debug for Landing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Landing").field("signals", &self.signals).field("total_signals", &self.total_signals).finish()
+    }
+}
+
+impl Landing {
+    /// Lands operations in `local`'s windows and in the `total_signals`
+    /// u64 signal words at `signals`.
+    ///
+    /// # Safety
+    /// `signals` points to `total_signals` 8-aligned u64s that stay alive
+    /// while this value or a clone of it is used, and that everybody accesses
+    /// atomically.
+    pub unsafe fn new(local: Arc<dyn LocalMemory>, signals: *mut u64, total_signals: u32) -> Landing {
+        Landing { local, signals, total_signals }
+    }
+
+    /// The rank's memory.
+    pub fn local(&self) -> &Arc<dyn LocalMemory> {
+        &self.local
+    }
+
+    /// Device address of `bytes` at `offset` of window `window` (checked).
+    pub fn window_addr(&self, window: u32, offset: u64, bytes: u64) -> GinResult<u64> {
+        self.local.window_addr(window, offset, bytes)
+    }
+
+    /// Writes `data` at `dst_offset` of window `dst_window`, returning once
+    /// it is visible.
+    pub fn put(&self, dst_window: u32, dst_offset: u64, data: &[u8]) -> GinResult<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let addr = self.local.window_addr(dst_window, dst_offset, data.len() as u64)?;
+        self.local.write_device(addr, data)
+    }
+
+    /// `signals[signal] += value` (SeqCst), or `Invalid` if out of range.
+    pub fn signal(&self, signal: u32, value: u64) -> GinResult<()> {
+        if signal >= self.total_signals {
+            return Err(GinHostError::Invalid(format!("signal {signal} out of range ({})", self.total_signals)));
+        }
+        // SAFETY: in range, alive and atomically accessed (Landing::new's contract).
+        unsafe { AtomicU64::from_ptr(self.signals.add(signal as usize)) }.fetch_add(value, Ordering::SeqCst);
+        Ok(())
+    }
+}

@@ -1,0 +1,313 @@
+//! GIN through the proxy backend across ranks in separate processes, every
+//! rank its own "node" (`DEVCOMM_LSA_SIZE=1`), so every peer is reached
+//! through the proxy and its TCP transport: puts with signals and counters,
+//! inline puts, signals over the world and the rail team, GIN barriers, a
+//! depth-2 queue under many posting blocks, the device-side error codes, a
+//! rail connection rejecting a peer outside the rail, a forced backend that
+//! is absent, and a peer that dies mid-transfer.
+
+mod common;
+
+use common::{child_job, is_child, run, runtime};
+use devcomm::comm::Communicator;
+use devcomm::gin::{GinConnectionType, GinType};
+use devcomm::runtime::{LaunchConfig, Stream};
+use devcomm::{DevCommRequirements, Error, WindowFlags};
+use devcomm_device::comm::{DevComm, WindowDesc};
+use devcomm_kernels::gin::*;
+use rand::{Rng, SeedableRng};
+use std::time::{Duration, Instant};
+
+const BYTES: u64 = 100_003;
+const SLOT: u64 = 100_016;
+const STRESS_BLOCKS: u32 = 16;
+const STRESS_PER_BLOCK: u32 = 64;
+
+/// Runs child `child` in `n` processes, `lsa_size` ranks per emulated node.
+fn ranks(child: &str, n: usize, lsa_size: usize) {
+    common::run_on_runtime(child, n, &[("DEVCOMM_LSA_SIZE", lsa_size.to_string())]);
+}
+
+fn pattern(rank: usize, len: usize) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x61A ^ (rank as u64) << 8);
+    (0..len).map(|_| rng.gen()).collect()
+}
+
+fn errors_of(stream: &Stream, errors: &devcomm::DeviceBuffer<u32>, what: &str) -> u32 {
+    let e = stream.read_vec(errors).unwrap();
+    assert!(e[0] == 0 || e[1] > 0, "{what}: error word without a count: {e:?}");
+    e[0]
+}
+
+/// Window layout: `n` slots, then the put source, then the stress area.
+fn layout(n: u64) -> (u64, u64, u64) {
+    let src = (n * SLOT).next_multiple_of(4096);
+    let stress = (src + SLOT).next_multiple_of(4096);
+    let total = stress + STRESS_BLOCKS as u64 * STRESS_PER_BLOCK as u64 * 8;
+    (src, stress, total)
+}
+
+fn gin_requirements(conn: GinConnectionType, depth: u32) -> DevCommRequirements {
+    let mut req = DevCommRequirements::new();
+    req.gin_connection_type = conn;
+    req.gin_signal_count = 4;
+    req.gin_counter_count = 1;
+    req.gin_queue_depth = depth;
+    req.rail_gin_barrier_count = 1;
+    req.world_gin_barrier_count = if conn == GinConnectionType::Full { 1 } else { 0 };
+    req
+}
+
+fn launch_errors(stream: &Stream, dev: &devcomm::Device, what: &str, f: impl FnOnce(*mut u32)) -> u32 {
+    let errors = dev.alloc_from(&[0u32; 2]).unwrap();
+    f(errors.as_mut_ptr());
+    errors_of(stream, &errors, what)
+}
+
+fn child_body(comm: &Communicator) {
+    let (n, me) = (comm.count(), comm.rank());
+    let dev = comm.device().clone();
+    let stream = dev.new_stream().unwrap();
+    assert_eq!(comm.lsa_size().unwrap(), 1, "each rank is its own node here");
+    assert_eq!(comm.gin_type().unwrap(), GinType::Proxy);
+    let (src_off, stress_off, total) = layout(n as u64);
+    let mem = comm.mem_alloc(total as usize).unwrap();
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    let mut req = gin_requirements(GinConnectionType::Full, 2); // depth 2: credit waits everywhere
+    req.use_window(&window);
+    let handle = comm.create_dev_comm(&req).unwrap();
+    assert_eq!(handle.gin_type(), GinType::Proxy);
+    let dc: DevComm = handle.dev_comm();
+    let win: WindowDesc = window.desc();
+
+    // 1. Puts with SignalInc and CounterInc to every rank, then flush.
+    window.write(&stream, src_off as usize, &pattern(me, BYTES as usize)).unwrap();
+    window.write(&stream, 0, &vec![0xCBu8; (n as u64 * SLOT) as usize]).unwrap();
+    comm.bootstrap_barrier().unwrap();
+    let e = launch_errors(&stream, &dev, "put_all", |err| unsafe {
+        stream
+            .launch::<gin_put_all>(LaunchConfig::new(1, 64), (dc, win, src_off, SLOT, BYTES, 0u32, n as u64, n as u64, err))
+            .unwrap()
+    });
+    assert_eq!(e, 0, "put_all error code");
+    for p in 0..n {
+        let mut got = vec![0u8; SLOT as usize];
+        window.read(&stream, p * SLOT as usize, &mut got).unwrap();
+        assert_eq!(&got[..BYTES as usize], &pattern(p, BYTES as usize)[..], "slot of rank {p}");
+        assert!(got[BYTES as usize..].iter().all(|&b| b == 0xCB), "slot of rank {p}: past the end");
+    }
+    comm.bootstrap_barrier().unwrap();
+
+    // 2. Inline puts, the last one to each rank with SignalAdd(5).
+    window.write(&stream, 0, &vec![0xCBu8; (n as u64 * SLOT) as usize]).unwrap();
+    comm.bootstrap_barrier().unwrap();
+    let e = launch_errors(&stream, &dev, "put_values", |err| unsafe {
+        stream.launch::<gin_put_values>(LaunchConfig::new(1, 32), (dc, win, SLOT, 5u32, 9_000_000u64, 5 * n as u64, err)).unwrap()
+    });
+    assert_eq!(e, 0, "put_values error code");
+    for p in 0..n as u64 {
+        let mut got = [0u64; 5];
+        window.read(&stream, (p * SLOT) as usize, &mut got).unwrap();
+        assert_eq!(got.to_vec(), (0..5).map(|k| 9_000_000 + p * 1000 + k).collect::<Vec<_>>(), "values from {p}");
+    }
+    comm.bootstrap_barrier().unwrap();
+
+    // 3. SignalAdd(rank + 1) from every rank over the world team.
+    let target = 5 * n as u64 + (n * (n + 1) / 2) as u64;
+    let e = launch_errors(&stream, &dev, "signal world", |err| unsafe {
+        stream.launch::<gin_signal_team>(LaunchConfig::new(1, 32), (dc, 0u32, target, err)).unwrap()
+    });
+    assert_eq!(e, 0);
+    comm.bootstrap_barrier().unwrap();
+
+    // 4. GIN barriers over the world and the rail (here the rail is the world).
+    for team in [0u32, 1] {
+        let e = launch_errors(&stream, &dev, "gin barrier", |err| unsafe {
+            stream.launch::<gin_barrier_rounds>(LaunchConfig::new(1, 64), (dc, team, 0u32, 20u32, err)).unwrap()
+        });
+        assert_eq!(e, 0, "barrier over team {team}");
+    }
+
+    // 5. Depth-2 rings under 16 posting blocks: nothing lost.
+    window.write(&stream, stress_off as usize, &vec![0xCBu8; (STRESS_BLOCKS * STRESS_PER_BLOCK * 8) as usize]).unwrap();
+    comm.bootstrap_barrier().unwrap();
+    let posted = (STRESS_BLOCKS * STRESS_PER_BLOCK) as u64;
+    let e = launch_errors(&stream, &dev, "stress", |err| unsafe {
+        stream
+            .launch::<gin_stress>(LaunchConfig::new(STRESS_BLOCKS, 32), (dc, win, stress_off, STRESS_PER_BLOCK, posted, err))
+            .unwrap()
+    });
+    assert_eq!(e, 0, "stress error code");
+    let prev = ((me + n - 1) % n) as u64;
+    let mut got = vec![0u64; posted as usize];
+    window.read(&stream, stress_off as usize, &mut got).unwrap();
+    for b in 0..STRESS_BLOCKS as u64 {
+        for i in 0..STRESS_PER_BLOCK as u64 {
+            let want = (prev << 40) | (b << 20) | i;
+            assert_eq!(got[(b * STRESS_PER_BLOCK as u64 + i) as usize], want, "stress block {b} put {i}");
+        }
+    }
+    comm.bootstrap_barrier().unwrap();
+
+    // 6. Calls that must fail, with their codes (full connection: the rail probe is accepted).
+    let codes = dev.alloc_from(&[u32::MAX; 6]).unwrap();
+    // SAFETY: 6 codes.
+    unsafe { stream.launch::<gin_bad_calls>(LaunchConfig::new(1, 32), (dc, win, ((me + 1) % n) as u32, codes.as_mut_ptr())).unwrap() };
+    assert_eq!(stream.read_vec(&codes).unwrap(), vec![36, 37, 38, 34, 33, 0]);
+    comm.bootstrap_barrier().unwrap();
+
+    handle.destroy().unwrap();
+    window.deregister().unwrap();
+    comm.finalize().unwrap();
+}
+
+#[test]
+fn child_gin() {
+    if !is_child("child_gin") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    child_body(&comm);
+}
+
+#[test]
+fn gin_2_ranks() {
+    ranks("child_gin", 2, 1);
+}
+
+#[test]
+fn gin_3_ranks() {
+    ranks("child_gin", 3, 1);
+}
+
+#[test]
+fn gin_4_ranks() {
+    ranks("child_gin", 4, 1);
+}
+
+#[test]
+fn gin_8_ranks() {
+    ranks("child_gin", 8, 1);
+}
+
+/// Child: 4 ranks as 2 nodes of 2; a rail connection reaches only the rail
+/// team ({r, r ± 2}); a put to the other rank of the other node is refused on
+/// the device; a rail barrier and rail signals work.
+#[test]
+fn child_gin_rail() {
+    if !is_child("child_gin_rail") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    let (n, me) = (comm.count(), comm.rank());
+    assert_eq!(comm.lsa_size().unwrap(), 2);
+    let dev = comm.device().clone();
+    let stream = dev.new_stream().unwrap();
+    let mem = comm.mem_alloc(1 << 16).unwrap();
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    let mut req = gin_requirements(GinConnectionType::Rail, 0);
+    req.use_window(&window);
+    let handle = comm.create_dev_comm(&req).unwrap();
+    let (dc, win) = (handle.dev_comm(), window.desc());
+    // Outside the rail: the other node's other rank.
+    let probe = ((me + 3) % n) as u32;
+    let codes = dev.alloc_from(&[u32::MAX; 6]).unwrap();
+    // SAFETY: 6 codes.
+    unsafe { stream.launch::<gin_bad_calls>(LaunchConfig::new(1, 32), (dc, win, probe, codes.as_mut_ptr())).unwrap() };
+    assert_eq!(stream.read_vec(&codes).unwrap()[5], 35, "a put outside the rail is refused");
+    comm.bootstrap_barrier().unwrap();
+    // Rail signals: the rail of rank r is {r % 2, r % 2 + 2}.
+    let target: u64 = [me % 2, me % 2 + 2].iter().map(|r| *r as u64 + 1).sum();
+    let e = launch_errors(&stream, &dev, "rail signals", |err| unsafe {
+        stream.launch::<gin_signal_team>(LaunchConfig::new(1, 32), (dc, 1u32, target, err)).unwrap()
+    });
+    assert_eq!(e, 0);
+    let e = launch_errors(&stream, &dev, "rail barrier", |err| unsafe {
+        stream.launch::<gin_barrier_rounds>(LaunchConfig::new(1, 32), (dc, 1u32, 0u32, 10u32, err)).unwrap()
+    });
+    assert_eq!(e, 0);
+    comm.bootstrap_barrier().unwrap();
+    handle.destroy().unwrap();
+    window.deregister().unwrap();
+    comm.finalize().unwrap();
+}
+
+#[test]
+fn gin_rail_connection() {
+    ranks("child_gin_rail", 4, 2);
+}
+
+/// Child: bad GIN requirements and a forced absent backend are typed errors
+/// on every rank, and the communicator still works afterwards.
+#[test]
+fn child_gin_bad_input() {
+    if !is_child("child_gin_bad_input") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    let mut req = DevCommRequirements::new();
+    req.gin_signal_count = 3; // but no connection
+    assert!(matches!(comm.create_dev_comm(&req), Err(Error::InvalidArgument(_))));
+    let mut req = gin_requirements(GinConnectionType::Full, 3); // depth not a power of two
+    req.gin_counter_count = 1;
+    assert!(matches!(comm.create_dev_comm(&req), Err(Error::InvalidArgument(_))));
+    assert_eq!(comm.bootstrap_allgather(b"alive").unwrap().len(), comm.count());
+    std::env::set_var("DEVCOMM_GIN_TYPE", "gpi");
+    assert!(matches!(comm.gin_type(), Err(Error::InvalidUsage(_))));
+    let r = comm.create_dev_comm(&gin_requirements(GinConnectionType::Full, 0));
+    assert!(matches!(r, Err(Error::InvalidUsage(ref m)) if m.contains("gpi")), "{r:?}");
+    std::env::set_var("DEVCOMM_GIN_TYPE", "proxy");
+    assert_eq!(comm.gin_type().unwrap(), GinType::Proxy);
+    assert_eq!(comm.bootstrap_allgather(b"still alive").unwrap().len(), comm.count());
+    comm.finalize().unwrap();
+}
+
+#[test]
+fn gin_bad_input() {
+    ranks("child_gin_bad_input", 2, 1);
+}
+
+/// Child: rank 0 keeps putting to rank 1 and waits for its reply signal;
+/// rank 1 dies. Rank 0's kernel ends with an error code (ring failed or
+/// aborted) and its communicator reports the failure — no hang.
+#[test]
+fn child_gin_peer_dies() {
+    if !is_child("child_gin_peer_dies") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    let dev = comm.device().clone();
+    let stream = dev.new_stream().unwrap();
+    let mem = comm.mem_alloc(1 << 20).unwrap();
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    let mut req = gin_requirements(GinConnectionType::Full, 4);
+    req.use_window(&window);
+    let handle = comm.create_dev_comm(&req).unwrap();
+    comm.bootstrap_barrier().unwrap();
+    if comm.rank() == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        std::process::exit(3);
+    }
+    let t = Instant::now();
+    let out = dev.alloc_from(&[0u64]).unwrap();
+    let e = launch_errors(&stream, &dev, "ping-pong with a dead peer", |err| unsafe {
+        stream
+            .launch::<gin_pingpong>(LaunchConfig::new(1, 32), (handle.dev_comm(), window.desc(), 4096u64, 1_000_000u32, out.as_mut_ptr(), err))
+            .unwrap()
+    });
+    assert!(e == 2 || e == 3, "expected aborted (2) or ring failed (3), got {e}");
+    assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
+    assert!(comm.get_async_error().is_err());
+    std::process::exit(0);
+}
+
+#[test]
+fn gin_dead_peer_ends_device_waits() {
+    let opts = child_job("child_gin_peer_dies", 2)
+        .env("DEVCOMM_RUNTIME", runtime())
+        .env("DEVCOMM_LSA_SIZE", "1")
+        .kill_on_failure(false);
+    let statuses = run(&opts);
+    assert!(statuses[0].success(), "rank 0: {statuses:?}");
+    assert_eq!(statuses[1].code(), Some(3), "{statuses:?}");
+}
