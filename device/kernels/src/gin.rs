@@ -165,7 +165,8 @@ kernel! {
     }
 
     /// Put + signal round trip between world ranks 0 and 1 over GIN, `iters`
-    /// times, `bytes` per put (0: a signal alone), one thread. `out[0]`: ns on rank 0.
+    /// times, `bytes` per put (0: a signal alone), one thread. `out[0]`: ns on
+    /// rank 0. Signal 3 must be 0 on both ranks at launch.
     ///
     /// # Safety
     /// Two or more ranks; the window holds `bytes` at offsets 0 and `bytes`.
@@ -177,7 +178,7 @@ kernel! {
         let world = comm.world();
         let peer = 1 - comm.rank;
         let me = ThreadCoop;
-        let base = gin.read_signal(3).unwrap_or(0);
+        let base = 0;
         let t0 = global_timer_ns();
         for round in 1..=iters as u64 {
             if comm.rank == 1 && check(errors, gin.wait_signal(&me, 3, base + round)).is_none() {
@@ -223,5 +224,39 @@ kernel! {
         if block_idx().x == 0 && cta.is_leader() {
             *out = global_timer_ns() - t0;
         }
+    }
+}
+
+kernel! {
+    /// Put bandwidth over GIN: rank 0 posts `iters` puts of `bytes` (window
+    /// offset 0 → the peer's offset `bytes`) to rank 1, each with `SignalInc`
+    /// on signal 3; rank 1 waits for all of them and answers with one
+    /// `SignalInc` on rank 0's signal 3. `out[0]` on rank 0: ns from the
+    /// first post to the answer. Signal 3 must be 0 on both ranks.
+    ///
+    /// # Safety
+    /// Two or more ranks; the window holds `2 * bytes`.
+    pub unsafe fn gin_put_bw(comm: DevComm, win: WindowDesc, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
+        if comm.rank > 1 || thread_idx().x != 0 {
+            return;
+        }
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let world = comm.world();
+        let me = ThreadCoop;
+        let remote = RemoteAction::SignalInc { signal: 3, strong: true };
+        let t0 = global_timer_ns();
+        if comm.rank == 0 {
+            for _ in 0..iters {
+                if check(errors, gin.put(&me, &world, 1, &win, bytes, &win, 0, bytes, remote, LocalAction::None)).is_none() {
+                    return;
+                }
+            }
+            check(errors, gin.wait_signal(&me, 3, 1));
+        } else {
+            if check(errors, gin.wait_signal(&me, 3, iters as u64)).is_some() {
+                check(errors, gin.signal(&world, 0, remote));
+            }
+        }
+        *out = global_timer_ns() - t0;
     }
 }

@@ -97,6 +97,8 @@ fn host_layout(rings: usize, depth: usize, signals: usize, counters: usize) -> H
 pub(crate) struct GinResources {
     pub(crate) state: GinState,
     pub(crate) backend: GinType,
+    /// Host view of the memory the proxy serves (signals, counters).
+    pub(crate) mem: GinHostMemory,
     proxy: Option<devcomm_gin::proxy::Proxy>,
     // Dropped after the proxy (field order): the proxy reads this memory.
     _host: HostMappedBuffer,
@@ -172,7 +174,7 @@ impl GinResources {
         // `devcomm_device::gin::queue::post`, which accesses shared words atomically.
         let proxy =
             unsafe { devcomm_gin::proxy::Proxy::start(mem, local, Box::new(transport), comm.rank()) }.map_err(from_gin)?;
-        Ok(GinResources { state, backend, proxy: Some(proxy), _host: host, _dev: dev_mem })
+        Ok(GinResources { state, backend, mem, proxy: Some(proxy), _host: host, _dev: dev_mem })
     }
 
     /// Stops the proxy after it has drained its rings; reports its error.

@@ -296,6 +296,33 @@ impl<'c> DevCommHandle<'c> {
         r.and(r2)
     }
 
+    /// Host view of GIN signal `id` (user signals and barrier signals).
+    fn gin_signal_word(&self, id: u32) -> Result<&std::sync::atomic::AtomicU64> {
+        let g = self.gin.as_ref().ok_or_else(|| Error::invalid_usage("this device communicator has no GIN"))?;
+        if id >= g.mem.total_signals {
+            return Err(Error::invalid_argument(format!(
+                "GIN signal {id} does not exist: the device communicator has {}",
+                g.mem.total_signals
+            )));
+        }
+        // SAFETY: the signal array holds total_signals aligned u64s, alive as
+        // long as self (GinResources owns the buffer); accessed atomically.
+        Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(g.mem.signals.add(id as usize)) })
+    }
+
+    /// Reads GIN signal `id` on this rank from the host.
+    pub fn read_gin_signal(&self, id: u32) -> Result<u64> {
+        Ok(self.gin_signal_word(id)?.load(Ordering::SeqCst))
+    }
+
+    /// Sets GIN signal `id` on this rank to 0 from the host. Only when no
+    /// operation that signals it is in flight (e.g. between kernels, after a
+    /// barrier); the device-side shadow is not touched.
+    pub fn reset_gin_signal(&self, id: u32) -> Result<()> {
+        self.gin_signal_word(id)?.store(0, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// The GIN backend of this device communicator ([`GinType::None`](crate::gin::GinType) without GIN).
     pub fn gin_type(&self) -> crate::gin::GinType {
         self.gin.as_ref().map_or(crate::gin::GinType::None, |g| g.backend)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# GPU run of GIN through the proxy backend (issue 4), from the repository root
+# after `cargo xtask bundle`:
+#   run(kind: nvidia-h200-x2, carry: [".device"], command: "bash benches/gpu/gin.sh")
+# Correctness first (tests/gin on CUDA: 2-rank cases; each rank its own node),
+# then gin_bench (round trip, put bandwidth next to the copy engine, message rate).
+# Logs: $OUT/gin.log, $OUT/gin_bench.log.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+B=.device
+OUT=${OUT:-/tmp/devcomm-out}
+mkdir -p "$OUT"
+status=0
+step() { echo; echo "== $*"; "$@" || { echo "!! FAILED ($?): $*"; status=1; }; }
+{
+    date -u
+    nvidia-smi --query-gpu=index,name,driver_version --format=csv
+    step env DEVCOMM_RUNTIME=cuda $B/tests/gin-* --test-threads=1
+    echo; echo "== gin_bench (devcomm GIN proxy over TCP loopback, CUDA, 2 GPUs)"
+    DEVCOMM_RUNTIME=cuda timeout 300 $B/bin/devcomm-run -n 2 $B/bin/gin_bench ${QUICK:-} 2>&1 | tee "$OUT/gin_bench.log" || { echo "!! gin_bench failed"; status=1; }
+    echo
+    echo "gin: overall status $status"
+} 2>&1 | tee "$OUT/gin.log"
+exit $status

@@ -1,0 +1,170 @@
+//! GIN benchmark (proxy backend): put + signal round trip, put bandwidth
+//! next to the copy engine, and the rate of 8-byte `put_value`s posted from
+//! many CTAs, between ranks 0 and 1.
+//!
+//! ```text
+//! devcomm-run -n 2 target/release/gin_bench     # GPUs or emulated
+//! ```
+//! The copy-engine reference needs the two ranks in one LSA team (the
+//! default on one host); GIN traffic goes through the proxy either way.
+
+use devcomm::comm::Communicator;
+use devcomm::env::LaunchEnv;
+use devcomm::gin::GinConnectionType;
+use devcomm::launch::LaunchOptions;
+use devcomm::runtime::{Device, Event, LaunchConfig, Stream};
+use devcomm::window::WindowFlags;
+use devcomm::{DevCommRequirements, Error, Result};
+use devcomm_kernels::gin::{gin_pingpong, gin_put_bw, gin_put_value_rate};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gin_bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    match LaunchEnv::from_env() {
+        Err(Error::InvalidUsage(_)) => {
+            let exe = std::env::current_exe().map_err(|e| Error::system("locating this program", e))?;
+            devcomm::launch::spawn(&LaunchOptions::new(2, exe).args(std::env::args_os().skip(1)))?.wait_success()
+        }
+        Err(e) => Err(e),
+        Ok(_) => bench(quick),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs a 2-word-error kernel launch, checks its error word, returns out[0].
+fn timed_kernel(dev: &Device, stream: &Stream, what: &str, launch: impl FnOnce(*mut u64, *mut u32) -> Result<()>) -> Result<u64> {
+    let out = dev.alloc_from(&[0u64])?;
+    let errors = dev.alloc_from(&[0u32; 2])?;
+    launch(out.as_mut_ptr(), errors.as_mut_ptr())?;
+    let e = stream.read_vec(&errors)?;
+    if e[0] != 0 {
+        return Err(Error::internal(format!("{what}: device error code {}", e[0])));
+    }
+    Ok(stream.read_vec(&out)?[0])
+}
+
+fn bench(quick: bool) -> Result<()> {
+    let comm = Communicator::init_from_env()?;
+    let rank = comm.rank();
+    let dev = comm.device().clone();
+    let stream = dev.new_stream()?;
+    let max: u64 = if quick { 1 << 20 } else { 256 << 20 };
+    let mem = comm.mem_alloc((2 * max) as usize)?;
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC)?;
+    let mut req = DevCommRequirements::new();
+    req.gin_connection_type = GinConnectionType::Full;
+    req.gin_signal_count = 4;
+    req.gin_counter_count = 1;
+    req.gin_queue_depth = 512;
+    req.use_window(&window);
+    let handle = comm.create_dev_comm(&req)?;
+    let (dc, win) = (handle.dev_comm(), window.desc());
+    // Between runs: everyone done, signal 3 back to 0 everywhere, everyone sees it.
+    let reset = |comm: &Communicator| -> Result<()> {
+        comm.bootstrap_barrier()?;
+        handle.reset_gin_signal(3)?;
+        comm.bootstrap_barrier()
+    };
+    if rank == 0 {
+        println!("# devcomm GIN benchmark: backend {}, transport tcp (DEVCOMM_GIN_TCP_ADDR), {} x {} ({})", handle.gin_type(), comm.count(), dev.name(), dev.kind());
+    }
+
+    // Round trip: signal only, 8-byte inline put + signal, 4 KiB put + signal.
+    if rank == 0 {
+        println!();
+        println!("# GIN put + signal round trip, one thread (us)");
+        println!("{:>10} {:>10} {:>8}", "bytes", "rtt_us", "iters");
+    }
+    for &bytes in &[0u64, 8, 4096] {
+        let iters: u32 = if quick { 20 } else { 2000 };
+        let mut samples = Vec::new();
+        for _ in 0..if quick { 1 } else { 3 } {
+            reset(&comm)?;
+            // SAFETY: the window holds 2 * max >= 2 * bytes; live device communicator.
+            let ns = timed_kernel(&dev, &stream, "gin ping-pong", |out, err| unsafe {
+                stream.launch::<gin_pingpong>(LaunchConfig::new(1, 32), (dc, win, bytes, iters, out, err))
+            })?;
+            samples.push(ns as f64 / iters as f64 / 1e3);
+        }
+        if rank == 0 {
+            let us = median(samples);
+            println!("{bytes:>10} {us:>10.2} {iters:>8}");
+            println!("csv,gin_pingpong,{bytes},{us:.3}");
+        }
+    }
+
+    // Put bandwidth next to the copy engine (CE: into the peer's LSA mapping).
+    if rank == 0 {
+        println!();
+        println!("# GIN put bandwidth, rank 0 -> rank 1 (GB/s); ce = cuMemcpyDtoDAsync into the peer's window");
+        println!("{:>12} {:>10} {:>10} {:>8}", "bytes", "gin_GB/s", "ce_GB/s", "gin/ce");
+    }
+    let sizes: Vec<u64> = (12..=if quick { 20 } else { 28 }).step_by(2).map(|k| 1u64 << k).collect();
+    for &bytes in &sizes {
+        let iters: u32 = if quick { 4 } else { ((1u64 << 30) / bytes).clamp(4, 2000) as u32 };
+        let mut gin = Vec::new();
+        for _ in 0..if quick { 1 } else { 3 } {
+            reset(&comm)?;
+            let ns = timed_kernel(&dev, &stream, "gin put bandwidth", |out, err| unsafe {
+                // SAFETY: as above.
+                stream.launch::<gin_put_bw>(LaunchConfig::new(1, 32), (dc, win, bytes, iters, out, err))
+            })?;
+            gin.push(bytes as f64 * iters as f64 / ns as f64);
+        }
+        let mut ce = 0.0;
+        if rank == 0 && win.lsa_size >= 2 {
+            let (src, dst) = (win.local_ptr::<u8>(0) as u64, win.lsa_ptr::<u8>(bytes, 1) as u64);
+            let (a, b) = (Event::new(&dev)?, Event::new(&dev)?);
+            // SAFETY: both ranges lie in mapped windows of 2 * max bytes.
+            unsafe { stream.memcpy_raw(dst, src, bytes as usize)? };
+            stream.record(&a)?;
+            for _ in 0..iters {
+                // SAFETY: as above.
+                unsafe { stream.memcpy_raw(dst, src, bytes as usize)? };
+            }
+            stream.record(&b)?;
+            ce = bytes as f64 * iters as f64 / (a.elapsed_ms(&b)? as f64 * 1e6);
+        }
+        if rank == 0 {
+            let g = median(gin);
+            println!("{bytes:>12} {g:>10.2} {ce:>10.1} {:>8.3}", if ce > 0.0 { g / ce } else { 0.0 });
+            println!("csv,gin_put,{bytes},{g:.3},{ce:.3}");
+        }
+    }
+
+    // Message rate of 8-byte put_values from many CTAs (rank 0 -> 1 and 1 -> 0 at once).
+    if rank == 0 {
+        println!();
+        println!("# 8-byte put_value message rate, every thread of every block posting (Mops/s per rank)");
+    }
+    for &(blocks, threads, per_thread) in &[(1u32, 32u32, 64u32), (8, 128, 16), (32, 256, 4)] {
+        reset(&comm)?;
+        let ns = timed_kernel(&dev, &stream, "put_value rate", |out, err| unsafe {
+            // SAFETY: the window holds 8 bytes per (block, thread).
+            stream.launch::<gin_put_value_rate>(LaunchConfig::new(blocks, threads), (dc, win, per_thread, out, err))
+        })?;
+        let ops = blocks as f64 * threads as f64 * per_thread as f64;
+        if rank == 0 {
+            println!("{blocks:>4} x {threads:>4} threads x {per_thread:>3}: {:>8.3} Mops/s ({} ops in {:.1} us)", ops / ns as f64 * 1e3, ops, ns as f64 / 1e3);
+            println!("csv,gin_rate,{blocks},{threads},{per_thread},{:.4}", ops / ns as f64 * 1e3);
+        }
+    }
+    comm.bootstrap_barrier()?;
+    handle.destroy()?;
+    window.deregister()?;
+    comm.finalize()
+}
