@@ -86,7 +86,10 @@ fn child_body(comm: &Communicator) {
     comm.bootstrap_barrier().unwrap();
     let e = launch_errors(&stream, &dev, "put_all", |err| unsafe {
         stream
-            .launch::<gin_put_all>(LaunchConfig::new(1, 64), (dc, win, src_off, SLOT, BYTES, 0u32, n as u64, n as u64, err))
+            .launch::<gin_put_all>(
+                LaunchConfig::new(1, 64),
+                (dc, win, src_off, SLOT, BYTES, 0u32, n as u64, n as u64, err),
+            )
             .unwrap()
     });
     assert_eq!(e, 0, "put_all error code");
@@ -102,7 +105,9 @@ fn child_body(comm: &Communicator) {
     window.write(&stream, 0, &vec![0xCBu8; (n as u64 * SLOT) as usize]).unwrap();
     comm.bootstrap_barrier().unwrap();
     let e = launch_errors(&stream, &dev, "put_values", |err| unsafe {
-        stream.launch::<gin_put_values>(LaunchConfig::new(1, 32), (dc, win, SLOT, 5u32, 9_000_000u64, 5 * n as u64, err)).unwrap()
+        stream
+            .launch::<gin_put_values>(LaunchConfig::new(1, 32), (dc, win, SLOT, 5u32, 9_000_000u64, 5 * n as u64, err))
+            .unwrap()
     });
     assert_eq!(e, 0, "put_values error code");
     for p in 0..n as u64 {
@@ -134,7 +139,10 @@ fn child_body(comm: &Communicator) {
     let posted = (STRESS_BLOCKS * STRESS_PER_BLOCK) as u64;
     let e = launch_errors(&stream, &dev, "stress", |err| unsafe {
         stream
-            .launch::<gin_stress>(LaunchConfig::new(STRESS_BLOCKS, 32), (dc, win, stress_off, STRESS_PER_BLOCK, posted, err))
+            .launch::<gin_stress>(
+                LaunchConfig::new(STRESS_BLOCKS, 32),
+                (dc, win, stress_off, STRESS_PER_BLOCK, posted, err),
+            )
             .unwrap()
     });
     assert_eq!(e, 0, "stress error code");
@@ -152,7 +160,11 @@ fn child_body(comm: &Communicator) {
     // 6. Calls that must fail, with their codes (full connection: the rail probe is accepted).
     let codes = dev.alloc_from(&[u32::MAX; 6]).unwrap();
     // SAFETY: 6 codes.
-    unsafe { stream.launch::<gin_bad_calls>(LaunchConfig::new(1, 32), (dc, win, ((me + 1) % n) as u32, codes.as_mut_ptr())).unwrap() };
+    unsafe {
+        stream
+            .launch::<gin_bad_calls>(LaunchConfig::new(1, 32), (dc, win, ((me + 1) % n) as u32, codes.as_mut_ptr()))
+            .unwrap()
+    };
     assert_eq!(stream.read_vec(&codes).unwrap(), vec![36, 37, 38, 34, 33, 0]);
     comm.bootstrap_barrier().unwrap();
 
@@ -292,7 +304,10 @@ fn child_gin_peer_dies() {
     let out = dev.alloc_from(&[0u64]).unwrap();
     let e = launch_errors(&stream, &dev, "ping-pong with a dead peer", |err| unsafe {
         stream
-            .launch::<gin_pingpong>(LaunchConfig::new(1, 32), (handle.dev_comm(), window.desc(), 4096u64, 1_000_000u32, out.as_mut_ptr(), err))
+            .launch::<gin_pingpong>(
+                LaunchConfig::new(1, 32),
+                (handle.dev_comm(), window.desc(), 4096u64, 1_000_000u32, out.as_mut_ptr(), err),
+            )
             .unwrap()
     });
     assert!(e == 2 || e == 3, "expected aborted (2) or ring failed (3), got {e}");

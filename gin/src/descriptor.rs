@@ -134,7 +134,8 @@ pub fn decode(d: &GinDescriptor, limits: &Limits) -> GinResult<Request> {
         }
     };
     let peer = d.peer;
-    if op == GinOp::Put && (d.src_offset.checked_add(d.bytes).is_none() || d.dst_offset.checked_add(d.bytes).is_none()) {
+    if op == GinOp::Put && (d.src_offset.checked_add(d.bytes).is_none() || d.dst_offset.checked_add(d.bytes).is_none())
+    {
         return invalid(format!("put of {} bytes at {} -> {} overflows", d.bytes, d.src_offset, d.dst_offset));
     }
     Ok(match op {
@@ -224,16 +225,18 @@ mod tests {
     }
 
     fn request() -> impl Strategy<Value = Request> {
-        let put = (0..LIMITS.nranks, any::<u32>(), 0..1u64 << 62, any::<u32>(), 0..1u64 << 62, 0..1u64 << 62, remote(), local())
-            .prop_map(|(peer, src_window, src_offset, dst_window, dst_offset, bytes, remote, local)| Request::Put {
-                peer,
-                src_window,
-                src_offset,
-                dst_window,
-                dst_offset,
-                bytes,
-                remote,
-                local,
+        let put = (
+            0..LIMITS.nranks,
+            any::<u32>(),
+            0..1u64 << 62,
+            any::<u32>(),
+            0..1u64 << 62,
+            0..1u64 << 62,
+            remote(),
+            local(),
+        )
+            .prop_map(|(peer, src_window, src_offset, dst_window, dst_offset, bytes, remote, local)| {
+                Request::Put { peer, src_window, src_offset, dst_window, dst_offset, bytes, remote, local }
             });
         let value = (0..LIMITS.nranks, any::<u32>(), any::<u64>(), any::<[u8; 8]>(), 1u8..=8, remote(), local())
             .prop_map(|(peer, dst_window, dst_offset, mut payload, len, remote, local)| {

@@ -8,9 +8,10 @@
 //!   in ticket order, asks a [`Transport`] to carry each operation, applies
 //!   local actions (counters) and publishes completion (the ring's tail,
 //!   which is also the producers' credit);
-//! * [`transport`]: how bytes and signals reach a peer — `Tcp` (between hosts,
-//!   or between emulated nodes), `CopyEngine` (same host, DMA into the
-//!   peer's mapped window), `Verbs` (behind a feature; no NIC here).
+//! * [`transport`]: how bytes and signals reach a peer. Built: `Tcp` (between
+//!   hosts, or between emulated nodes). Not built yet: `CopyEngine` (same
+//!   host, DMA into the peer's mapped window) and `Verbs` (RDMA, behind a
+//!   feature; no NIC on our machines).
 //!
 //! The crate sits *below* `devcomm`: it knows nothing of communicators or
 //! CUDA. `devcomm` hands it raw GIN memory ([`GinHostMemory`]), a way to
@@ -22,7 +23,7 @@ pub mod proxy;
 pub mod ring;
 pub mod transport;
 
-pub use descriptor::{Request, RemoteSignal};
+pub use descriptor::{RemoteSignal, Request};
 pub use proxy::Proxy;
 pub use ring::Rings;
 pub use transport::tcp::{TcpConfig, TcpTransport};

@@ -8,8 +8,10 @@
 //! applies the local action (counter + 1) and completes the ticket, which
 //! returns credit to the producers and satisfies flushes. After each sweep
 //! that did work it flushes the transport, and every sweep it asks the
-//! transport for failed peers. An idle proxy backs off (spin, yield, then
-//! sleeps of up to [`MAX_IDLE_SLEEP`]).
+//! transport for failed peers. An idle proxy backs off: it spins for
+//! [`IDLE_SPIN`], yields until [`IDLE_YIELD`], then sleeps (up to
+//! [`MAX_IDLE_SLEEP`]), so a busy proxy answers at once and an idle one
+//! costs little CPU.
 //!
 //! Failures never hang producers: a malformed descriptor fails its ring; a
 //! failed peer fails every ring toward it (all contexts). Failed rings have
@@ -23,11 +25,15 @@ use crate::{GinDescriptor, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest piece of a put read from the source and handed to the transport
 /// at once.
 pub const PUT_CHUNK: usize = 4 << 20;
+/// How long an idle proxy spins before it starts yielding its CPU.
+pub const IDLE_SPIN: Duration = Duration::from_micros(50);
+/// How long an idle proxy yields before it starts sleeping.
+pub const IDLE_YIELD: Duration = Duration::from_millis(5);
 /// Longest sleep of an idle proxy (the worst added latency after idling).
 pub const MAX_IDLE_SLEEP: Duration = Duration::from_micros(500);
 /// Descriptors served from one ring before moving on to the next (fairness).
@@ -168,7 +174,7 @@ impl Drop for PanicGuard {
 impl Worker {
     fn run(&mut self) {
         let _guard = PanicGuard(self.rings.clone());
-        let mut idle = 0u32;
+        let (mut idle, mut idle_since) = (0u32, None);
         loop {
             let command = self.shared.command.load(Ordering::SeqCst);
             if command == ABORT {
@@ -184,7 +190,7 @@ impl Worker {
                 if let Err(e) = self.transport.flush() {
                     self.transport_failed(e);
                 }
-                idle = 0;
+                (idle, idle_since) = (0, None);
                 continue;
             }
             if command == STOP {
@@ -195,7 +201,7 @@ impl Worker {
                 self.transport.close(true);
                 return;
             }
-            backoff(&mut idle);
+            backoff(&mut idle, &mut idle_since);
         }
     }
 
@@ -301,14 +307,20 @@ impl Worker {
     }
 }
 
-fn backoff(idle: &mut u32) {
-    *idle = idle.saturating_add(1);
-    match *idle {
-        0..=64 => std::hint::spin_loop(),
-        65..=128 => std::thread::yield_now(),
-        n => {
-            let us = (10u64 << ((n - 129) / 16).min(6)).min(MAX_IDLE_SLEEP.as_micros() as u64);
-            std::thread::sleep(Duration::from_micros(us));
+/// Idle back-off: spin for [`IDLE_SPIN`], then yield until [`IDLE_YIELD`],
+/// then sleep (growing to [`MAX_IDLE_SLEEP`]).
+fn backoff(idle: &mut u32, since: &mut Option<Instant>) {
+    let start = *since.get_or_insert_with(Instant::now);
+    let t = start.elapsed();
+    if t < IDLE_SPIN {
+        for _ in 0..32 {
+            std::hint::spin_loop();
         }
+    } else if t < IDLE_YIELD {
+        std::thread::yield_now();
+    } else {
+        *idle = idle.saturating_add(1);
+        let us = (20u64 << (*idle / 8).min(5)).min(MAX_IDLE_SLEEP.as_micros() as u64);
+        std::thread::sleep(Duration::from_micros(us));
     }
 }

@@ -189,7 +189,6 @@ mod tests {
         assert!(r.counter_inc(1).is_err());
         r.fail(1);
         assert!(r.is_failed(1) && !r.is_failed(0));
-        drop(r);
         assert_eq!(tails[1].error, 1);
         assert_eq!(counters[0], 1);
     }

@@ -72,9 +72,9 @@ impl FromStr for GinType {
             "proxy" => Ok(GinType::Proxy),
             "gdaki" => Ok(GinType::Gdaki),
             "gpi" => Ok(GinType::Gpi),
-            other => Err(Error::invalid_argument(format!(
-                "unknown GIN type {other:?}: expected proxy, gdaki, gpi or none"
-            ))),
+            other => {
+                Err(Error::invalid_argument(format!("unknown GIN type {other:?}: expected proxy, gdaki, gpi or none")))
+            }
         }
     }
 }

@@ -46,7 +46,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs a 2-word-error kernel launch, checks its error word, returns out[0].
-fn timed_kernel(dev: &Device, stream: &Stream, what: &str, launch: impl FnOnce(*mut u64, *mut u32) -> Result<()>) -> Result<u64> {
+fn timed_kernel(
+    dev: &Device,
+    stream: &Stream,
+    what: &str,
+    launch: impl FnOnce(*mut u64, *mut u32) -> Result<()>,
+) -> Result<u64> {
     let out = dev.alloc_from(&[0u64])?;
     let errors = dev.alloc_from(&[0u32; 2])?;
     launch(out.as_mut_ptr(), errors.as_mut_ptr())?;
@@ -80,7 +85,13 @@ fn bench(quick: bool) -> Result<()> {
         comm.bootstrap_barrier()
     };
     if rank == 0 {
-        println!("# devcomm GIN benchmark: backend {}, transport tcp (DEVCOMM_GIN_TCP_ADDR), {} x {} ({})", handle.gin_type(), comm.count(), dev.name(), dev.kind());
+        println!(
+            "# devcomm GIN benchmark: backend {}, transport tcp (DEVCOMM_GIN_TCP_ADDR), {} x {} ({})",
+            handle.gin_type(),
+            comm.count(),
+            dev.name(),
+            dev.kind()
+        );
     }
 
     // Round trip: signal only, 8-byte inline put + signal, 4 KiB put + signal.
@@ -159,7 +170,12 @@ fn bench(quick: bool) -> Result<()> {
         })?;
         let ops = blocks as f64 * threads as f64 * per_thread as f64;
         if rank == 0 {
-            println!("{blocks:>4} x {threads:>4} threads x {per_thread:>3}: {:>8.3} Mops/s ({} ops in {:.1} us)", ops / ns as f64 * 1e3, ops, ns as f64 / 1e3);
+            println!(
+                "{blocks:>4} x {threads:>4} threads x {per_thread:>3}: {:>8.3} Mops/s ({} ops in {:.1} us)",
+                ops / ns as f64 * 1e3,
+                ops,
+                ns as f64 / 1e3
+            );
             println!("csv,gin_rate,{blocks},{threads},{per_thread},{:.4}", ops / ns as f64 * 1e3);
         }
     }

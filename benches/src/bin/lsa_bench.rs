@@ -21,7 +21,9 @@ use devcomm::window::{Window, WindowFlags};
 use devcomm::{Error, Result};
 use devcomm_device::comm::{DevComm, WindowDesc};
 use devcomm_device::lsa::ops::copy_bulk_smem_bytes;
-use devcomm_kernels::lsa::{lsa_barrier_bench, lsa_copy, lsa_copy_bulk, lsa_copy_repeat, lsa_pingpong, lsa_pingpong_ll};
+use devcomm_kernels::lsa::{
+    lsa_barrier_bench, lsa_copy, lsa_copy_bulk, lsa_copy_repeat, lsa_pingpong, lsa_pingpong_ll,
+};
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 
@@ -203,11 +205,15 @@ fn bench(quick: bool) -> Result<()> {
             }
         }
         // Pull: read the peer's window into our own (what a "get" does).
-        let (pull_dst, pull_src) = (ctx.win.local_ptr::<u8>(ctx.max) as u64, ctx.win.lsa_ptr::<u8>(0, ctx.peer()) as u64);
+        let (pull_dst, pull_src) =
+            (ctx.win.local_ptr::<u8>(ctx.max) as u64, ctx.win.lsa_ptr::<u8>(0, ctx.peer()) as u64);
         for (blocks, threads) in [(132u32, 512u32), (264, 1024)] {
             let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
                 // SAFETY: both regions are `max >= bytes` bytes of mapped windows.
-                ctx.stream.launch::<lsa_copy>(LaunchConfig::new(blocks, threads), (pull_dst as *mut u8, pull_src as *const u8, bytes))
+                ctx.stream.launch::<lsa_copy>(
+                    LaunchConfig::new(blocks, threads),
+                    (pull_dst as *mut u8, pull_src as *const u8, bytes),
+                )
             })?;
             if rank == 0 {
                 println!("sweep,sm_pull,{blocks}x{threads},{:.1},{:.3}", bytes as f64 / us / 1e3, ce / us);
@@ -223,11 +229,15 @@ fn bench(quick: bool) -> Result<()> {
         if rank == 0 {
             println!("sweep,bulk_pull,132x32768x4,{:.1},{:.3}", bytes as f64 / us / 1e3, ce / us);
         }
-        let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe { ctx.stream.memcpy_raw(pull_dst, pull_src, bytes as usize) })?;
+        let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
+            ctx.stream.memcpy_raw(pull_dst, pull_src, bytes as usize)
+        })?;
         if rank == 0 {
             println!("sweep,ce_pull,{:.1}", bytes as f64 / us / 1e3);
         }
-        for (blocks, chunk, stages) in [(132u32, 32768u32, 4u32), (132, 16384, 8), (132, 65536, 3), (264, 16384, 4), (66, 65536, 3)] {
+        for (blocks, chunk, stages) in
+            [(132u32, 32768u32, 4u32), (132, 16384, 8), (132, 65536, 3), (264, 16384, 4), (66, 65536, 3)]
+        {
             let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
                 // SAFETY: as in `bulk_put`.
                 ctx.stream.launch::<lsa_copy_bulk>(
@@ -341,7 +351,9 @@ fn bench(quick: bool) -> Result<()> {
     if rank == 0 {
         println!();
         println!("# put + signal round trip between the GPUs (us per round trip)");
-        println!("#   generic: CTA copy, sync, red.release.sys signal, acquire wait; LL: data+flag in each 8-byte store");
+        println!(
+            "#   generic: CTA copy, sync, red.release.sys signal, acquire wait; LL: data+flag in each 8-byte store"
+        );
         println!("{:>10} {:>12} {:>10} {:>8}", "bytes", "generic_us", "ll_us", "iters");
     }
     let sig_off = 2 * max;
@@ -351,7 +363,13 @@ fn bench(quick: bool) -> Result<()> {
     let ll_slot = 2 * max + 512 * 1024;
     let pp_sizes: &[u64] = if quick { &[8, 4096] } else { &[8, 64, 512, 4096, 65536] };
     for &bytes in pp_sizes {
-        let iters: u32 = if quick { 50 } else if bytes <= 4096 { 20_000 } else { 5_000 };
+        let iters: u32 = if quick {
+            50
+        } else if bytes <= 4096 {
+            20_000
+        } else {
+            5_000
+        };
         let threads = if bytes <= 512 { 32 } else { 512 };
         let mut results = [0.0f64; 2];
         for (variant, result) in results.iter_mut().enumerate() {
@@ -367,18 +385,41 @@ fn bench(quick: bool) -> Result<()> {
                     if variant == 0 {
                         ctx.stream.launch::<lsa_pingpong>(
                             LaunchConfig::new(1, threads),
-                            (ctx.dev_comm, win, 0u64, data_off, sig_off, bytes, iters, out.as_mut_ptr(), errors.as_mut_ptr()),
+                            (
+                                ctx.dev_comm,
+                                win,
+                                0u64,
+                                data_off,
+                                sig_off,
+                                bytes,
+                                iters,
+                                out.as_mut_ptr(),
+                                errors.as_mut_ptr(),
+                            ),
                         )?;
                     } else {
                         ctx.stream.launch::<lsa_pingpong_ll>(
                             LaunchConfig::new(1, 32),
-                            (ctx.dev_comm, win, ll_src, ll_dst, ll_slot, bytes, iters, out.as_mut_ptr(), errors.as_mut_ptr()),
+                            (
+                                ctx.dev_comm,
+                                win,
+                                ll_src,
+                                ll_dst,
+                                ll_slot,
+                                bytes,
+                                iters,
+                                out.as_mut_ptr(),
+                                errors.as_mut_ptr(),
+                            ),
                         )?;
                     }
                 }
                 let errs = ctx.stream.read_vec(&errors)?;
                 if errs[0] != 0 {
-                    return Err(Error::internal(format!("ping-pong of {bytes} B failed with device error {}", errs[0])));
+                    return Err(Error::internal(format!(
+                        "ping-pong of {bytes} B failed with device error {}",
+                        errs[0]
+                    )));
                 }
                 let ns = ctx.stream.read_vec(&out)?[0];
                 if rep > 0 || quick {

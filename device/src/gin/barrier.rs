@@ -33,7 +33,12 @@ impl<'g, 'a> GinBarrierSession<'g, 'a> {
     ///
     /// # Safety
     /// No other coop uses this barrier concurrently; every member takes part.
-    pub unsafe fn new<C: Coop>(_coop: &C, gin: &'g Gin<'a>, team: GinBarrierTeam, index: u32) -> Result<Self, GinError> {
+    pub unsafe fn new<C: Coop>(
+        _coop: &C,
+        gin: &'g Gin<'a>,
+        team: GinBarrierTeam,
+        index: u32,
+    ) -> Result<Self, GinError> {
         let s = gin.state();
         let (count, base, t) = match team {
             GinBarrierTeam::Rail => (s.rail_barrier_count, s.signal_count, gin.comm.rail()),

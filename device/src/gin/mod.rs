@@ -175,11 +175,19 @@ impl<'a> Gin<'a> {
     }
 
     fn check_signal(&self, id: u32) -> Result<(), GinError> {
-        if id < self.state().signal_count { Ok(()) } else { Err(GinError::SignalOutOfRange) }
+        if id < self.state().signal_count {
+            Ok(())
+        } else {
+            Err(GinError::SignalOutOfRange)
+        }
     }
 
     fn check_counter(&self, id: u32) -> Result<(), GinError> {
-        if id < self.state().counter_count { Ok(()) } else { Err(GinError::CounterOutOfRange) }
+        if id < self.state().counter_count {
+            Ok(())
+        } else {
+            Err(GinError::CounterOutOfRange)
+        }
     }
 
     /// Fills the remote- and local-action fields of `d`, checking ids.
@@ -321,7 +329,9 @@ impl<'a> Gin<'a> {
         }
         let mut raw = 0u64;
         // SAFETY: `size <= 8` bytes of a `Copy` value into a u64.
-        unsafe { core::ptr::copy_nonoverlapping(&value as *const T as *const u8, &mut raw as *mut u64 as *mut u8, size) };
+        unsafe {
+            core::ptr::copy_nonoverlapping(&value as *const T as *const u8, &mut raw as *mut u64 as *mut u8, size)
+        };
         // The payload rides in `src_offset`, which an inline put does not use.
         let mut d = GinDescriptor {
             op: GinOp::PutValue as u8,

@@ -44,6 +44,10 @@ pub unsafe fn completed(g: &GinState, ring: u64) -> Result<u64, QueueError> {
 /// ticket. Waits for credit while the ring is full: a descriptor is never
 /// dropped. One thread calls it per descriptor.
 ///
+/// A ring the proxy has failed is noticed when credit runs out (or by
+/// [`flush_ring`]); until then a post to it is accepted and will not be
+/// carried out — as with NCCL, errors surface at the next flush or wait.
+///
 /// # Safety
 /// `g` describes live GIN memory, `ring < contexts * nranks`, and `abort`
 /// belongs to the same device communicator.
@@ -52,13 +56,16 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
     let depth = g.queue_depth as u64;
     let ticket = unsafe { atomic::fetch_add((g.heads as *mut u64).add(ring as usize), 1, Order::Relaxed, Scope::Gpu) };
     let cache = unsafe { (g.tail_cache as *mut u64).add(ring as usize) };
-    let cached = unsafe { atomic::load_relaxed(cache, Scope::Gpu) };
+    // Acquire/release on the cache: credit taken from a value another
+    // producer cached must also carry that producer's happens-before with
+    // the proxy's completion (it read the tail with acquire).
+    let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
     if ticket >= cached + depth {
         let mut deadline = Deadline::new(abort);
         loop {
             let done = unsafe { completed(g, ring) }?;
             if ticket < done + depth {
-                unsafe { atomic::store_relaxed(cache, done, Scope::Gpu) };
+                unsafe { atomic::store_release(cache, done, Scope::Gpu) };
                 break;
             }
             deadline.poll()?;

@@ -34,8 +34,14 @@ pub trait Transport: Send {
     /// delivery may complete later but stays ordered with every other
     /// operation to `peer`. `Remote` if `peer` is unreachable; `Invalid`
     /// if the request is malformed (detected locally).
-    fn put(&mut self, peer: usize, dst_window: u32, dst_offset: u64, data: &[u8], signal: Option<RemoteSignal>)
-        -> GinResult<()>;
+    fn put(
+        &mut self,
+        peer: usize,
+        dst_window: u32,
+        dst_offset: u64,
+        data: &[u8],
+        signal: Option<RemoteSignal>,
+    ) -> GinResult<()>;
     /// Adds `value` to signal `signal` on `peer`, after every earlier
     /// operation to `peer`.
     fn signal(&mut self, peer: usize, signal: u32, value: u64) -> GinResult<()>;

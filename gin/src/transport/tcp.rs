@@ -61,7 +61,10 @@ pub struct TcpConfig {
 
 impl Default for TcpConfig {
     fn default() -> Self {
-        TcpConfig { bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0), connect_timeout: Duration::from_secs(60) }
+        TcpConfig {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            connect_timeout: Duration::from_secs(60),
+        }
     }
 }
 
@@ -177,7 +180,10 @@ impl TcpTransport {
         let me = listener.local_addr().map_err(|e| sys("local_addr", e))?;
         let addrs = bootstrap.allgather(me.to_string().as_bytes())?;
         if addrs.len() != nranks {
-            return Err(GinHostError::Invalid(format!("allgather returned {} entries for {nranks} ranks", addrs.len())));
+            return Err(GinHostError::Invalid(format!(
+                "allgather returned {} entries for {nranks} ranks",
+                addrs.len()
+            )));
         }
         let deadline = Instant::now() + config.connect_timeout;
         let mut streams: Vec<Option<TcpStream>> = (0..nranks).map(|_| None).collect();
@@ -200,8 +206,10 @@ impl TcpTransport {
             match listener.accept() {
                 Ok((mut s, from)) => {
                     s.set_nonblocking(false).map_err(|e| sys("accept", e))?;
-                    s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))))
-                        .map_err(|e| sys("accept", e))?;
+                    s.set_read_timeout(Some(
+                        deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+                    ))
+                    .map_err(|e| sys("accept", e))?;
                     let mut hello = [0u8; 16];
                     if let Err(e) = s.read_exact(&mut hello) {
                         tracing::warn!(%from, %e, "GIN TCP: connection without hello, ignored");

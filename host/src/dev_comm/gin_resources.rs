@@ -172,8 +172,8 @@ impl GinResources {
         // SAFETY: `mem` names the live host buffer (kept until the proxy has
         // stopped, by field order and `stop`); producers post with
         // `devcomm_device::gin::queue::post`, which accesses shared words atomically.
-        let proxy =
-            unsafe { devcomm_gin::proxy::Proxy::start(mem, local, Box::new(transport), comm.rank()) }.map_err(from_gin)?;
+        let proxy = unsafe { devcomm_gin::proxy::Proxy::start(mem, local, Box::new(transport), comm.rank()) }
+            .map_err(from_gin)?;
         Ok(GinResources { state, backend, mem, proxy: Some(proxy), _host: host, _dev: dev_mem })
     }
 

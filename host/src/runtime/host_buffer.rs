@@ -68,7 +68,12 @@ impl HostMappedBuffer {
                     unsafe { sys::cuMemFreeHost(host) };
                     return Err(Error::CudaError(format!("cuMemHostGetDevicePointer: {e}")));
                 }
-                Ok(HostMappedBuffer { backing: Backing::Cuda { dev: d.clone() }, host: host as *mut u8, len, device_addr: dptr })
+                Ok(HostMappedBuffer {
+                    backing: Backing::Cuda { dev: d.clone() },
+                    host: host as *mut u8,
+                    len,
+                    device_addr: dptr,
+                })
             }
         }
     }
