@@ -1,6 +1,7 @@
 //! GIN through the proxy backend across ranks in separate processes, every
 //! rank its own "node" (`DEVCOMM_LSA_SIZE=1`), so every peer is reached
-//! through the proxy and its TCP transport: puts with signals and counters,
+//! through the proxy — with the copy-engine transport (same host, the
+//! default) and with the TCP transport (`DEVCOMM_GIN_TRANSPORT=tcp`): puts with signals and counters,
 //! inline puts, signals over the world and the rail team, GIN barriers, a
 //! depth-2 queue under many posting blocks, the device-side error codes, a
 //! rail connection rejecting a peer outside the rail, a forced backend that
@@ -23,9 +24,16 @@ const SLOT: u64 = 100_016;
 const STRESS_BLOCKS: u32 = 16;
 const STRESS_PER_BLOCK: u32 = 64;
 
-/// Runs child `child` in `n` processes, `lsa_size` ranks per emulated node.
+/// Runs child `child` in `n` processes, `lsa_size` ranks per emulated node,
+/// same-host peers through the copy-engine transport (the default).
 fn ranks(child: &str, n: usize, lsa_size: usize) {
     common::run_on_runtime(child, n, &[("DEVCOMM_LSA_SIZE", lsa_size.to_string())]);
+}
+
+/// As [`ranks`], every peer through the TCP transport.
+fn ranks_tcp(child: &str, n: usize, lsa_size: usize) {
+    let env = [("DEVCOMM_LSA_SIZE", lsa_size.to_string()), ("DEVCOMM_GIN_TRANSPORT", "tcp".to_string())];
+    common::run_on_runtime(child, n, &env);
 }
 
 fn pattern(rank: usize, len: usize) -> Vec<u8> {
@@ -200,6 +208,26 @@ fn gin_4_ranks() {
 #[test]
 fn gin_8_ranks() {
     ranks("child_gin", 8, 1);
+}
+
+#[test]
+fn gin_2_ranks_tcp() {
+    ranks_tcp("child_gin", 2, 1);
+}
+
+#[test]
+fn gin_3_ranks_tcp() {
+    ranks_tcp("child_gin", 3, 1);
+}
+
+#[test]
+fn gin_8_ranks_tcp() {
+    ranks_tcp("child_gin", 8, 1);
+}
+
+#[test]
+fn gin_rail_connection_tcp() {
+    ranks_tcp("child_gin_rail", 4, 2);
 }
 
 /// Child: 4 ranks as 2 nodes of 2; a rail connection reaches only the rail

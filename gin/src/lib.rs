@@ -8,10 +8,11 @@
 //!   in ticket order, asks a [`Transport`] to carry each operation, applies
 //!   local actions (counters) and publishes completion (the ring's tail,
 //!   which is also the producers' credit);
-//! * [`transport`]: how bytes and signals reach a peer. Built: `Tcp` (between
-//!   hosts, or between emulated nodes). Not built yet: `CopyEngine` (same
-//!   host, DMA into the peer's mapped window) and `Verbs` (RDMA, behind a
-//!   feature; no NIC on our machines).
+//! * [`transport`]: how bytes and signals reach a peer: `Tcp` (between
+//!   hosts, or between emulated nodes) and `CopyEngine` (same host: a
+//!   copy-engine copy into the peer's mapped window, then an atomic add on
+//!   the peer's signal in shared memory). Not built yet: `Verbs` (RDMA,
+//!   behind a feature; no NIC on our machines).
 //!
 //! The crate sits *below* `devcomm`: it knows nothing of communicators or
 //! CUDA. `devcomm` hands it raw GIN memory ([`GinHostMemory`]), a way to
@@ -75,6 +76,14 @@ pub trait LocalMemory: Send + Sync {
     fn write_device(&self, addr: u64, data: &[u8]) -> GinResult<()>;
     /// Copies from device address `addr` into `out`, returning once done.
     fn read_device(&self, addr: u64, out: &mut [u8]) -> GinResult<()>;
+    /// Copies `bytes` between two device addresses this rank can reach (its
+    /// own memory, or a same-host peer's mapped into it) with the copy
+    /// engine, returning once the destination holds the data. Transports
+    /// with a device data path use it; the default says it is unavailable.
+    fn copy_device(&self, dst: u64, src: u64, bytes: u64) -> GinResult<()> {
+        let _ = (dst, src, bytes);
+        Err(GinHostError::Unavailable("device-to-device copies are not available to this proxy".into()))
+    }
 }
 
 /// GIN memory of one rank, as host pointers (what the GPU sees through its

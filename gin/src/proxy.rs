@@ -246,24 +246,18 @@ impl Worker {
     fn perform(&mut self, req: &Request) -> GinResult<()> {
         match *req {
             Request::Put { peer, src_window, src_offset, dst_window, dst_offset, bytes, remote, .. } => {
-                let peer = peer as usize;
-                if bytes == 0 {
-                    return self.transport.put(peer, dst_window, dst_offset, &[], remote);
-                }
-                let src = self.local.window_addr(src_window, src_offset, bytes)?;
-                let mut done = 0u64;
-                while done < bytes {
-                    let n = (bytes - done).min(PUT_CHUNK as u64) as usize;
-                    if self.buf.len() < n {
-                        self.buf.resize(n, 0);
-                    }
-                    self.local.read_device(src + done, &mut self.buf[..n])?;
-                    let last = done + n as u64 == bytes;
-                    let signal = if last { remote } else { None };
-                    self.transport.put(peer, dst_window, dst_offset + done, &self.buf[..n], signal)?;
-                    done += n as u64;
-                }
-                Ok(())
+                let src = if bytes == 0 { 0 } else { self.local.window_addr(src_window, src_offset, bytes)? };
+                let local = &*self.local;
+                self.transport.put_from_device(
+                    local,
+                    peer as usize,
+                    dst_window,
+                    dst_offset,
+                    src,
+                    bytes,
+                    remote,
+                    &mut self.buf,
+                )
             }
             Request::PutValue { peer, dst_window, dst_offset, payload, len, remote, .. } => {
                 self.transport.put(peer as usize, dst_window, dst_offset, &payload[..len as usize], remote)

@@ -9,6 +9,7 @@
 //! * [`tcp::TcpTransport`]: a full mesh of TCP connections (between hosts,
 //!   or between emulated nodes on one host).
 
+pub mod copy_engine;
 pub mod tcp;
 
 use crate::descriptor::RemoteSignal;
@@ -45,6 +46,40 @@ pub trait Transport: Send {
     /// Adds `value` to signal `signal` on `peer`, after every earlier
     /// operation to `peer`.
     fn signal(&mut self, peer: usize, signal: u32, value: u64) -> GinResult<()>;
+    /// Puts `bytes` from this rank's device address `src` to `dst_offset` of
+    /// window `dst_window` on `peer`, then applies `signal` there (as
+    /// [`Transport::put`]). The default stages the data through `buf` in
+    /// pieces of at most [`crate::proxy::PUT_CHUNK`] bytes read with
+    /// [`LocalMemory::read_device`]; transports with a device data path
+    /// (the copy engine) override it.
+    #[allow(clippy::too_many_arguments)]
+    fn put_from_device(
+        &mut self,
+        local: &dyn LocalMemory,
+        peer: usize,
+        dst_window: u32,
+        dst_offset: u64,
+        src: u64,
+        bytes: u64,
+        signal: Option<RemoteSignal>,
+        buf: &mut Vec<u8>,
+    ) -> GinResult<()> {
+        if bytes == 0 {
+            return self.put(peer, dst_window, dst_offset, &[], signal);
+        }
+        let mut done = 0u64;
+        while done < bytes {
+            let n = (bytes - done).min(crate::proxy::PUT_CHUNK as u64) as usize;
+            if buf.len() < n {
+                buf.resize(n, 0);
+            }
+            local.read_device(src + done, &mut buf[..n])?;
+            let last = done + n as u64 == bytes;
+            self.put(peer, dst_window, dst_offset + done, &buf[..n], if last { signal } else { None })?;
+            done += n as u64;
+        }
+        Ok(())
+    }
     /// Receives and applies what peers sent (where the transport does that
     /// on the caller's thread), and appends peers found failed since the
     /// last call to `failed`. `Err` means the whole transport failed.

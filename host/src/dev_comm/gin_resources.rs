@@ -10,11 +10,15 @@
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::gin::GinType;
-use crate::runtime::{DeviceBuffer, HostMappedBuffer, Stream};
+use crate::runtime::{AddressRange, DeviceBuffer, HostMappedBuffer, SharedHostBuffer, SharedHostMapping, Stream};
+use crate::window::fd_passing;
 use devcomm_device::gin::abi::{GinDescriptor, GinState, QueueTail, DESCRIPTOR_BYTES, TAIL_STRIDE};
+use devcomm_gin::transport::copy_engine::{CopyEngineTransport, SameHostPeer};
 use devcomm_gin::{Bootstrap, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::DevCommRequirements;
 
@@ -73,24 +77,134 @@ impl LocalMemory for CommMemory {
     fn read_device(&self, addr: u64, out: &mut [u8]) -> GinResult<()> {
         self.stream.read_raw(addr, out).map_err(|e| GinHostError::System(e.to_string()))
     }
+
+    fn copy_device(&self, dst: u64, src: u64, bytes: u64) -> GinResult<()> {
+        // SAFETY: the transport resolved both addresses inside live windows
+        // (this rank's, or a same-host peer's mapped here, kept by GinResources).
+        unsafe { self.stream.memcpy_raw(dst, src, bytes as usize) }
+            .and_then(|_| self.stream.synchronize())
+            .map_err(|e| GinHostError::System(e.to_string()))
+    }
+}
+
+/// Which transport reaches same-host peers (`DEVCOMM_GIN_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TransportChoice {
+    /// Copy engine for same-host peers, TCP for the others (default).
+    Auto,
+    /// TCP for everyone.
+    Tcp,
+}
+
+fn transport_choice() -> Result<TransportChoice> {
+    match std::env::var("DEVCOMM_GIN_TRANSPORT").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("auto") | Ok("ce") | Ok("copy_engine") => Ok(TransportChoice::Auto),
+        Ok("tcp") => Ok(TransportChoice::Tcp),
+        Ok(other) => Err(Error::invalid_argument(format!(
+            "DEVCOMM_GIN_TRANSPORT={other:?}: expected auto (copy engine on one host, TCP across hosts) or tcp"
+        ))),
+    }
+}
+
+/// What this process mapped of its same-host peers (kept alive with the transport).
+struct PeerMappings {
+    _signals: Vec<SharedHostMapping>,
+    _windows: Vec<AddressRange>,
+}
+
+/// One fd-exchange round among `peers` (same-host world ranks, self excluded):
+/// sends `fd` (announcing `size`) to each, returns (from_rank, size, fd) from each.
+fn exchange_fd(
+    comm: &Communicator,
+    peers: &[usize],
+    fd: std::os::fd::BorrowedFd<'_>,
+    size: u64,
+) -> Result<Vec<(usize, u64, std::os::fd::OwnedFd)>> {
+    let magic = comm.unique_id().magic();
+    let seq = comm.ext.reg_seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let listener = fd_passing::bind(&fd_passing::socket_name(magic, seq, comm.rank()))?;
+    comm.bootstrap_barrier()?;
+    let deadline = Instant::now() + comm.config().op_timeout;
+    let abort = comm.abort_flag();
+    let header = fd_passing::Header { magic, seq, from_rank: comm.rank() as u64, alloc_size: size };
+    for &p in peers {
+        fd_passing::send_fd(&fd_passing::socket_name(magic, seq, p), &header, fd, deadline, abort)?;
+    }
+    let got = fd_passing::accept_fds(&listener, peers.len(), deadline, abort)?;
+    Ok(got.into_iter().map(|(h, f)| (h.from_rank as usize, h.alloc_size, f)).collect())
+}
+
+/// Maps every same-host peer's signal array and used windows into this
+/// process; returns the copy-engine peer table (indexed by world rank).
+fn map_same_host_peers(
+    comm: &Communicator,
+    req: &DevCommRequirements,
+    signals: &SharedHostBuffer,
+    total_signals: u32,
+) -> Result<(Vec<Option<SameHostPeer>>, PeerMappings)> {
+    let n = comm.count();
+    let me = comm.rank();
+    let mut same: Vec<usize> = Vec::new();
+    for p in 0..n {
+        if p != me && comm.same_host(p)? {
+            same.push(p);
+        }
+    }
+    let windows = req.live_windows()?;
+    let mut peers: Vec<Option<SameHostPeer>> = (0..n).map(|_| None).collect();
+    // Ourselves: our own windows and signals.
+    let own: HashMap<u32, (u64, u64)> = comm.ext.window_table.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    peers[me] = Some(SameHostPeer { windows: own, signals: signals.host_ptr() as *mut u64, total_signals });
+    let mut maps = PeerMappings { _signals: Vec::new(), _windows: Vec::new() };
+    // Signal arrays.
+    let fd = signals.export_fd()?;
+    for (from, size, f) in exchange_fd(comm, &same, fd.as_fd(), signals.len() as u64)? {
+        let m = SharedHostMapping::map(f.as_fd(), size as usize)?;
+        peers[from] = Some(SameHostPeer { windows: HashMap::new(), signals: m.host_ptr() as *mut u64, total_signals });
+        maps._signals.push(m);
+    }
+    // Windows: where each rank's window sits in its allocation, then the allocations.
+    let mut mine = Vec::new();
+    for w in &windows {
+        mine.extend_from_slice(&w.desc.id.to_le_bytes());
+        mine.extend_from_slice(&w.offset_in_alloc().to_le_bytes());
+        mine.extend_from_slice(&w.desc.size.to_le_bytes());
+    }
+    let layouts = comm.bootstrap_allgather(&mine)?;
+    for (k, w) in windows.iter().enumerate() {
+        let fd = w.alloc().export_fd()?;
+        for (from, size, f) in exchange_fd(comm, &same, fd.as_fd(), w.alloc().size() as u64)? {
+            let rec = layouts.get(from).and_then(|b| b.get(k * 20..k * 20 + 20)).ok_or_else(|| {
+                Error::remote(format!("rank {from} declared fewer windows with use_window than this rank"))
+            })?;
+            let id = u32::from_le_bytes(rec[0..4].try_into().unwrap_or_default());
+            let offset = u64::from_le_bytes(rec[4..12].try_into().unwrap_or_default());
+            let wsize = u64::from_le_bytes(rec[12..20].try_into().unwrap_or_default());
+            let mut range = AddressRange::reserve(comm.device(), size as usize)?;
+            range.map_fd(0, f.as_fd(), size as usize)?;
+            if let Some(p) = peers[from].as_mut() {
+                p.windows.insert(id, (range.base() + offset, wsize));
+            }
+            maps._windows.push(range);
+        }
+    }
+    Ok((peers, maps))
 }
 
 /// Offsets of the regions inside the host buffer.
 struct HostLayout {
     rings: usize,
     tails: usize,
-    signals: usize,
     counters: usize,
     len: usize,
 }
 
-fn host_layout(rings: usize, depth: usize, signals: usize, counters: usize) -> HostLayout {
+fn host_layout(rings: usize, depth: usize, counters: usize) -> HostLayout {
     let page = |x: usize| x.next_multiple_of(4096);
     let r = 0;
     let t = page(r + rings * depth * DESCRIPTOR_BYTES);
-    let s = page(t + rings * TAIL_STRIDE);
-    let c = page(s + signals * 8);
-    HostLayout { rings: r, tails: t, signals: s, counters: c, len: page(c + counters.max(1) * 8) }
+    let c = page(t + rings * TAIL_STRIDE);
+    HostLayout { rings: r, tails: t, counters: c, len: page(c + counters.max(1) * 8) }
 }
 
 /// GIN memory and the running proxy of one device communicator.
@@ -101,6 +215,8 @@ pub(crate) struct GinResources {
     pub(crate) mem: GinHostMemory,
     proxy: Option<devcomm_gin::proxy::Proxy>,
     // Dropped after the proxy (field order): the proxy reads this memory.
+    _peers: Option<PeerMappings>,
+    _signals: SharedHostBuffer,
     _host: HostMappedBuffer,
     _dev: DeviceBuffer<u64>,
 }
@@ -121,8 +237,10 @@ impl GinResources {
         let total_signals =
             req.gin_signal_count as usize + req.rail_gin_barrier_count as usize + req.world_gin_barrier_count as usize;
         let counters = req.gin_counter_count as usize;
-        let lay = host_layout(rings, depth as usize, total_signals, counters);
+        let lay = host_layout(rings, depth as usize, counters);
         let host = HostMappedBuffer::new(&dev, lay.len)?;
+        // Signals in shared memory: same-host peers' proxies add to them directly.
+        let shared = SharedHostBuffer::new(&dev, total_signals.max(1) * 8)?;
         let dev_words = 2 * rings + total_signals.max(1);
         let mut dev_mem = dev.alloc::<u64>(dev_words)?;
         dev.stream().memset(&mut dev_mem, 0)?;
@@ -142,7 +260,7 @@ impl GinResources {
             tails: d + lay.tails as u64,
             heads: dev_mem.device_addr(),
             tail_cache: dev_mem.device_addr() + rings as u64 * 8,
-            signals: d + lay.signals as u64,
+            signals: shared.device_addr(),
             counters: d + lay.counters as u64,
             shadows: dev_mem.device_addr() + 2 * rings as u64 * 8,
         };
@@ -152,7 +270,7 @@ impl GinResources {
             GinHostMemory {
                 rings: h.add(lay.rings) as *mut GinDescriptor,
                 tails: h.add(lay.tails) as *mut QueueTail,
-                signals: h.add(lay.signals) as *mut u64,
+                signals: shared.host_ptr() as *mut u64,
                 counters: h.add(lay.counters) as *mut u64,
                 contexts,
                 nranks: nranks as u32,
@@ -168,13 +286,34 @@ impl GinResources {
         // buffer, which outlives the transport and the proxy (field order).
         let landing = unsafe { devcomm_gin::transport::Landing::new(local.clone(), mem.signals, total_signals as u32) };
         let tcp = devcomm_gin::transport::tcp::TcpConfig::from_env().map_err(from_gin)?;
-        let transport = devcomm_gin::transport::tcp::TcpTransport::connect(&boot, landing, &tcp).map_err(from_gin)?;
+        let tcp_transport =
+            devcomm_gin::transport::tcp::TcpTransport::connect(&boot, landing, &tcp).map_err(from_gin)?;
+        let (transport, peer_maps): (Box<dyn devcomm_gin::transport::Transport>, Option<PeerMappings>) =
+            match transport_choice()? {
+                TransportChoice::Tcp => (Box::new(tcp_transport), None),
+                TransportChoice::Auto => {
+                    let (peers, maps) = map_same_host_peers(comm, req, &shared, total_signals as u32)?;
+                    // SAFETY: the mappings live in `maps`, kept in GinResources
+                    // until after the proxy (and so the transport) is gone.
+                    let ce = unsafe { CopyEngineTransport::new(local.clone(), peers, Box::new(tcp_transport)) };
+                    (Box::new(ce), Some(maps))
+                }
+            };
         // SAFETY: `mem` names the live host buffer (kept until the proxy has
         // stopped, by field order and `stop`); producers post with
         // `devcomm_device::gin::queue::post`, which accesses shared words atomically.
-        let proxy = unsafe { devcomm_gin::proxy::Proxy::start(mem, local, Box::new(transport), comm.rank()) }
-            .map_err(from_gin)?;
-        Ok(GinResources { state, backend, mem, proxy: Some(proxy), _host: host, _dev: dev_mem })
+        let proxy =
+            unsafe { devcomm_gin::proxy::Proxy::start(mem, local, transport, comm.rank()) }.map_err(from_gin)?;
+        Ok(GinResources {
+            state,
+            backend,
+            mem,
+            proxy: Some(proxy),
+            _peers: peer_maps,
+            _signals: shared,
+            _host: host,
+            _dev: dev_mem,
+        })
     }
 
     /// Stops the proxy after it has drained its rings; reports its error.
@@ -200,11 +339,10 @@ mod tests {
 
     #[test]
     fn host_regions_are_page_aligned_and_disjoint() {
-        let l = host_layout(8 * 4, 256, 10, 3);
+        let l = host_layout(8 * 4, 256, 3);
         assert_eq!(l.rings, 0);
         assert!(l.tails >= 32 * 256 * 64 && l.tails % 4096 == 0);
-        assert!(l.signals >= l.tails + 32 * TAIL_STRIDE && l.signals % 4096 == 0);
-        assert!(l.counters >= l.signals + 80 && l.counters % 4096 == 0);
+        assert!(l.counters >= l.tails + 32 * TAIL_STRIDE && l.counters % 4096 == 0);
         assert!(l.len >= l.counters + 24);
     }
 }

@@ -40,10 +40,12 @@ mod emulated;
 mod host_buffer;
 mod host_word;
 mod peer_access;
+mod shared_host;
 
 pub(crate) use host_buffer::HostMappedBuffer;
 pub(crate) use host_word::HostMappedWord;
 pub(crate) use peer_access::cuda_can_access_uuid;
+pub(crate) use shared_host::{SharedHostBuffer, SharedHostMapping};
 
 use crate::error::{Error, Result};
 use bytemuck::Pod;

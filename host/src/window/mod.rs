@@ -84,6 +84,18 @@ pub(crate) struct WindowShared {
     world_rank: u32,
 }
 
+impl WindowShared {
+    /// The allocation behind the window (for exporting it to more peers).
+    pub(crate) fn alloc(&self) -> &Arc<ShareableAlloc> {
+        &self._mem
+    }
+
+    /// Offset of the window's first byte in its allocation.
+    pub(crate) fn offset_in_alloc(&self) -> u64 {
+        self.user_ptr - self._mem.addr()
+    }
+}
+
 impl Drop for WindowShared {
     fn drop(&mut self) {
         let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
