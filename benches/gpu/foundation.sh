@@ -5,12 +5,7 @@
 # CUDA runtime tests, hello on every GPU through devcomm-run (one process per
 # GPU), then the same binaries on the emulator. Log: $OUT/foundation.log.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-B=.device
-OUT=${OUT:-/tmp/devcomm-out}
-mkdir -p "$OUT"
-status=0
-step() { echo; echo "== $*"; "$@" || { echo "!! FAILED ($?): $*"; status=1; }; }
+source "$(dirname "$0")/common.sh"
 {
     date -u
     nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv

@@ -6,12 +6,7 @@
 # then gin_bench (round trip, put bandwidth next to the copy engine, message rate).
 # Logs: $OUT/gin.log, $OUT/gin_bench.log (copy engine), $OUT/gin_bench_tcp.log.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-B=.device
-OUT=${OUT:-/tmp/devcomm-out}
-mkdir -p "$OUT"
-status=0
-step() { echo; echo "== $*"; "$@" || { echo "!! FAILED ($?): $*"; status=1; }; }
+source "$(dirname "$0")/common.sh"
 {
     date -u
     nvidia-smi --query-gpu=index,name,driver_version --format=csv

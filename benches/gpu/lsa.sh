@@ -6,13 +6,8 @@
 # benchmark and NCCL's point-to-point figures in the same call.
 # Logs: $OUT/lsa.log (everything), $OUT/lsa_bench.log, $OUT/nccl_p2p.log.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-B=.device
-OUT=${OUT:-/tmp/devcomm-out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
 QUICK=${QUICK:-}
-status=0
-step() { echo; echo "== $*"; "$@" || { echo "!! FAILED ($?): $*"; status=1; }; }
 {
     date -u
     nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv

@@ -9,40 +9,16 @@
 //! default on one host); GIN traffic goes through the proxy either way.
 
 use devcomm::comm::Communicator;
-use devcomm::env::LaunchEnv;
 use devcomm::gin::GinConnectionType;
-use devcomm::launch::LaunchOptions;
 use devcomm::runtime::{Device, Event, LaunchConfig, Stream};
 use devcomm::window::WindowFlags;
 use devcomm::{DevCommRequirements, Error, Result};
+use devcomm_benches::median;
 use devcomm_kernels::gin::{gin_pingpong, gin_put_bw, gin_put_value_rate};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("gin_bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run() -> Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
-    match LaunchEnv::from_env() {
-        Err(Error::InvalidUsage(_)) => {
-            let exe = std::env::current_exe().map_err(|e| Error::system("locating this program", e))?;
-            devcomm::launch::spawn(&LaunchOptions::new(2, exe).args(std::env::args_os().skip(1)))?.wait_success()
-        }
-        Err(e) => Err(e),
-        Ok(_) => bench(quick),
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    devcomm_benches::bench_main("gin_bench", 2, bench)
 }
 
 /// Runs a 2-word-error kernel launch, checks its error word, returns out[0].

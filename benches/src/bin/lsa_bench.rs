@@ -14,11 +14,10 @@
 
 use devcomm::comm::Communicator;
 use devcomm::dev_comm::DevCommRequirements;
-use devcomm::env::LaunchEnv;
-use devcomm::launch::LaunchOptions;
 use devcomm::runtime::{Device, Event, LaunchConfig, Stream};
 use devcomm::window::{Window, WindowFlags};
 use devcomm::{Error, Result};
+use devcomm_benches::median;
 use devcomm_device::comm::{DevComm, WindowDesc};
 use devcomm_device::lsa::ops::copy_bulk_smem_bytes;
 use devcomm_kernels::lsa::{
@@ -31,31 +30,7 @@ const BULK_CHUNK: u32 = 32 * 1024;
 const BULK_STAGES: u32 = 4;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("lsa_bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run() -> Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
-    match LaunchEnv::from_env() {
-        Err(Error::InvalidUsage(_)) => {
-            let exe = std::env::current_exe().map_err(|e| Error::system("locating this program", e))?;
-            let opts = LaunchOptions::new(2, exe).args(std::env::args_os().skip(1));
-            devcomm::launch::spawn(&opts)?.wait_success()
-        }
-        Err(e) => Err(e),
-        Ok(_) => bench(quick),
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    devcomm_benches::bench_main("lsa_bench", 2, bench)
 }
 
 /// Median microseconds per call of `op`, `iters` calls per repetition.

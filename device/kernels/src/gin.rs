@@ -3,19 +3,12 @@
 //! Errors go to `errors[0]` (first code wins) and their count to `errors[1]`.
 
 use devcomm_device::arch::{block_idx, global_timer_ns, grid_dim, thread_idx};
-use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::comm::{DevComm, WindowDesc};
 use devcomm_device::coop::{Coop, Cta, ThreadCoop};
 use devcomm_device::gin::{Gin, GinBarrierSession, GinBarrierTeam, GinError, LocalAction, RemoteAction};
 use devcomm_device::kernel;
 
-#[inline(always)]
-unsafe fn report(errors: *mut u32, code: u32) {
-    if code != 0 {
-        atomic::compare_exchange(errors, 0, code, Order::Relaxed, Scope::Gpu);
-        atomic::red_add_relaxed(errors.add(1), 1u32, Scope::Gpu);
-    }
-}
+use crate::report::report;
 
 #[inline(always)]
 unsafe fn check<T>(errors: *mut u32, r: Result<T, GinError>) -> Option<T> {

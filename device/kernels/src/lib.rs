@@ -13,4 +13,5 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 
 pub mod gin;
 pub mod lsa;
+mod report;
 pub mod selftest;

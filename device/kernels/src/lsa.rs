@@ -11,14 +11,7 @@ use devcomm_device::coop::{Coop, Cta};
 use devcomm_device::kernel;
 use devcomm_device::lsa::{self, LsaBarrierSession, ReduceOp};
 
-/// Records `code` in `errors[0]` (first error wins) and counts errors in `errors[1]`.
-#[inline(always)]
-unsafe fn report(errors: *mut u32, code: u32) {
-    if code != 0 {
-        atomic::compare_exchange(errors, 0, code, Order::Relaxed, Scope::Gpu);
-        atomic::red_add_relaxed(errors.add(1), 1u32, Scope::Gpu);
-    }
-}
+use crate::report::{order_of, report};
 
 /// LSA barrier 0 with acq_rel over the CTA, errors reported.
 #[inline(always)]
@@ -86,7 +79,7 @@ kernel! {
         if timeout_ns > 0 {
             comm.abort.timeout_ns = timeout_ns;
         }
-        let order = match order { 1 => Order::Acquire, 2 => Order::Release, 3 => Order::AcqRel, _ => Order::Relaxed };
+        let order = order_of(order);
         let cta = Cta::new();
         match LsaBarrierSession::new(&cta, &comm, index) {
             Ok(mut bar) => {
@@ -306,7 +299,7 @@ kernel! {
     /// # Safety
     /// `comm` is live with at least one LSA barrier.
     pub unsafe fn lsa_barrier_bench(comm: DevComm, rounds: u32, order: u32, out: *mut u64, errors: *mut u32) {
-        let order = match order { 1 => Order::Acquire, 2 => Order::Release, 3 => Order::AcqRel, _ => Order::Relaxed };
+        let order = order_of(order);
         let cta = Cta::new();
         let t0 = global_timer_ns();
         match LsaBarrierSession::new(&cta, &comm, 0) {
