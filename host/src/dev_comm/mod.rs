@@ -36,7 +36,10 @@ mod gin_resources;
 mod requirements;
 
 pub use devcomm_device::comm::{AbortInfo, DevComm};
-pub use requirements::{DevCommRequirements, ResourceHandle, MAX_BARRIERS, MAX_RESOURCES, MAX_RESOURCE_ALIGN};
+pub use requirements::{
+    DevCommRequirements, ResourceHandle, DEFAULT_GIN_QUEUE_DEPTH, MAX_BARRIERS, MAX_GIN_CONTEXTS, MAX_GIN_IDS,
+    MAX_GIN_QUEUE_DEPTH, MAX_RESOURCES, MAX_RESOURCE_ALIGN,
+};
 
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
