@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     devcomm_benches::bench_main("gin_bench", 2, bench)
 }
 
-/// Runs a 2-word-error kernel launch, checks its error word, returns out[0].
+/// Runs a 2-word-error kernel launch, checks its error word, returns `out[0]`.
 fn timed_kernel(
     dev: &Device,
     stream: &Stream,
