@@ -9,7 +9,7 @@
 //! * [`ops`]: copies spread over a coop with 16-byte accesses (to one peer or
 //!   to all), single-value puts, signals and waits on peers' words;
 //! * [`ll`]: low-latency small messages whose arrival is their own signal;
-//! * [`reduce`]: element-wise reductions of the LSA peers' buffers.
+//! * [`reduce`](mod@reduce): element-wise reductions of the LSA peers' buffers.
 //!
 //! A typical fused kernel: compute into the local window, `copy` to peers,
 //! `LsaBarrierSession::sync`, read what the peers wrote.

@@ -11,7 +11,7 @@ use crate::coop::Coop;
 use crate::wait::{self, Deadline, WaitError};
 
 /// 16-byte vectors each thread keeps in flight in [`copy`].
-const UNROLL: usize = 4;
+pub const UNROLL: usize = 4;
 
 /// Copies `bytes` from `src` to `dst`, spread over the threads of `coop`.
 ///
