@@ -220,11 +220,17 @@ fn barriers(s: &Setup) {
     s.comm.bootstrap_barrier().unwrap();
 }
 
-fn wait_signal(s: &Setup, sig_off: u64, least: u64, timeout_ns: u64) -> (u32, u64) {
+/// Launches `lsa_wait_signal` (asynchronously); returns its `seen` and error buffers.
+fn launch_wait_signal(
+    s: &Setup,
+    sig_off: u64,
+    least: u64,
+    timeout_ns: u64,
+) -> (devcomm::DeviceBuffer<u64>, devcomm::DeviceBuffer<u32>) {
     let dev = s.comm.device();
     let seen = dev.alloc_from(&[0u64]).unwrap();
     let errors = dev.alloc_from(&[0u32; 2]).unwrap();
-    // SAFETY: sig_off is inside the window.
+    // SAFETY: sig_off is inside the window; the buffers outlive the reads that follow.
     unsafe {
         s.stream
             .launch::<lsa_wait_signal>(
@@ -233,6 +239,12 @@ fn wait_signal(s: &Setup, sig_off: u64, least: u64, timeout_ns: u64) -> (u32, u6
             )
             .unwrap();
     }
+    (seen, errors)
+}
+
+/// Waits on the device for the signal; returns (error code, value seen).
+fn wait_signal(s: &Setup, sig_off: u64, least: u64, timeout_ns: u64) -> (u32, u64) {
+    let (seen, errors) = launch_wait_signal(s, sig_off, least, timeout_ns);
     (check_errors(&s.stream, &errors, "wait_signal"), s.stream.read_vec(&seen).unwrap()[0])
 }
 
@@ -316,19 +328,8 @@ fn child_body(comm: &Communicator) {
     // A signal wait that only the host's abort flag can end (no timeout).
     let sig_off = s.red_off + 24 * 1024;
     s.window.write(&s.stream, sig_off as usize, &[0u64]).unwrap();
-    let dev = comm.device();
-    let seen = dev.alloc_from(&[0u64]).unwrap();
-    let errors = dev.alloc_from(&[0u32; 2]).unwrap();
-    // SAFETY: sig_off is inside the window. Launches are asynchronous: the
-    // kernel is waiting while the host raises the flag.
-    unsafe {
-        s.stream
-            .launch::<lsa_wait_signal>(
-                LaunchConfig::new(1, 1),
-                (s.dc, s.win, sig_off, 1u64, 0u64, seen.as_mut_ptr(), errors.as_mut_ptr()),
-            )
-            .unwrap();
-    }
+    // Launches are asynchronous: the kernel is waiting while the host raises the flag.
+    let (_seen, errors) = launch_wait_signal(&s, sig_off, 1, 0);
     std::thread::sleep(Duration::from_millis(100));
     handle.set_abort();
     assert_eq!(check_errors(&s.stream, &errors, "aborted wait"), 2, "abort code");

@@ -13,17 +13,27 @@ use devcomm_device::lsa::{self, LsaBarrierSession, ReduceOp};
 
 use crate::report::{order_of, report};
 
-/// LSA barrier 0 with acq_rel over the CTA, errors reported.
+/// `rounds` syncs of LSA barrier `index` over the CTA with `order`; the
+/// first error is reported and ends the rounds.
 #[inline(always)]
-unsafe fn barrier0_acq_rel(comm: &DevComm, cta: &Cta, errors: *mut u32) {
-    match LsaBarrierSession::new(cta, comm, 0) {
+unsafe fn barrier_rounds(comm: &DevComm, cta: &Cta, index: u32, rounds: u32, order: Order, errors: *mut u32) {
+    match LsaBarrierSession::new(cta, comm, index) {
         Ok(mut bar) => {
-            if let Err(e) = bar.sync(cta, Order::AcqRel) {
-                report(errors, e.code());
+            for _ in 0..rounds {
+                if let Err(e) = bar.sync(cta, order) {
+                    report(errors, e.code());
+                    break;
+                }
             }
         }
         Err(e) => report(errors, e.code()),
     }
+}
+
+/// LSA barrier 0 with acq_rel over the CTA, errors reported.
+#[inline(always)]
+unsafe fn barrier0_acq_rel(comm: &DevComm, cta: &Cta, errors: *mut u32) {
+    barrier_rounds(comm, cta, 0, 1, Order::AcqRel, errors)
 }
 
 fn op_of(op: u32) -> ReduceOp {
@@ -79,19 +89,7 @@ kernel! {
         if timeout_ns > 0 {
             comm.abort.timeout_ns = timeout_ns;
         }
-        let order = order_of(order);
-        let cta = Cta::new();
-        match LsaBarrierSession::new(&cta, &comm, index) {
-            Ok(mut bar) => {
-                for _ in 0..rounds {
-                    if let Err(e) = bar.sync(&cta, order) {
-                        report(errors, e.code());
-                        break;
-                    }
-                }
-            }
-            Err(e) => report(errors, e.code()),
-        };
+        barrier_rounds(&comm, &Cta::new(), index, rounds, order_of(order), errors);
     }
 
     /// Waits for the `u64` signal at window offset `sig_off` to reach `least`
@@ -299,20 +297,9 @@ kernel! {
     /// # Safety
     /// `comm` is live with at least one LSA barrier.
     pub unsafe fn lsa_barrier_bench(comm: DevComm, rounds: u32, order: u32, out: *mut u64, errors: *mut u32) {
-        let order = order_of(order);
         let cta = Cta::new();
         let t0 = global_timer_ns();
-        match LsaBarrierSession::new(&cta, &comm, 0) {
-            Ok(mut bar) => {
-                for _ in 0..rounds {
-                    if let Err(e) = bar.sync(&cta, order) {
-                        report(errors, e.code());
-                        break;
-                    }
-                }
-            }
-            Err(e) => report(errors, e.code()),
-        }
+        barrier_rounds(&comm, &cta, 0, rounds, order_of(order), errors);
         if cta.is_leader() {
             *out = global_timer_ns() - t0;
         }
