@@ -100,7 +100,7 @@ fn child_body(comm: &Communicator) {
             )
             .unwrap()
     });
-    assert_eq!(e, 0, "put_all error code");
+    assert_eq!(e, 0, "put_all error code (proxy: {:?})", handle.gin_error());
     for p in 0..n {
         let mut got = vec![0u8; SLOT as usize];
         window.read(&stream, p * SLOT as usize, &mut got).unwrap();
@@ -117,7 +117,7 @@ fn child_body(comm: &Communicator) {
             .launch::<gin_put_values>(LaunchConfig::new(1, 32), (dc, win, SLOT, 5u32, 9_000_000u64, 5 * n as u64, err))
             .unwrap()
     });
-    assert_eq!(e, 0, "put_values error code");
+    assert_eq!(e, 0, "put_values error code (proxy: {:?})", handle.gin_error());
     for p in 0..n as u64 {
         let mut got = [0u64; 5];
         window.read(&stream, (p * SLOT) as usize, &mut got).unwrap();
@@ -138,7 +138,7 @@ fn child_body(comm: &Communicator) {
         let e = launch_errors(&stream, &dev, "gin barrier", |err| unsafe {
             stream.launch::<gin_barrier_rounds>(LaunchConfig::new(1, 64), (dc, team, 0u32, 20u32, err)).unwrap()
         });
-        assert_eq!(e, 0, "barrier over team {team}");
+        assert_eq!(e, 0, "barrier over team {team} (proxy: {:?})", handle.gin_error());
     }
 
     // 5. Depth-2 rings under 16 posting blocks: nothing lost.
@@ -153,7 +153,7 @@ fn child_body(comm: &Communicator) {
             )
             .unwrap()
     });
-    assert_eq!(e, 0, "stress error code");
+    assert_eq!(e, 0, "stress error code (proxy: {:?})", handle.gin_error());
     let prev = ((me + n - 1) % n) as u64;
     let mut got = vec![0u64; posted as usize];
     window.read(&stream, stress_off as usize, &mut got).unwrap();

@@ -2,20 +2,35 @@
 # GPU run of GIN through the proxy backend (issue 4), from the repository root
 # after `cargo xtask bundle`:
 #   run(kind: nvidia-h200-x2, carry: [".device"], command: "bash benches/gpu/gin.sh")
-# Correctness first (tests/gin on CUDA: 2-rank cases; each rank its own node),
-# then gin_bench (round trip, put bandwidth next to the copy engine, message rate).
-# Logs: $OUT/gin.log, $OUT/gin_bench.log (copy engine), $OUT/gin_bench_tcp.log.
+# Correctness first (tests/gin on CUDA: 2-rank cases, each rank its own node),
+# then gin_bench (round
+# trip, put bandwidth next to the copy engine, message rate) with the
+# copy-engine transport (inline values as stream writes, then staged), with
+# TCP, and NCCL point-to-point in the same call; last, the 3/4/8-rank test
+# cases with up to 2 ranks per GPU (SKIP_OVERSUBSCRIBED=1 leaves them out).
+# Logs: $OUT/gin.log, $OUT/gin_bench*.log, $OUT/nccl_p2p.log.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+QUICK=${QUICK:-}
+bench() { # name, env...
+    local name=$1; shift
+    echo; echo "== gin_bench ($name), CUDA, 2 GPUs"
+    env "$@" DEVCOMM_RUNTIME=cuda timeout 240 $B/bin/devcomm-run -n 2 $B/bin/gin_bench $QUICK 2>&1 | tee "$OUT/gin_bench_$name.log" || { echo "!! gin_bench ($name) failed"; status=1; }
+}
 {
     date -u
     nvidia-smi --query-gpu=index,name,driver_version --format=csv
     step env DEVCOMM_RUNTIME=cuda $B/tests/gin-* --test-threads=1
-    step env DEVCOMM_RUNTIME=cuda $B/tests/lsa-* --test-threads=1
-    echo; echo "== gin_bench, copy-engine transport (same host), CUDA, 2 GPUs"
-    DEVCOMM_RUNTIME=cuda timeout 240 $B/bin/devcomm-run -n 2 $B/bin/gin_bench ${QUICK:-} 2>&1 | tee "$OUT/gin_bench.log" || { echo "!! gin_bench failed"; status=1; }
-    echo; echo "== gin_bench, TCP transport, CUDA, 2 GPUs"
-    DEVCOMM_GIN_TRANSPORT=tcp DEVCOMM_RUNTIME=cuda timeout 240 $B/bin/devcomm-run -n 2 $B/bin/gin_bench ${QUICK:-} 2>&1 | tee "$OUT/gin_bench_tcp.log" || { echo "!! gin_bench (tcp) failed"; status=1; }
+    bench copy_engine
+    bench copy_engine_staged DEVCOMM_GIN_CE_STAGE_INLINE=1
+    bench tcp DEVCOMM_GIN_TRANSPORT=tcp
+    if [ -z "${SKIP_NCCL:-}" ]; then
+        echo; echo "== NCCL point-to-point, same machine, same call"
+        timeout 300 python3 benches/gpu/nccl_p2p.py $QUICK 2>&1 | grep -v Warning | tee "$OUT/nccl_p2p.log" || { echo "!! nccl_p2p failed"; status=1; }
+    fi
+    if [ -z "${SKIP_OVERSUBSCRIBED:-}" ]; then
+        step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 150 $B/tests/gin-* --test-threads=1 gin_3 gin_4 gin_rail
+    fi
     echo
     echo "gin: overall status $status"
 } 2>&1 | tee "$OUT/gin.log"

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 /// ...) runs `bench(quick)` as this rank; started by hand, starts `nranks`
 /// ranks of itself. `--quick` on the command line asks for small sizes.
 pub fn bench_main(name: &str, nranks: usize, bench: impl FnOnce(bool) -> Result<()>) -> ExitCode {
+    init_logging();
     let quick = std::env::args().any(|a| a == "--quick");
     let r = match LaunchEnv::from_env() {
         Err(Error::InvalidUsage(_)) => (|| {
@@ -29,6 +30,20 @@ pub fn bench_main(name: &str, nranks: usize, bench: impl FnOnce(bool) -> Result<
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints devcomm's `tracing` events to stderr at the level `DEVCOMM_LOG`
+/// names (`error`, `warn` — the default —, `info`, `debug`, `trace`), so a
+/// benchmark log shows why a fast path was left (e.g. a refused driver call).
+pub fn init_logging() {
+    let level = match std::env::var("DEVCOMM_LOG").unwrap_or_default().trim().to_ascii_lowercase().as_str() {
+        "error" => tracing::Level::ERROR,
+        "info" => tracing::Level::INFO,
+        "debug" => tracing::Level::DEBUG,
+        "trace" => tracing::Level::TRACE,
+        _ => tracing::Level::WARN,
+    };
+    let _ = tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).try_init();
 }
 
 /// The median of `v` (upper median for even lengths); `NaN` when empty.

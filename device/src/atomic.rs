@@ -9,7 +9,7 @@
 //! |---|---|
 //! | [`load_relaxed`] / [`load_acquire`] | `ld.relaxed.<scope>` / `ld.acquire.<scope>` |
 //! | [`store_relaxed`] / [`store_release`] | `st.relaxed.<scope>` / `st.release.<scope>` |
-//! | [`fetch_add`], [`exchange`], [`compare_exchange`] | `atom.<order>.<scope>.{add,exch,cas}` |
+//! | [`fetch_add`], [`fetch_max`], [`exchange`], [`compare_exchange`] | `atom.<order>.<scope>.{add,max,exch,cas}` |
 //! | [`red_add_relaxed`] / [`red_add_release`] | `red.relaxed.<scope>.add` / `red.release.<scope>.add` |
 //! | [`fence_acq_rel`] / [`fence_sc`] | `fence.acq_rel.<scope>` / `fence.sc.<scope>` |
 //!
@@ -79,6 +79,8 @@ pub trait AtomicWord: Copy + sealed::Sealed {
     #[doc(hidden)]
     unsafe fn atom_add(p: *mut Self, v: Self, o: Order, s: Scope) -> Self;
     #[doc(hidden)]
+    unsafe fn atom_max(p: *mut Self, v: Self, o: Order, s: Scope) -> Self;
+    #[doc(hidden)]
     unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, s: Scope) -> Self;
     #[doc(hidden)]
     unsafe fn atom_cas(p: *mut Self, cmp: Self, new: Self, o: Order, s: Scope) -> Self;
@@ -130,6 +132,15 @@ pub unsafe fn store_release<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
 #[inline(always)]
 pub unsafe fn fetch_add<T: AtomicWord>(p: *mut T, v: T, order: Order, scope: Scope) -> T {
     unsafe { T::atom_add(p, v, order, scope) }
+}
+
+/// `*p = max(*p, v)` atomically (unsigned); returns the old value.
+///
+/// # Safety
+/// As for [`load_relaxed`].
+#[inline(always)]
+pub unsafe fn fetch_max<T: AtomicWord>(p: *mut T, v: T, order: Order, scope: Scope) -> T {
+    unsafe { T::atom_max(p, v, order, scope) }
 }
 
 /// `*p = v` atomically; returns the old value.
@@ -304,6 +315,12 @@ mod imp {
                     old
                 }
                 #[inline(always)]
+                unsafe fn atom_max(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
+                    let old: $t;
+                    by_order!(o, |ord| by_scope!(s, |sc| unsafe { asm!(concat!("atom.", ord!(), ".", sc!(), ".max.", $ty, " {old}, [{p}], {v};"), old = out($reg) old, v = in($reg) v, p = in(reg64) p, options(nostack)) }));
+                    old
+                }
+                #[inline(always)]
                 unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
                     let old: $t;
                     by_order!(o, |ord| by_scope!(s, |sc| unsafe { asm!(concat!("atom.", ord!(), ".", sc!(), ".exch.", $b, " {old}, [{p}], {v};"), old = out($reg) old, v = in($reg) v, p = in(reg64) p, options(nostack)) }));
@@ -377,6 +394,9 @@ mod imp {
                 }
                 unsafe fn atom_add(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
                     unsafe { <$a>::from_ptr(p) }.fetch_add(v, rmw(o))
+                }
+                unsafe fn atom_max(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
+                    unsafe { <$a>::from_ptr(p) }.fetch_max(v, rmw(o))
                 }
                 unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
                     unsafe { <$a>::from_ptr(p) }.swap(v, rmw(o))

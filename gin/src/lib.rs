@@ -9,9 +9,10 @@
 //!   local actions (counters) and publishes completion (the ring's tail,
 //!   which is also the producers' credit);
 //! * [`transport`]: how bytes and signals reach a peer: `Tcp` (between
-//!   hosts, or between emulated nodes) and `CopyEngine` (same host: a
-//!   copy-engine copy into the peer's mapped window, then an atomic add on
-//!   the peer's signal in shared memory). Not built yet: `Verbs` (RDMA,
+//!   hosts, or between emulated nodes) and `CopyEngine` (same host:
+//!   asynchronous copy-engine copies into the peer's mapped window through
+//!   a [`CopyQueue`], then, once a fence behind the data has passed, an
+//!   atomic add on the peer's signal in shared memory). Not built yet: `Verbs` (RDMA,
 //!   behind a feature; no NIC on our machines).
 //!
 //! The crate sits *below* `devcomm`: it knows nothing of communicators or
@@ -19,11 +20,13 @@
 //! reach the rank's windows ([`LocalMemory`]) and a bootstrap ([`Bootstrap`]).
 #![warn(missing_docs)]
 
+pub mod copy_queue;
 pub mod descriptor;
 pub mod proxy;
 pub mod ring;
 pub mod transport;
 
+pub use copy_queue::CopyQueue;
 pub use descriptor::{RemoteSignal, Request};
 pub use proxy::Proxy;
 pub use ring::Rings;
@@ -76,13 +79,11 @@ pub trait LocalMemory: Send + Sync {
     fn write_device(&self, addr: u64, data: &[u8]) -> GinResult<()>;
     /// Copies from device address `addr` into `out`, returning once done.
     fn read_device(&self, addr: u64, out: &mut [u8]) -> GinResult<()>;
-    /// Copies `bytes` between two device addresses this rank can reach (its
-    /// own memory, or a same-host peer's mapped into it) with the copy
-    /// engine, returning once the destination holds the data. Transports
-    /// with a device data path use it; the default says it is unavailable.
-    fn copy_device(&self, dst: u64, src: u64, bytes: u64) -> GinResult<()> {
-        let _ = (dst, src, bytes);
-        Err(GinHostError::Unavailable("device-to-device copies are not available to this proxy".into()))
+    /// A new [`CopyQueue`] over this rank's device (asynchronous copies and
+    /// writes with fences), for transports with a device data path (the
+    /// copy engine). The default says it is unavailable.
+    fn copy_queue(&self) -> GinResult<Box<dyn CopyQueue>> {
+        Err(GinHostError::Unavailable("device copy queues are not available to this proxy".into()))
     }
 }
 

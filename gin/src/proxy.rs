@@ -2,13 +2,18 @@
 //! descriptor rings.
 //!
 //! The thread sweeps every ring; for each ready descriptor, in ticket
-//! order, it validates it ([`crate::descriptor::decode`]), carries it out
-//! through the [`Transport`] (a put's source is read with
-//! [`LocalMemory::read_device`] in pieces of at most [`PUT_CHUNK`] bytes),
-//! applies the local action (counter + 1) and completes the ticket, which
-//! returns credit to the producers and satisfies flushes. After each sweep
-//! that did work it flushes the transport, and every sweep it asks the
-//! transport for failed peers. An idle proxy backs off: it spins for
+//! order, it validates it ([`crate::descriptor::decode`]) and hands it to
+//! the [`Transport`] (a put's source is read with
+//! [`LocalMemory::read_device`] in pieces of at most [`PUT_CHUNK`] bytes,
+//! or queued as a device copy by the copy-engine transport). Once the
+//! transport has *retired* it ([`Transport::issued`] / [`Transport::retired`]:
+//! at once for transports that finish each operation before returning,
+//! after a fence behind the data for the copy engine) the proxy applies the
+//! local action (counter + 1) and completes the ticket, which returns
+//! credit to the producers and satisfies flushes. Completions are kept in
+//! one FIFO, so every ring completes in ticket order. After each sweep that
+//! did work it flushes the transport, and every sweep it asks the transport
+//! for failed peers. An idle proxy backs off: it spins for
 //! [`IDLE_SPIN`], yields until [`IDLE_YIELD`], then sleeps (up to
 //! [`MAX_IDLE_SLEEP`]), so a busy proxy answers at once and an idle one
 //! costs little CPU.
@@ -22,6 +27,7 @@ use crate::descriptor::{decode, Limits, Request};
 use crate::ring::Rings;
 use crate::transport::{PeerFailure, Transport};
 use crate::{GinDescriptor, GinHostError, GinHostMemory, GinResult, LocalMemory};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -38,6 +44,8 @@ pub const IDLE_YIELD: Duration = Duration::from_millis(5);
 pub const MAX_IDLE_SLEEP: Duration = Duration::from_micros(500);
 /// Descriptors served from one ring before moving on to the next (fairness).
 const BATCH: usize = 64;
+/// Longest time `stop` waits for work in flight to retire.
+const STOP_DRAIN: Duration = Duration::from_secs(60);
 
 const RUN: u8 = 0;
 const STOP: u8 = 1;
@@ -92,8 +100,19 @@ impl Proxy {
         }
         let shared = Arc::new(Shared { command: AtomicU8::new(RUN), error: Mutex::new(None) });
         let limits = Limits { nranks: mem.nranks, total_signals: mem.total_signals, counters: mem.counters_len };
-        let mut worker =
-            Worker { rings, limits, local, transport, shared: shared.clone(), buf: Vec::new(), failed: Vec::new() };
+        let served = (0..rings.count()).map(|q| rings.completed(q)).collect();
+        let mut worker = Worker {
+            rings,
+            limits,
+            local,
+            transport,
+            shared: shared.clone(),
+            buf: Vec::new(),
+            failed: Vec::new(),
+            pending: VecDeque::new(),
+            retired: 0,
+            served,
+        };
         let thread = std::thread::Builder::new()
             .name(format!("gin-proxy{rank}"))
             .spawn(move || worker.run())
@@ -155,6 +174,12 @@ struct Worker {
     shared: Arc<Shared>,
     buf: Vec<u8>,
     failed: Vec<PeerFailure>,
+    /// Tickets handed to the transport, not yet retired: (mark, ring, local counter).
+    pending: VecDeque<(u64, usize, Option<u32>)>,
+    /// The transport's last [`Transport::retired`].
+    retired: u64,
+    /// Per ring: the next ticket to serve (ahead of `completed` while work is in flight).
+    served: Vec<u64>,
 }
 
 /// Fails every ring if the worker unwinds (a panic in a `LocalMemory` or
@@ -185,23 +210,85 @@ impl Worker {
                 return;
             }
             let did = self.sweep();
-            self.progress();
             if did > 0 {
                 if let Err(e) = self.transport.flush() {
                     self.transport_failed(e);
                 }
+            }
+            self.progress();
+            self.retire();
+            if did > 0 {
                 (idle, idle_since) = (0, None);
                 continue;
             }
             if command == STOP {
-                if let Err(e) = self.transport.flush() {
-                    self.transport_failed(e);
-                }
-                self.progress();
+                self.drain();
                 self.transport.close(true);
                 return;
             }
-            backoff(&mut idle, &mut idle_since);
+            if self.pending.is_empty() {
+                backoff(&mut idle, &mut idle_since);
+            } else {
+                // Work in flight: keep watching it closely.
+                (idle, idle_since) = (0, None);
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Completes the pending tickets the transport has retired, in order.
+    fn retire(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        match self.transport.retired() {
+            Ok(r) => self.retired = r,
+            Err(e) => return self.transport_failed(e),
+        }
+        while let Some(&(mark, q, counter)) = self.pending.front() {
+            if mark > self.retired {
+                break;
+            }
+            self.pending.pop_front();
+            self.finish(q, counter);
+        }
+    }
+
+    /// Local action, then completion of ticket `q`'s oldest ticket (skipped
+    /// for a failed ring: its producers have given up).
+    fn finish(&mut self, q: usize, counter: Option<u32>) {
+        if self.rings.is_failed(q) {
+            return;
+        }
+        if let Some(c) = counter {
+            if let Err(e) = self.rings.counter_inc(c) {
+                return self.fail_ring(q, e);
+            }
+        }
+        self.rings.complete(q);
+    }
+
+    /// At `stop`: flushes the transport and waits (bounded) until every
+    /// pending ticket has retired.
+    fn drain(&mut self) {
+        if let Err(e) = self.transport.flush() {
+            self.transport_failed(e);
+        }
+        let start = Instant::now();
+        loop {
+            self.progress();
+            self.retire();
+            if self.pending.is_empty() {
+                return;
+            }
+            if start.elapsed() > STOP_DRAIN {
+                let e = GinHostError::Timeout(format!(
+                    "{} GIN operations still in flight after {STOP_DRAIN:?} at stop",
+                    self.pending.len()
+                ));
+                return self.transport_failed(e);
+            }
+            std::thread::yield_now();
         }
     }
 
@@ -210,7 +297,8 @@ impl Worker {
         let mut did = 0;
         for q in 0..self.rings.count() {
             for _ in 0..BATCH {
-                let Some(d) = self.rings.poll(q) else { break };
+                let Some(d) = self.rings.poll_at(q, self.served[q]) else { break };
+                self.served[q] += 1;
                 self.serve(q, &d);
                 did += 1;
             }
@@ -235,12 +323,12 @@ impl Worker {
             Err(e @ GinHostError::Remote(_)) => return self.fail_peer(ring_peer, e),
             Err(e) => return self.fail_ring(q, e),
         }
-        if let Some(c) = req.local() {
-            if let Err(e) = self.rings.counter_inc(c) {
-                return self.fail_ring(q, e);
-            }
+        let mark = self.transport.issued();
+        if self.pending.is_empty() && mark <= self.retired {
+            self.finish(q, req.local());
+        } else {
+            self.pending.push_back((mark, q, req.local()));
         }
-        self.rings.complete(q);
     }
 
     fn perform(&mut self, req: &Request) -> GinResult<()> {
@@ -297,6 +385,7 @@ impl Worker {
         for q in 0..self.rings.count() {
             self.rings.fail(q);
         }
+        self.pending.clear();
         self.shared.record(e);
     }
 }

@@ -94,28 +94,37 @@ impl Rings {
         self.completed_word(q).load(Ordering::Acquire)
     }
 
-    /// The next descriptor of ring `q`, if its producer has published it
-    /// (`None` also for a failed ring). Returns the same descriptor until
-    /// [`Rings::complete`] is called.
+    /// The next descriptor of ring `q` to complete, if its producer has
+    /// published it (`None` also for a failed ring). Returns the same
+    /// descriptor until [`Rings::complete`] is called.
     pub fn poll(&self, q: usize) -> Option<GinDescriptor> {
+        self.poll_at(q, self.completed_word(q).load(Ordering::Relaxed))
+    }
+
+    /// The descriptor of `ticket` on ring `q`, if its producer has published
+    /// it (`None` also for a failed ring). A consumer that serves tickets
+    /// before completing them (work in flight) reads ahead with this; it
+    /// must keep `completed(q) <= ticket <= completed(q) + depth` — producers
+    /// cannot publish further, and a slot is only rewritten after its
+    /// ticket has completed.
+    pub fn poll_at(&self, q: usize, ticket: u64) -> Option<GinDescriptor> {
         if self.is_failed(q) {
             return None;
         }
-        // Only this consumer writes `completed`.
-        let next = self.completed_word(q).load(Ordering::Relaxed);
         let depth = self.mem.depth as u64;
         // SAFETY: q < count (checked by tail()), slot < depth: inside the ring array.
-        let slot = unsafe { self.mem.rings.add(q * self.mem.depth as usize + (next % depth) as usize) };
+        let slot = unsafe { self.mem.rings.add(q * self.mem.depth as usize + (ticket % depth) as usize) };
+        debug_assert!(ticket.wrapping_sub(self.completed(q)) <= depth, "read-ahead past the ring's credit");
         // SAFETY: live, 8-aligned word; producers store it atomically.
-        let ticket = unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*slot).ticket_plus_one)) };
-        if ticket.load(Ordering::Acquire) != next + 1 {
+        let published = unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*slot).ticket_plus_one)) };
+        if published.load(Ordering::Acquire) != ticket + 1 {
             return None;
         }
         // SAFETY: the acquire above orders this read after the producer's
         // body writes; no producer writes this slot again before we
         // complete the ticket (credit). Volatile: the GPU writes it.
         let mut d = unsafe { core::ptr::read_volatile(slot) };
-        d.ticket_plus_one = next + 1;
+        d.ticket_plus_one = ticket + 1;
         Some(d)
     }
 

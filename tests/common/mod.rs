@@ -64,12 +64,16 @@ pub fn runtime() -> String {
 
 /// Runs child test `child` in `n` processes on the parent's runtime, with
 /// `env` added, and asserts every rank succeeded. On CUDA it skips (saying
-/// so) when the machine has fewer than `n` GPUs.
+/// so) when the machine has fewer than `n` GPUs, unless
+/// `DEVCOMM_TEST_RANKS_PER_GPU=k` allows up to `k` ranks per GPU (rank `r`
+/// on GPU `r % gpus`; their kernels then time-share the GPU).
 pub fn run_on_runtime(child: &str, n: usize, env: &[(&str, String)]) {
     let rt = runtime();
     if rt == "cuda" {
         let gpus = devcomm::runtime::device_count(RuntimeSelection::Cuda).map(|x| x.1).unwrap_or(0);
-        if gpus < n {
+        let per_gpu: usize =
+            std::env::var("DEVCOMM_TEST_RANKS_PER_GPU").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(1);
+        if gpus * per_gpu.max(1) < n {
             eprintln!("skipped: {n} ranks need {n} GPUs, this machine has {gpus}");
             return;
         }

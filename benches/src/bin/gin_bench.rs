@@ -61,8 +61,19 @@ fn bench(quick: bool) -> Result<()> {
         comm.bootstrap_barrier()
     };
     if rank == 0 {
+        let transport = match std::env::var("DEVCOMM_GIN_TRANSPORT").as_deref() {
+            Ok("tcp") => "tcp".to_string(),
+            _ => format!(
+                "copy engine between ranks of one host (inline values {})",
+                if std::env::var("DEVCOMM_GIN_CE_STAGE_INLINE").is_ok_and(|v| v == "1") {
+                    "staged + copied"
+                } else {
+                    "as stream writes"
+                }
+            ),
+        };
         println!(
-            "# devcomm GIN benchmark: backend {}, transport tcp (DEVCOMM_GIN_TCP_ADDR), {} x {} ({})",
+            "# devcomm GIN benchmark: backend {}, transport: {transport}, {} x {} ({})",
             handle.gin_type(),
             comm.count(),
             dev.name(),

@@ -61,15 +61,7 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
     // the proxy's completion (it read the tail with acquire).
     let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
     if ticket >= cached + depth {
-        let mut deadline = Deadline::new(abort);
-        loop {
-            let done = unsafe { completed(g, ring) }?;
-            if ticket < done + depth {
-                unsafe { atomic::store_release(cache, done, Scope::Gpu) };
-                break;
-            }
-            deadline.poll()?;
-        }
+        unsafe { wait_credit(g, abort, ring, ticket, cache) }?;
     }
     let slot = unsafe { (g.rings as *mut GinDescriptor).add((ring * depth + ticket % depth) as usize) };
     // The body (bytes 8..64) as one 8-byte and three 16-byte stores, then the
@@ -84,6 +76,55 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
         atomic::store_release(core::ptr::addr_of_mut!((*slot).ticket_plus_one), ticket + 1, Scope::Sys);
     }
     Ok(ticket)
+}
+
+/// Producers this many tickets (or fewer) past the credit read the proxy's
+/// tail over PCIe; those further back watch the tail cache in device memory
+/// (refreshed by the front ones), so thousands of blocked producers do not
+/// flood the bus the proxy and the copy engine also need.
+pub const TAIL_POLLERS: u64 = 4;
+
+/// Waits for credit for `ticket` on `ring` (the ring is full): see
+/// [`TAIL_POLLERS`]. A producer further back sleeps in proportion to its
+/// distance from the credit, and still reads the tail itself every
+/// [`crate::wait::CHECK_EVERY`] polls, so a failed ring is noticed by all.
+///
+/// # Safety
+/// As for [`post`]; `cache` is `ring`'s tail-cache word.
+#[inline(never)]
+unsafe fn wait_credit(
+    g: &GinState,
+    abort: &AbortInfo,
+    ring: u64,
+    ticket: u64,
+    cache: *mut u64,
+) -> Result<(), QueueError> {
+    let depth = g.queue_depth as u64;
+    let mut deadline = Deadline::new(abort);
+    let mut polls = 0u32;
+    loop {
+        // Acquire/release on the cache: credit taken from a value another
+        // producer cached must also carry that producer's happens-before
+        // with the proxy's completion (it read the tail with acquire).
+        let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
+        if ticket < cached + depth {
+            return Ok(());
+        }
+        let behind = ticket - (cached + depth);
+        polls = polls.wrapping_add(1);
+        if behind < TAIL_POLLERS || polls % crate::wait::CHECK_EVERY == 0 {
+            let done = unsafe { completed(g, ring) }?;
+            if ticket < done + depth {
+                unsafe { atomic::fetch_max(cache, done, Order::Release, Scope::Gpu) };
+                return Ok(());
+            }
+        }
+        if behind >= TAIL_POLLERS {
+            // Roughly the time the proxy needs for the tickets ahead.
+            crate::arch::spin_backoff((behind.min(256) as u32) * 64);
+        }
+        deadline.poll()?;
+    }
 }
 
 /// Waits until the proxy has completed every ticket taken on `ring` so far

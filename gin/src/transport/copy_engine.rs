@@ -3,20 +3,30 @@
 //!
 //! For each same-host peer, `devcomm` maps into this process the peer's
 //! windows (the device memory behind them, imported from file descriptors)
-//! and the peer's signal array (host shared memory). A put then is one
-//! copy-engine copy from this rank's window into the peer's mapped window,
-//! returning once it is complete, followed by an atomic add on the peer's
-//! signal word: the signal can only be seen after the data it follows.
-//! Operations to one peer run one after another on the proxy thread, so
-//! they stay ordered. Peers on other hosts go to the `fallback` transport
-//! (TCP), which also keeps receiving for this rank.
+//! and the peer's signal array (host shared memory). A put is queued on a
+//! [`CopyQueue`] (a copy-engine copy into the peer's mapped window; inline
+//! values as 8-byte stream writes) and the call returns at once. After each
+//! sweep the proxy calls [`Transport::flush`], which queues a fence; once the
+//! fence has passed (the data is complete and visible), [`Transport::retired`]
+//! applies the signals that followed that data — an atomic add on the
+//! peer's signal word — in the order they were issued, and the proxy
+//! completes the tickets. So a signal is never visible before its data,
+//! puts and signals to a peer stay in order, and nothing waits per
+//! operation: a proxy keeps the copy engine busy with many puts in flight.
+//!
+//! Peers on other hosts go to the `fallback` transport (TCP), which also
+//! keeps receiving for this rank.
 
 use super::{PeerFailure, Transport};
 use crate::descriptor::RemoteSignal;
-use crate::{GinHostError, GinResult, LocalMemory};
-use std::collections::HashMap;
+use crate::{CopyQueue, GinHostError, GinResult, LocalMemory};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Longest wait for work in flight when the transport must drain (closing,
+/// or a large synchronous write); copies of a healthy device end far sooner.
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A same-host peer as this process sees it.
 pub struct SameHostPeer {
@@ -35,13 +45,30 @@ unsafe impl Send for SameHostPeer {}
 /// Same-host peers through the copy engine, the others through `fallback`.
 pub struct CopyEngineTransport {
     local: Arc<dyn LocalMemory>,
+    queue: Box<dyn CopyQueue>,
     peers: Vec<Option<SameHostPeer>>,
     fallback: Box<dyn Transport>,
+    /// Number of the last fence queued.
+    fenced: u64,
+    /// Work has been queued since that fence.
+    unfenced: bool,
+    /// Number of the last fence seen passed.
+    passed: u64,
+    /// Signals waiting for the fence behind their data: (fence, peer, signal).
+    waiting: VecDeque<(u64, usize, RemoteSignal)>,
+    /// Peers served by the fallback.
+    fallback_peers: usize,
+    /// When the fallback's `progress` last ran.
+    fallback_polled: std::time::Instant,
 }
+
+/// How often the fallback is polled when it serves no peer (failure detection only).
+const FALLBACK_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 
 impl CopyEngineTransport {
     /// A transport over `peers` (indexed by world rank; `None`: not on this
-    /// host, served by `fallback`).
+    /// host, served by `fallback`), queueing device work on a new
+    /// [`CopyQueue`] of `local`.
     ///
     /// # Safety
     /// Every mapping named in `peers` (windows and signal arrays) stays
@@ -51,8 +78,21 @@ impl CopyEngineTransport {
         local: Arc<dyn LocalMemory>,
         peers: Vec<Option<SameHostPeer>>,
         fallback: Box<dyn Transport>,
-    ) -> CopyEngineTransport {
-        CopyEngineTransport { local, peers, fallback }
+    ) -> GinResult<CopyEngineTransport> {
+        let queue = local.copy_queue()?;
+        let fallback_peers = peers.iter().filter(|p| p.is_none()).count();
+        Ok(CopyEngineTransport {
+            local,
+            queue,
+            peers,
+            fallback,
+            fenced: 0,
+            unfenced: false,
+            passed: 0,
+            waiting: VecDeque::new(),
+            fallback_peers,
+            fallback_polled: std::time::Instant::now(),
+        })
     }
 
     /// Number of peers reached through the copy engine.
@@ -64,7 +104,8 @@ impl CopyEngineTransport {
         self.peers.get(peer).and_then(|p| p.as_ref())
     }
 
-    fn dst(p: &SameHostPeer, peer: usize, window: u32, offset: u64, bytes: u64) -> GinResult<u64> {
+    fn dst(&self, peer: usize, window: u32, offset: u64, bytes: u64) -> GinResult<u64> {
+        let p = self.peer(peer).ok_or_else(|| GinHostError::Invalid(format!("rank {peer} is not on this host")))?;
         let &(base, size) = p.windows.get(&window).ok_or_else(|| {
             GinHostError::Invalid(format!(
                 "window {window} of rank {peer} is not mapped here (declare it with use_window)"
@@ -78,14 +119,48 @@ impl CopyEngineTransport {
         Ok(base + offset)
     }
 
-    fn add_signal(p: &SameHostPeer, peer: usize, signal: RemoteSignal) -> GinResult<()> {
-        let (id, value) = signal;
-        if id >= p.total_signals {
-            return Err(GinHostError::Invalid(format!("signal {id} of rank {peer} does not exist")));
+    fn check_signal(&self, peer: usize, signal: Option<RemoteSignal>) -> GinResult<()> {
+        match (signal, self.peer(peer)) {
+            (Some((id, _)), Some(p)) if id >= p.total_signals => {
+                Err(GinHostError::Invalid(format!("signal {id} of rank {peer} does not exist")))
+            }
+            _ => Ok(()),
         }
-        // SAFETY: id < total_signals; the mapping is alive and only accessed
-        // atomically (the contract of `new`).
+    }
+
+    fn add_signal(&self, peer: usize, (id, value): RemoteSignal) {
+        let Some(p) = self.peer(peer) else { return };
+        debug_assert!(id < p.total_signals, "checked when issued");
+        // SAFETY: id < total_signals (checked when the signal was issued);
+        // the mapping is alive and only accessed atomically (the contract of `new`).
         unsafe { AtomicU64::from_ptr(p.signals.add(id as usize)) }.fetch_add(value, Ordering::SeqCst);
+    }
+
+    /// Applies `signal` to `peer` once everything queued so far has landed:
+    /// at once if nothing is in flight, else after the covering fence.
+    fn signal_after_queued(&mut self, peer: usize, signal: RemoteSignal) {
+        if self.waiting.is_empty() && !self.unfenced && self.passed >= self.fenced {
+            self.add_signal(peer, signal);
+        } else {
+            let mark = self.issued();
+            self.waiting.push_back((mark, peer, signal));
+        }
+    }
+
+    /// Queues a fence and waits until it (and every signal before it) has
+    /// retired: nothing of this transport is in flight afterwards.
+    fn drain(&mut self) -> GinResult<()> {
+        Transport::flush(self)?;
+        let start = std::time::Instant::now();
+        while self.retired()? < self.fenced {
+            if start.elapsed() > DRAIN_TIMEOUT {
+                return Err(GinHostError::Timeout(format!(
+                    "copy-engine work did not complete within {DRAIN_TIMEOUT:?} (fence {} of {} passed)",
+                    self.passed, self.fenced
+                )));
+            }
+            std::thread::yield_now();
+        }
         Ok(())
     }
 }
@@ -99,24 +174,35 @@ impl Transport for CopyEngineTransport {
         data: &[u8],
         signal: Option<RemoteSignal>,
     ) -> GinResult<()> {
-        let Some(p) = self.peer(peer) else {
+        if self.peer(peer).is_none() {
             return self.fallback.put(peer, dst_window, dst_offset, data, signal);
-        };
-        if !data.is_empty() {
-            let dst = Self::dst(p, peer, dst_window, dst_offset, data.len() as u64)?;
+        }
+        let dst = self.dst(peer, dst_window, dst_offset, data.len() as u64)?;
+        self.check_signal(peer, signal)?;
+        if data.len() > 8 {
+            // Not the proxy's path (inline values are at most 8 bytes): a
+            // synchronous write, after everything in flight.
+            self.drain()?;
             self.local.write_device(dst, data)?;
+        } else if !data.is_empty() {
+            // SAFETY: `dst` lies in a window mapped here (checked above),
+            // kept mapped while the transport exists (the contract of `new`).
+            unsafe { self.queue.write(dst, data) }?;
+            self.unfenced = true;
         }
-        match signal {
-            Some(s) => Self::add_signal(p, peer, s),
-            None => Ok(()),
+        if let Some(s) = signal {
+            self.signal_after_queued(peer, s);
         }
+        Ok(())
     }
 
     fn signal(&mut self, peer: usize, signal: u32, value: u64) -> GinResult<()> {
-        match self.peer(peer) {
-            Some(p) => Self::add_signal(p, peer, (signal, value)),
-            None => self.fallback.signal(peer, signal, value),
+        if self.peer(peer).is_none() {
+            return self.fallback.signal(peer, signal, value);
         }
+        self.check_signal(peer, Some((signal, value)))?;
+        self.signal_after_queued(peer, (signal, value));
+        Ok(())
     }
 
     fn put_from_device(
@@ -130,28 +216,69 @@ impl Transport for CopyEngineTransport {
         signal: Option<RemoteSignal>,
         buf: &mut Vec<u8>,
     ) -> GinResult<()> {
-        let Some(p) = self.peer(peer) else {
+        if self.peer(peer).is_none() {
             return self.fallback.put_from_device(local, peer, dst_window, dst_offset, src, bytes, signal, buf);
-        };
+        }
+        let dst = self.dst(peer, dst_window, dst_offset, bytes)?;
+        self.check_signal(peer, signal)?;
         if bytes > 0 {
-            let dst = Self::dst(p, peer, dst_window, dst_offset, bytes)?;
-            self.local.copy_device(dst, src, bytes)?;
+            // SAFETY: `dst` lies in a mapped window of the peer (checked
+            // above); `src` in this rank's window (resolved by the proxy),
+            // which the proxy does not release before the ticket completes,
+            // i.e. after the covering fence has passed.
+            unsafe { self.queue.copy(dst, src, bytes) }?;
+            self.unfenced = true;
         }
-        match signal {
-            Some(s) => Self::add_signal(p, peer, s),
-            None => Ok(()),
+        if let Some(s) = signal {
+            self.signal_after_queued(peer, s);
         }
+        Ok(())
     }
 
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()> {
-        self.fallback.progress(failed)
+        self.retired()?;
+        // With every peer on this host the fallback carries no data, only
+        // failure detection (broken connections): poll it now and then, not
+        // on every turn of the proxy's loop.
+        if self.fallback_peers > 0 || self.fallback_polled.elapsed() >= FALLBACK_POLL {
+            self.fallback_polled = std::time::Instant::now();
+            return self.fallback.progress(failed);
+        }
+        Ok(())
     }
 
     fn flush(&mut self) -> GinResult<()> {
+        if self.unfenced {
+            self.fenced = self.queue.fence()?;
+            self.unfenced = false;
+        }
         self.fallback.flush()
     }
 
+    fn issued(&self) -> u64 {
+        self.fenced + self.unfenced as u64
+    }
+
+    fn retired(&mut self) -> GinResult<u64> {
+        if self.passed < self.fenced {
+            self.passed = self.queue.passed()?;
+        }
+        while let Some(&(mark, peer, signal)) = self.waiting.front() {
+            if mark > self.passed {
+                break;
+            }
+            self.waiting.pop_front();
+            self.add_signal(peer, signal);
+        }
+        Ok(self.passed)
+    }
+
     fn close(&mut self, graceful: bool) {
+        if graceful {
+            if let Err(e) = self.drain() {
+                tracing::error!(error = %e, "GIN copy-engine transport: work in flight failed while closing");
+            }
+        }
         self.fallback.close(graceful)
     }
 }

@@ -8,9 +8,14 @@
 //!
 //! * [`tcp::TcpTransport`]: a full mesh of TCP connections (between hosts,
 //!   or between emulated nodes on one host).
+//! * [`copy_engine::CopyEngineTransport`]: same-host peers through the copy
+//!   engine, asynchronously (work retires when a fence behind it passes:
+//!   [`Transport::issued`] / [`Transport::retired`]).
 
 pub mod copy_engine;
 pub mod tcp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use crate::descriptor::RemoteSignal;
 use crate::{GinHostError, GinResult, LocalMemory};
@@ -87,6 +92,20 @@ pub trait Transport: Send {
     /// Pushes out everything issued so far (no buffering left on this side).
     /// Peers that fail here are reported by the next [`Transport::progress`].
     fn flush(&mut self) -> GinResult<()>;
+    /// A mark for the work issued so far: once [`Transport::retired`]
+    /// reaches it, that work no longer needs its source (a put's source may
+    /// be reused) and its signals have been applied or handed off in order.
+    /// Transports that finish each operation before returning keep the
+    /// default (0: always retired).
+    fn issued(&self) -> u64 {
+        0
+    }
+    /// How far issued work has retired (see [`Transport::issued`]); applies
+    /// the signals whose data has landed. `Err` means the whole transport
+    /// failed.
+    fn retired(&mut self) -> GinResult<u64> {
+        Ok(0)
+    }
     /// Closes the transport. `graceful`: peers are told this rank leaves (they
     /// do not treat it as a failure); otherwise connections are cut as if
     /// the process had died. After it returns, nothing is written to this

@@ -7,14 +7,17 @@
 //!   tails, signals, counters — each region 4096-byte aligned;
 //! * device memory: producer tickets, cached tails, signal shadows.
 
+use super::copy_queue::StreamCopyQueue;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::gin::GinType;
-use crate::runtime::{AddressRange, DeviceBuffer, HostMappedBuffer, SharedHostBuffer, SharedHostMapping, Stream};
+use crate::runtime::{
+    AddressRange, Device, DeviceBuffer, HostMappedBuffer, SharedHostBuffer, SharedHostMapping, Stream,
+};
 use crate::window::fd_passing;
 use devcomm_device::gin::abi::{GinDescriptor, GinState, QueueTail, DESCRIPTOR_BYTES, TAIL_STRIDE};
 use devcomm_gin::transport::copy_engine::{CopyEngineTransport, SameHostPeer};
-use devcomm_gin::{Bootstrap, GinHostError, GinHostMemory, GinResult, LocalMemory};
+use devcomm_gin::{Bootstrap, CopyQueue, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
@@ -49,9 +52,11 @@ impl Bootstrap for CommBootstrap<'_> {
 }
 
 /// This rank's windows, as the proxy reaches them: window ids resolve
-/// through the communicator's window table; copies go through a stream of
-/// the proxy's own and return once complete.
+/// through the communicator's window table; synchronous reads and writes go
+/// through a stream of the proxy's own, asynchronous work through
+/// [`StreamCopyQueue`]s.
 pub(crate) struct CommMemory {
+    device: Device,
     stream: Stream,
     table: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
 }
@@ -78,12 +83,8 @@ impl LocalMemory for CommMemory {
         self.stream.read_raw(addr, out).map_err(|e| GinHostError::System(e.to_string()))
     }
 
-    fn copy_device(&self, dst: u64, src: u64, bytes: u64) -> GinResult<()> {
-        // SAFETY: the transport resolved both addresses inside live windows
-        // (this rank's, or a same-host peer's mapped here, kept by GinResources).
-        unsafe { self.stream.memcpy_raw(dst, src, bytes as usize) }
-            .and_then(|_| self.stream.synchronize())
-            .map_err(|e| GinHostError::System(e.to_string()))
+    fn copy_queue(&self) -> GinResult<Box<dyn CopyQueue>> {
+        Ok(Box::new(StreamCopyQueue::new(&self.device)?))
     }
 }
 
@@ -96,8 +97,14 @@ enum TransportChoice {
     Tcp,
 }
 
-fn transport_choice() -> Result<TransportChoice> {
+/// The transport for same-host peers: `DEVCOMM_GIN_TRANSPORT`, else the
+/// copy engine where the device runs stream writes (its fences), else TCP.
+fn transport_choice(dev: &Device) -> Result<TransportChoice> {
     match std::env::var("DEVCOMM_GIN_TRANSPORT").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("auto") if !dev.stream().supports_write_values() => {
+            tracing::warn!("{}: no 64-bit stream memory operations; GIN uses TCP between same-host ranks", dev.name());
+            Ok(TransportChoice::Tcp)
+        }
         Err(_) | Ok("") | Ok("auto") | Ok("ce") | Ok("copy_engine") => Ok(TransportChoice::Auto),
         Ok("tcp") => Ok(TransportChoice::Tcp),
         Ok(other) => Err(Error::invalid_argument(format!(
@@ -279,8 +286,11 @@ impl GinResources {
                 counters_len: counters as u32,
             }
         };
-        let local: Arc<dyn LocalMemory> =
-            Arc::new(CommMemory { stream: dev.new_stream()?, table: comm.ext.window_table.clone() });
+        let local: Arc<dyn LocalMemory> = Arc::new(CommMemory {
+            device: dev.clone(),
+            stream: dev.new_stream()?,
+            table: comm.ext.window_table.clone(),
+        });
         let boot = CommBootstrap(comm);
         // SAFETY: the signals region holds `total_signals` u64s of the host
         // buffer, which outlives the transport and the proxy (field order).
@@ -289,13 +299,14 @@ impl GinResources {
         let tcp_transport =
             devcomm_gin::transport::tcp::TcpTransport::connect(&boot, landing, &tcp).map_err(from_gin)?;
         let (transport, peer_maps): (Box<dyn devcomm_gin::transport::Transport>, Option<PeerMappings>) =
-            match transport_choice()? {
+            match transport_choice(&dev)? {
                 TransportChoice::Tcp => (Box::new(tcp_transport), None),
                 TransportChoice::Auto => {
                     let (peers, maps) = map_same_host_peers(comm, req, &shared, total_signals as u32)?;
                     // SAFETY: the mappings live in `maps`, kept in GinResources
                     // until after the proxy (and so the transport) is gone.
-                    let ce = unsafe { CopyEngineTransport::new(local.clone(), peers, Box::new(tcp_transport)) };
+                    let ce = unsafe { CopyEngineTransport::new(local.clone(), peers, Box::new(tcp_transport)) }
+                        .map_err(from_gin)?;
                     (Box::new(ce), Some(maps))
                 }
             };
@@ -314,6 +325,12 @@ impl GinResources {
             _host: host,
             _dev: dev_mem,
         })
+    }
+
+    /// The first error the proxy met, if any (it goes on serving the rings
+    /// the error did not concern).
+    pub(crate) fn error(&self) -> Option<Error> {
+        self.proxy.as_ref().and_then(|p| p.error()).map(from_gin)
     }
 
     /// Stops the proxy after it has drained its rings; reports its error.

@@ -32,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+mod copy_queue;
 mod gin_resources;
 mod requirements;
 
@@ -329,6 +330,15 @@ impl<'c> DevCommHandle<'c> {
     /// The GIN backend of this device communicator ([`GinType::None`](crate::gin::GinType) without GIN).
     pub fn gin_type(&self) -> crate::gin::GinType {
         self.gin.as_ref().map_or(crate::gin::GinType::None, |g| g.backend)
+    }
+
+    /// The first error the GIN proxy met while serving this device
+    /// communicator (a malformed request, a failed peer, a device fault), if
+    /// any — what a kernel sees as a failed ring (`GinError::Queue`), in
+    /// words. `None` without GIN. Like `ncclCommGetAsyncError`, it does not
+    /// block; [`DevCommHandle::destroy`] returns the same error.
+    pub fn gin_error(&self) -> Option<Error> {
+        self.gin.as_ref().and_then(|g| g.error())
     }
 
     fn release_windows(&mut self) {

@@ -104,6 +104,12 @@ impl CudaDevice {
         Ok(CudaStreamHandle { device: self.clone(), stream })
     }
 
+    /// Whether streams of this device can run 64-bit stream memory
+    /// operations (`cuStreamBatchMemOp` writes).
+    pub(crate) fn can_use_mem_ops(&self) -> bool {
+        self.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS).unwrap_or(0) != 0
+    }
+
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(cuda_err("cuCtxSynchronize"))
     }
@@ -294,7 +300,68 @@ impl CudaStreamHandle {
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(cuda_err("cuStreamSynchronize"))
     }
+
+    /// Whether the stream has finished all its work (`cuStreamQuery`);
+    /// an error of that work is returned.
+    pub(crate) fn is_idle(&self) -> Result<bool> {
+        self.device.bind()?;
+        // SAFETY: a live stream of the bound context.
+        match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(Error::CudaError(format!("cuStreamQuery: {e:?}"))),
+        }
+    }
+
+    /// Queues 64-bit stores `(address, value, barrier)` in order, as stream
+    /// memory operations (`cuStreamBatchMemOp`, at most
+    /// [`MAX_MEM_OPS`] per call). `barrier`: the store is ordered after
+    /// (and made visible after) every earlier operation of the stream, as
+    /// `__threadfence_system()`; without it, stores may pass earlier stores
+    /// of the same batch.
+    ///
+    /// # Safety
+    /// Every address is 8-aligned memory the device can write (its own, a
+    /// peer's mapped into it, or host memory mapped into it), alive until
+    /// the stream passes this point.
+    pub(crate) unsafe fn write_values(&self, ops: &[(u64, u64, bool)]) -> Result<()> {
+        self.device.bind()?;
+        for chunk in ops.chunks(MAX_MEM_OPS) {
+            let mut params: Vec<sys::CUstreamBatchMemOpParams> = chunk
+                .iter()
+                .map(|&(address, value, barrier)| {
+                    let flags = if barrier {
+                        0
+                    } else {
+                        sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32
+                    };
+                    sys::CUstreamBatchMemOpParams {
+                        writeValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+                            operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64,
+                            address,
+                            __bindgen_anon_1:
+                                sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                                    value64: value,
+                                },
+                            flags,
+                            alias: 0,
+                        },
+                    }
+                })
+                .collect();
+            // SAFETY: `params` holds `chunk.len()` (< 256) initialised
+            // operations, alive for the call (the driver copies them); the
+            // addresses are the caller's contract.
+            unsafe { sys::cuStreamBatchMemOp_v2(self.stream.cu_stream(), params.len() as u32, params.as_mut_ptr(), 0) }
+                .result()
+                .map_err(cuda_err("cuStreamBatchMemOp (64-bit stream writes)"))?;
+        }
+        Ok(())
+    }
 }
+
+/// Most operations handed to one `cuStreamBatchMemOp` call (the driver's limit is 255).
+pub(crate) const MAX_MEM_OPS: usize = 128;
 
 /// Device memory from `cuMemAlloc`, freed on drop.
 pub(crate) struct CudaAlloc {

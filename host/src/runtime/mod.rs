@@ -605,6 +605,43 @@ impl Stream {
         }
     }
 
+    /// Queues 64-bit stores `(address, value, barrier)`, in order, executed
+    /// by the stream itself (CUDA stream memory operations): `barrier`
+    /// makes the store visible only after everything queued before it.
+    /// Check [`Stream::supports_write_values`] first.
+    ///
+    /// # Safety
+    ///
+    /// Every address is an 8-aligned word the device can write (its own
+    /// memory, a peer's mapped into it, or host memory mapped into it),
+    /// alive until the stream passes this point, and accessed atomically by
+    /// everyone else.
+    pub(crate) unsafe fn write_values(&self, ops: &[(u64, u64, bool)]) -> Result<()> {
+        match &self.inner {
+            // SAFETY: forwarded from the caller.
+            StreamInner::Cuda(s) => unsafe { s.write_values(ops) },
+            // SAFETY: forwarded from the caller.
+            StreamInner::Emulated(s) => unsafe { s.write_values(ops) },
+        }
+    }
+
+    /// Whether [`Stream::write_values`] works on this device.
+    pub(crate) fn supports_write_values(&self) -> bool {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.device.can_use_mem_ops(),
+            StreamInner::Emulated(_) => true,
+        }
+    }
+
+    /// Whether everything queued so far has finished; the error of queued
+    /// work that failed (sticky, as [`Stream::synchronize`] reports it).
+    pub fn is_idle(&self) -> Result<bool> {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.is_idle(),
+            StreamInner::Emulated(s) => s.is_idle(),
+        }
+    }
+
     /// Records `event` at this point of the stream.
     pub fn record(&self, event: &Event) -> Result<()> {
         match (&self.inner, &event.inner) {

@@ -242,6 +242,31 @@ impl EmuStream {
         }))
     }
 
+    /// Whether every submitted op has run; the stream's error if one failed.
+    pub(crate) fn is_idle(&self) -> Result<bool> {
+        let s = self.state.0.lock().map_err(|_| Error::internal("stream poisoned"))?;
+        match &s.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(s.completed == s.submitted),
+        }
+    }
+
+    /// # Safety
+    /// Every address is a live, 8-aligned word until the stream passes
+    /// this point, accessed atomically by everybody.
+    pub(crate) unsafe fn write_values(&self, ops: &[(u64, u64, bool)]) -> Result<()> {
+        let ops = ops.to_vec();
+        self.submit(Box::new(move || {
+            for (addr, value, _barrier) in ops {
+                // SAFETY: forwarded from the caller. SeqCst orders the store
+                // after everything this worker did before (earlier ops).
+                unsafe { std::sync::atomic::AtomicU64::from_ptr(addr as *mut u64) }
+                    .store(value, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(())
+        }))
+    }
+
     pub(crate) fn synchronize(&self) -> Result<()> {
         let (lock, cv) = &*self.state;
         let mut s = lock.lock().map_err(|_| Error::internal("stream poisoned"))?;
