@@ -12,8 +12,9 @@
 //!   hosts, or between emulated nodes) and `CopyEngine` (same host:
 //!   asynchronous copy-engine copies into the peer's mapped window through
 //!   a [`CopyQueue`], then, once a fence behind the data has passed, an
-//!   atomic add on the peer's signal in shared memory). Not built yet: `Verbs` (RDMA,
-//!   behind a feature; no NIC on our machines).
+//!   atomic add on the peer's signal in shared memory), and, behind the
+//!   `verbs` feature, `Verbs` (RDMA write + fenced fetch-add; unit-tested
+//!   against a model NIC — no NIC exists on our machines).
 //!
 //! The crate sits *below* `devcomm`: it knows nothing of communicators or
 //! CUDA. `devcomm` hands it raw GIN memory ([`GinHostMemory`]), a way to

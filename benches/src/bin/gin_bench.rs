@@ -7,6 +7,10 @@
 //! ```
 //! The copy-engine reference needs the two ranks in one LSA team (the
 //! default on one host); GIN traffic goes through the proxy either way.
+//!
+//! `GIN_BENCH_ONLY=rtt|bw|rate` runs one part; `GIN_BENCH_DEPTH` sets the
+//! queue depth (default 512); with `GIN_BENCH_ONLY=rate` more grid shapes
+//! are measured.
 
 use devcomm::comm::Communicator;
 use devcomm::gin::GinConnectionType;
@@ -50,7 +54,9 @@ fn bench(quick: bool) -> Result<()> {
     req.gin_connection_type = GinConnectionType::Full;
     req.gin_signal_count = 4;
     req.gin_counter_count = 1;
-    req.gin_queue_depth = 512;
+    req.gin_queue_depth = std::env::var("GIN_BENCH_DEPTH").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+    let only = std::env::var("GIN_BENCH_ONLY").unwrap_or_default();
+    let part = |name: &str| only.is_empty() || only == name;
     req.use_window(&window);
     let handle = comm.create_dev_comm(&req)?;
     let (dc, win) = (handle.dev_comm(), window.desc());
@@ -82,12 +88,12 @@ fn bench(quick: bool) -> Result<()> {
     }
 
     // Round trip: signal only, 8-byte inline put + signal, 4 KiB put + signal.
-    if rank == 0 {
+    if rank == 0 && part("rtt") {
         println!();
         println!("# GIN put + signal round trip, one thread (us)");
         println!("{:>10} {:>10} {:>8}", "bytes", "rtt_us", "iters");
     }
-    for &bytes in &[0u64, 8, 4096] {
+    for &bytes in if part("rtt") { &[0u64, 8, 4096][..] } else { &[] } {
         let iters: u32 = if quick { 20 } else { 2000 };
         let mut samples = Vec::new();
         for _ in 0..if quick { 1 } else { 3 } {
@@ -106,12 +112,13 @@ fn bench(quick: bool) -> Result<()> {
     }
 
     // Put bandwidth next to the copy engine (CE: into the peer's LSA mapping).
-    if rank == 0 {
+    if rank == 0 && part("bw") {
         println!();
         println!("# GIN put bandwidth, rank 0 -> rank 1 (GB/s); ce = cuMemcpyDtoDAsync into the peer's window");
         println!("{:>12} {:>10} {:>10} {:>8}", "bytes", "gin_GB/s", "ce_GB/s", "gin/ce");
     }
-    let sizes: Vec<u64> = (12..=if quick { 20 } else { 28 }).step_by(2).map(|k| 1u64 << k).collect();
+    let sizes: Vec<u64> =
+        if part("bw") { (12..=if quick { 20 } else { 28 }).step_by(2).map(|k| 1u64 << k).collect() } else { vec![] };
     for &bytes in &sizes {
         let iters: u32 = if quick { 4 } else { ((1u64 << 30) / bytes).clamp(4, 2000) as u32 };
         let mut gin = Vec::new();
@@ -145,11 +152,19 @@ fn bench(quick: bool) -> Result<()> {
     }
 
     // Message rate of 8-byte put_values from many CTAs (rank 0 -> 1 and 1 -> 0 at once).
-    if rank == 0 {
+    if rank == 0 && part("rate") {
         println!();
-        println!("# 8-byte put_value message rate, every thread of every block posting (Mops/s per rank)");
+        println!(
+            "# 8-byte put_value message rate, every thread of every block posting (Mops/s per rank), queue depth {}",
+            req.gin_queue_depth
+        );
     }
-    for &(blocks, threads, per_thread) in &[(1u32, 32u32, 64u32), (8, 128, 16), (32, 256, 4)] {
+    let shapes: &[(u32, u32, u32)] = match only.as_str() {
+        "rate" => &[(1, 32, 64), (8, 128, 16), (16, 128, 8), (16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4)],
+        "" => &[(1, 32, 64), (8, 128, 16), (32, 256, 4)],
+        _ => &[],
+    };
+    for &(blocks, threads, per_thread) in shapes {
         reset(&comm)?;
         let ns = timed_kernel(&dev, &stream, "put_value rate", |out, err| unsafe {
             // SAFETY: the window holds 8 bytes per (block, thread).
