@@ -254,7 +254,7 @@ impl Worker {
         }
     }
 
-    /// Local action, then completion of ticket `q`'s oldest ticket (skipped
+    /// Local action, then completion of ring `q`'s oldest pending ticket (skipped
     /// for a failed ring: its producers have given up).
     fn finish(&mut self, q: usize, counter: Option<u32>) {
         if self.rings.is_failed(q) {

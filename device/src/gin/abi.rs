@@ -23,11 +23,13 @@
 //!    off, watching the abort flag) while the ring is full. Nothing is dropped.
 //! 3. It writes the descriptor's body, then `ticket_plus_one = t + 1` with a
 //!    release store at system scope: the slot is ready.
-//! 4. The proxy processes tickets in order: it waits for slot `tail % depth`
-//!    to show `tail + 1`, performs it (the source is read before it moves
-//!    on), applies the local action, then stores `completed = tail + 1`
-//!    (release). Completion in ticket order is what makes puts on one
-//!    context to one peer ordered, and `flush` a wait for `completed >= head`.
+//! 4. The proxy serves tickets in order: it waits for slot `t % depth` to
+//!    show `t + 1` and hands the operation to its transport, reading ahead
+//!    (never past `completed + depth`) while earlier tickets are in flight.
+//!    Once the transport has retired a ticket (its source read, its data
+//!    delivered or handed off), the proxy applies the local action, then
+//!    stores `completed = t + 1` (release). Completion in ticket order is
+//!    what makes `flush` a wait for `completed >= head`.
 //! 5. Remote actions (signals) are applied by the transport after the data
 //!    they follow is visible at the destination.
 
