@@ -184,6 +184,34 @@ fn every_coop_has_the_right_ranks_sizes_and_barriers() {
 }
 
 #[test]
+fn warp_match_shuffle_and_active_mask_agree_with_the_host() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    let (blocks, threads) = (2u32, 96u32);
+    let n = (blocks * threads) as usize;
+    let out = dev.alloc_from(&vec![u64::MAX; 3 * n]).unwrap();
+    // SAFETY: 3 words per thread; 96 threads is a multiple of 32.
+    unsafe {
+        s.launch::<devcomm_kernels::selftest::warp_intrinsics>(LaunchConfig::new(blocks, threads), (out.as_mut_ptr(),))
+    }
+    .unwrap();
+    let got = s.read_vec(&out).unwrap();
+    for t in 0..n {
+        let (lane, w) = ((t % threads as usize) % 32, (t % threads as usize) / 32);
+        let same_mod3 = (0..32).filter(|l| l % 3 == lane % 3).fold(0u64, |m, l| m | 1 << l);
+        assert_eq!(got[3 * t], same_mod3, "match_any, thread {t}");
+        let src = (lane + 5) % 32;
+        assert_eq!(got[3 * t + 1], src as u64 * 7 + 1000 * w as u64 + (1 << 40), "shfl, thread {t}");
+        let odd = if lane % 2 == 1 {
+            (0..32).filter(|l| l % 2 == 1 && l / 8 == lane / 8).fold(0u64, |m, l| m | 1 << l)
+        } else {
+            0
+        };
+        assert_eq!(got[3 * t + 2], odd | 1 << 32, "partial match_any / active_mask, thread {t}");
+    }
+}
+
+#[test]
 fn lsa_copy_handles_every_alignment_and_tail() {
     use devcomm_kernels::lsa::{lsa_copy, lsa_copy_bulk};
     let dev = test_device(0);

@@ -29,6 +29,10 @@ pub struct EmuHooks {
     pub sync_threads: fn(),
     /// Barrier among the lanes of `mask` in the caller's warp (`bar.warp.sync`).
     pub sync_warp: fn(mask: u32),
+    /// Barrier among the lanes of `mask` (the caller's among them) that also
+    /// hands each the `value` of every lane of `mask` (indexed by lane; the
+    /// others 0): the basis of `match.any` and `shfl` on the host.
+    pub warp_exchange: fn(mask: u32, value: u64) -> [u64; 32],
     /// Named barrier `id` (1..16) of `nthreads` threads of the block (`bar.sync id, n`).
     pub named_barrier: fn(id: u32, nthreads: u32),
     /// Base and size of the calling block's dynamic shared memory.

@@ -195,3 +195,31 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// Checks `match_any`, `shfl` and `active_mask` in full and partial
+    /// masks: thread `t` of the grid writes `out[3 t..3 t + 3]` =
+    /// (match_any of the full warp on `lane % 3`, the value `lane * 7 + 1000 w`
+    /// shuffled from lane `(lane + 5) % 32`, and — for the odd lanes, in a
+    /// mask of odd lanes — match_any on `lane / 8` | whether `active_mask`
+    /// held the caller (bit 32)).
+    ///
+    /// # Safety
+    /// `out` has 3 words per thread of the grid; `blockDim.x` is a multiple of 32.
+    pub unsafe fn warp_intrinsics(out: *mut u64) {
+        use devcomm_device::arch::{active_mask, block_dim, block_idx, lane_id, match_any, shfl, warp_id};
+        let t = (block_idx().x * block_dim().x + thread_idx().x) as usize;
+        let (lane, w) = (lane_id(), warp_id() as u64);
+        let full = u32::MAX;
+        let m = match_any(full, (lane % 3) as u64);
+        let v = shfl(full, lane as u64 * 7 + 1000 * w + (1 << 40), (lane + 5) % 32);
+        let mut odd = 0u64;
+        if lane % 2 == 1 {
+            odd = match_any(0xaaaa_aaaa, (lane / 8) as u64) as u64;
+        }
+        let held = active_mask() & (1 << lane) != 0;
+        *out.add(3 * t) = m as u64;
+        *out.add(3 * t + 1) = v;
+        *out.add(3 * t + 2) = odd | (held as u64) << 32;
+    }
+}

@@ -40,6 +40,33 @@ pub fn sync_warp(mask: u32) {
 }
 
 #[inline]
+pub fn active_mask() -> u32 {
+    1 << lane_id()
+}
+
+/// The lanes' values of `mask`, the caller's own without a barrier when it is alone.
+fn exchange(mask: u32, value: u64) -> [u64; 32] {
+    let lane = lane_id();
+    if mask == 1 << lane {
+        let mut v = [0; 32];
+        v[lane as usize] = value;
+        return v;
+    }
+    (hooks().warp_exchange)(mask, value)
+}
+
+#[inline]
+pub fn match_any(mask: u32, value: u64) -> u32 {
+    let v = exchange(mask, value);
+    (0..32).filter(|&l| mask & (1 << l) != 0 && v[l as usize] == value).fold(0, |m, l| m | 1 << l)
+}
+
+#[inline]
+pub fn shfl(mask: u32, value: u64, src: u32) -> u64 {
+    exchange(mask, value)[(src % 32) as usize]
+}
+
+#[inline]
 pub fn named_barrier(id: u32, nthreads: u32) {
     (hooks().named_barrier)(id, nthreads)
 }

@@ -135,6 +135,29 @@ pub fn sync_warp(mask: u32) {
     imp::sync_warp(mask)
 }
 
+/// The lanes of the caller's warp executing this call together with it
+/// (`activemask`), the caller included. Only a hint of convergence: any
+/// subset holding the caller is a correct answer, and the emulator always
+/// answers the caller alone (it runs every lane as if diverged).
+#[inline(always)]
+pub fn active_mask() -> u32 {
+    imp::active_mask()
+}
+
+/// The lanes of `mask` whose `value` equals the caller's (`match.any.sync.b64`).
+/// Every lane of `mask` must call it with the same `mask`, the caller among them.
+#[inline(always)]
+pub fn match_any(mask: u32, value: u64) -> u32 {
+    imp::match_any(mask, value)
+}
+
+/// Lane `src`'s `value` (`shfl.sync.idx`, 64 bits). Every lane of `mask`
+/// must call it with the same `mask`; `src` is one of them.
+#[inline(always)]
+pub fn shfl(mask: u32, value: u64, src: u32) -> u64 {
+    imp::shfl(mask, value, src)
+}
+
 /// Named barrier `id` (1..=15; 0 is [`sync_threads`]'s) among `nthreads`
 /// threads of the block, a multiple of 32 (`bar.sync id, nthreads`).
 #[inline(always)]

@@ -53,6 +53,37 @@ pub fn sync_warp(mask: u32) {
 }
 
 #[inline(always)]
+pub fn active_mask() -> u32 {
+    let m: u32;
+    unsafe {
+        asm!("activemask.b32 {m};", m = out(reg32) m, options(nomem, nostack));
+    }
+    m
+}
+
+#[inline(always)]
+pub fn match_any(mask: u32, value: u64) -> u32 {
+    let m: u32;
+    unsafe {
+        asm!("match.any.sync.b64 {m}, {v}, {mask};", m = out(reg32) m, v = in(reg64) value, mask = in(reg32) mask,
+             options(nomem, nostack));
+    }
+    m
+}
+
+#[inline(always)]
+pub fn shfl(mask: u32, value: u64, src: u32) -> u64 {
+    let (lo, hi): (u32, u32);
+    unsafe {
+        asm!("shfl.sync.idx.b32 {lo}, {a}, {src}, 31, {mask};", lo = out(reg32) lo, a = in(reg32) value as u32,
+             src = in(reg32) src, mask = in(reg32) mask, options(nomem, nostack));
+        asm!("shfl.sync.idx.b32 {hi}, {a}, {src}, 31, {mask};", hi = out(reg32) hi, a = in(reg32) (value >> 32) as u32,
+             src = in(reg32) src, mask = in(reg32) mask, options(nomem, nostack));
+    }
+    (lo as u64) | ((hi as u64) << 32)
+}
+
+#[inline(always)]
 pub fn named_barrier(id: u32, nthreads: u32) {
     unsafe {
         asm!("barrier.sync {id}, {n};", id = in(reg32) id, n = in(reg32) nthreads, options(nostack));

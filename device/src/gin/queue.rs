@@ -1,7 +1,7 @@
 //! The producer side of a GIN proxy ring (see [`super::abi`] for the protocol).
 
 use super::abi::{GinDescriptor, GinState, QueueTail, TAIL_STRIDE};
-use crate::arch::store16;
+use crate::arch::{self, store16};
 use crate::atomic::{self, Order, Scope};
 use crate::comm::AbortInfo;
 use crate::wait::{Deadline, WaitError};
@@ -40,9 +40,36 @@ pub unsafe fn completed(g: &GinState, ring: u64) -> Result<u64, QueueError> {
     Ok(done)
 }
 
+impl QueueError {
+    /// A non-zero word for passing the error between lanes ([`Self::from_code`] undoes it).
+    #[inline(always)]
+    const fn code(self) -> u64 {
+        match self {
+            QueueError::RingFailed => 3,
+            QueueError::Wait(w) => w.code() as u64,
+        }
+    }
+
+    #[inline(always)]
+    const fn from_code(code: u64) -> Self {
+        match code {
+            1 => QueueError::Wait(WaitError::Timeout),
+            2 => QueueError::Wait(WaitError::Aborted),
+            _ => QueueError::RingFailed,
+        }
+    }
+}
+
 /// Posts `body` to `ring` (its `ticket_plus_one` is ignored) and returns its
 /// ticket. Waits for credit while the ring is full: a descriptor is never
 /// dropped. One thread calls it per descriptor.
+///
+/// Lanes of a warp that post to the same ring together are served as a
+/// group (warp aggregation): the lowest takes one ticket per member with a
+/// single atomic, waits for credit for all of them (in pieces of at most
+/// the ring's depth) and tells the others, which then write their slots. So
+/// a warp is one producer to the credit protocol, and its lanes never wait
+/// for credit apart, each holding up the tickets of the others.
 ///
 /// A ring the proxy has failed is noticed when credit runs out (or by
 /// [`flush_ring`]); until then a post to it is accepted and will not be
@@ -54,18 +81,60 @@ pub unsafe fn completed(g: &GinState, ring: u64) -> Result<u64, QueueError> {
 #[inline]
 pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescriptor) -> Result<u64, QueueError> {
     let depth = g.queue_depth as u64;
-    let ticket = unsafe { atomic::fetch_add((g.heads as *mut u64).add(ring as usize), 1, Order::Relaxed, Scope::Gpu) };
-    let cache = unsafe { (g.tail_cache as *mut u64).add(ring as usize) };
-    // Acquire/release on the cache: credit taken from a value another
-    // producer cached must also carry that producer's happens-before with
-    // the proxy's completion (it read the tail with acquire).
-    let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
-    if ticket >= cached + depth {
-        unsafe { wait_credit(g, abort, ring, ticket, cache) }?;
+    let head = unsafe { (g.heads as *mut u64).add(ring as usize) };
+    // The head's address names the ring across device communicators.
+    let group = arch::match_any(arch::active_mask(), head as u64);
+    let lane = arch::lane_id();
+    let leader = group.trailing_zeros();
+    let rank = (group & ((1u32 << lane) - 1)).count_ones() as u64;
+    let count = group.count_ones() as u64;
+    let mut first = 0;
+    if lane == leader {
+        first = unsafe { atomic::fetch_add(head, count, Order::Relaxed, Scope::Gpu) };
     }
+    let first = arch::shfl(group, first, leader);
+    let cache = unsafe { (g.tail_cache as *mut u64).add(ring as usize) };
+    let mut start = 0;
+    while start < count {
+        let end = (start + depth).min(count);
+        let mut code = 0;
+        if lane == leader {
+            // Credit for the piece's last ticket covers the piece (completion is in order).
+            let last = first + end - 1;
+            // Acquire/release on the cache: credit taken from a value another
+            // producer cached must also carry that producer's happens-before
+            // with the proxy's completion (it read the tail with acquire).
+            let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
+            if last >= cached + depth {
+                if let Err(e) = unsafe { wait_credit(g, abort, ring, last, cache) } {
+                    code = e.code();
+                }
+            }
+        }
+        let code = arch::shfl(group, code, leader);
+        if code != 0 {
+            return Err(QueueError::from_code(code));
+        }
+        // Orders the leader's acquire of the credit before the slot stores.
+        arch::sync_warp(group);
+        if (start..end).contains(&rank) {
+            unsafe { write_slot(g, ring, first + rank, body) };
+        }
+        start = end;
+    }
+    Ok(first + rank)
+}
+
+/// Writes `body` as ticket `ticket`'s slot of `ring`: the body (bytes 8..64)
+/// as one 8-byte and three 16-byte stores, then the ticket with release, so
+/// the proxy never sees a ticket before its body.
+///
+/// # Safety
+/// As for [`post`]; the caller holds `ticket` and its credit.
+#[inline(always)]
+unsafe fn write_slot(g: &GinState, ring: u64, ticket: u64, body: &GinDescriptor) {
+    let depth = g.queue_depth as u64;
     let slot = unsafe { (g.rings as *mut GinDescriptor).add((ring * depth + ticket % depth) as usize) };
-    // The body (bytes 8..64) as one 8-byte and three 16-byte stores, then the
-    // ticket with release: the proxy never sees a ticket before its body.
     let words: &[u32; 16] = unsafe { &*(body as *const GinDescriptor as *const [u32; 16]) };
     let base = slot as *mut u8;
     unsafe {
@@ -75,7 +144,6 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
         store16(base.add(48), [words[12], words[13], words[14], words[15]]);
         atomic::store_release(core::ptr::addr_of_mut!((*slot).ticket_plus_one), ticket + 1, Scope::Sys);
     }
-    Ok(ticket)
 }
 
 /// Producers this many tickets (or fewer) past the credit read the proxy's

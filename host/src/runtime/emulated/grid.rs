@@ -87,6 +87,8 @@ struct BlockState {
     shared: Box<[std::cell::UnsafeCell<u128>]>,
     shared_bytes: u32,
     poisoned: Cell<bool>,
+    /// One word per thread for [`hook_warp_exchange`].
+    exchange: Box<[Cell<u64>]>,
 }
 
 struct LaunchState {
@@ -172,6 +174,29 @@ fn hook_sync_warp(mask: u32) {
     suspend(Suspend::Barrier(BarrierKey::Warp { warp, mask }));
 }
 
+fn hook_warp_exchange(mask: u32, value: u64) -> [u64; 32] {
+    let me = linear_thread(&slot().geometry);
+    let (warp, lane) = (me / 32, me % 32);
+    if mask & (1 << lane) == 0 {
+        launch().fail(format!("warp exchange by lane {lane} outside its mask {mask:#x}"));
+        block().poisoned.set(true);
+        resume_unwind(Box::new(LaunchAborted));
+    }
+    let words = &block().exchange;
+    words[me as usize].set(value);
+    // Everyone has written, then everyone reads before anyone writes again.
+    suspend(Suspend::Barrier(BarrierKey::Warp { warp, mask }));
+    let mut out = [0u64; 32];
+    for (l, v) in out.iter_mut().enumerate() {
+        let t = (warp * 32) as usize + l;
+        if mask & (1 << l) != 0 && t < words.len() {
+            *v = words[t].get();
+        }
+    }
+    suspend(Suspend::Barrier(BarrierKey::Warp { warp, mask }));
+    out
+}
+
 fn hook_named_barrier(id: u32, threads: u32) {
     suspend(Suspend::Barrier(BarrierKey::Named { id, threads }));
 }
@@ -204,6 +229,7 @@ static HOOKS: EmuHooks = EmuHooks {
     geometry: hook_geometry,
     sync_threads: hook_sync_threads,
     sync_warp: hook_sync_warp,
+    warp_exchange: hook_warp_exchange,
     named_barrier: hook_named_barrier,
     dynamic_shared: hook_dynamic_shared,
     global_timer_ns: hook_global_timer_ns,
@@ -311,6 +337,7 @@ impl<A: KernelArgs> BlockTask<A> {
             shared: (0..(cfg.shared_mem_bytes as usize).div_ceil(16)).map(|_| std::cell::UnsafeCell::new(0)).collect(),
             shared_bytes: cfg.shared_mem_bytes,
             poisoned: Cell::new(false),
+            exchange: (0..nthreads).map(|_| Cell::new(0)).collect(),
         };
         let block_idx = index_of(self.block, cfg.grid);
         let slots: Vec<Slot> = (0..nthreads as u64)
