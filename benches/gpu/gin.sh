@@ -8,6 +8,9 @@
 # copy-engine transport (inline values as stream writes, then staged), with
 # TCP, and NCCL point-to-point in the same call; last, the 3/4/8-rank test
 # cases with up to 2 ranks per GPU (SKIP_OVERSUBSCRIBED=1 leaves them out).
+# SKIP_STAGED=1 / SKIP_TCP=1 / SKIP_NCCL=1 leave those benches out;
+# RATE_SWEEP=1 adds the put_value rate over more grid shapes at queue depths
+# 512 and 8192 (copy engine) and 8192 (TCP).
 # Logs: $OUT/gin.log, $OUT/gin_bench*.log, $OUT/nccl_p2p.log.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -20,10 +23,16 @@ bench() { # name, env...
 {
     date -u
     nvidia-smi --query-gpu=index,name,driver_version --format=csv
+    step env DEVCOMM_RUNTIME=cuda $B/tests/runtime-* --test-threads=1 warp_
     step env DEVCOMM_RUNTIME=cuda $B/tests/gin-* --test-threads=1
     bench copy_engine
-    bench copy_engine_staged DEVCOMM_GIN_CE_STAGE_INLINE=1
-    bench tcp DEVCOMM_GIN_TRANSPORT=tcp
+    [ -z "${SKIP_STAGED:-}" ] && bench copy_engine_staged DEVCOMM_GIN_CE_STAGE_INLINE=1
+    [ -z "${SKIP_TCP:-}" ] && bench tcp DEVCOMM_GIN_TRANSPORT=tcp
+    if [ -n "${RATE_SWEEP:-}" ]; then
+        bench rate_ce_512 GIN_BENCH_ONLY=rate GIN_BENCH_DEPTH=512
+        bench rate_ce_8192 GIN_BENCH_ONLY=rate GIN_BENCH_DEPTH=8192
+        bench rate_tcp_8192 GIN_BENCH_ONLY=rate GIN_BENCH_DEPTH=8192 DEVCOMM_GIN_TRANSPORT=tcp
+    fi
     if [ -z "${SKIP_NCCL:-}" ]; then
         echo; echo "== NCCL point-to-point, same machine, same call"
         timeout 300 python3 benches/gpu/nccl_p2p.py $QUICK 2>&1 | grep -v Warning | tee "$OUT/nccl_p2p.log" || { echo "!! nccl_p2p failed"; status=1; }

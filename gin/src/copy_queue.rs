@@ -40,6 +40,13 @@ pub trait CopyQueue: Send {
     /// until a fence queued after this call has passed.
     unsafe fn write(&mut self, dst: u64, data: &[u8]) -> GinResult<()>;
 
+    /// Hands what was queued to the device now. A queue may gather work
+    /// to hand it over in fewer driver calls; this (and [`CopyQueue::fence`])
+    /// ends the gathering. The default does nothing.
+    fn submit(&mut self) -> GinResult<()> {
+        Ok(())
+    }
+
     /// Queues a fence and returns its number. Numbers start at 1 and grow
     /// by one per fence; fences pass in order.
     fn fence(&mut self) -> GinResult<u64>;

@@ -112,42 +112,76 @@ fn bench(quick: bool) -> Result<()> {
     }
 
     // Put bandwidth next to the copy engine (CE: into the peer's LSA mapping).
+    // "same": every put to one destination; "spread": up to 64 destinations
+    // in turn (what a sender streaming chunks does), which lets the proxy
+    // hand independent copies to the driver in one batch. ce: one
+    // cuMemcpyDtoDAsync per copy, spread; ce_batch: the same copies, one
+    // cuMemcpyBatchAsync per round of the destinations.
     if rank == 0 && part("bw") {
         println!();
-        println!("# GIN put bandwidth, rank 0 -> rank 1 (GB/s); ce = cuMemcpyDtoDAsync into the peer's window");
-        println!("{:>12} {:>10} {:>10} {:>8}", "bytes", "gin_GB/s", "ce_GB/s", "gin/ce");
+        println!(
+            "# GIN put bandwidth, rank 0 -> rank 1 (GB/s), each put with a signal; ce* = copies into the peer's window"
+        );
+        println!(
+            "{:>12} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+            "bytes", "gin_same", "gin_spr", "ce", "ce_batch", "spr/ce", "spr/ceb"
+        );
     }
     let sizes: Vec<u64> =
         if part("bw") { (12..=if quick { 20 } else { 28 }).step_by(2).map(|k| 1u64 << k).collect() } else { vec![] };
     for &bytes in &sizes {
         let iters: u32 = if quick { 4 } else { ((1u64 << 30) / bytes).clamp(4, 2000) as u32 };
-        let mut gin = Vec::new();
+        let spread = (2 * max / bytes - 1).min(64);
+        let mut gin = [Vec::new(), Vec::new()];
         for _ in 0..if quick { 1 } else { 3 } {
-            reset(&comm)?;
-            let ns = timed_kernel(&dev, &stream, "gin put bandwidth", |out, err| unsafe {
-                // SAFETY: as above.
-                stream.launch::<gin_put_bw>(LaunchConfig::new(1, 32), (dc, win, bytes, iters, out, err))
-            })?;
-            gin.push(bytes as f64 * iters as f64 / ns as f64);
-        }
-        let mut ce = 0.0;
-        if rank == 0 && win.lsa_size >= 2 {
-            let (src, dst) = (win.local_ptr::<u8>(0) as u64, win.lsa_ptr::<u8>(bytes, 1) as u64);
-            let (a, b) = (Event::new(&dev)?, Event::new(&dev)?);
-            // SAFETY: both ranges lie in mapped windows of 2 * max bytes.
-            unsafe { stream.memcpy_raw(dst, src, bytes as usize)? };
-            stream.record(&a)?;
-            for _ in 0..iters {
-                // SAFETY: as above.
-                unsafe { stream.memcpy_raw(dst, src, bytes as usize)? };
+            for (k, slots) in [1, spread].into_iter().enumerate() {
+                reset(&comm)?;
+                let ns = timed_kernel(&dev, &stream, "gin put bandwidth", |out, err| unsafe {
+                    // SAFETY: the window holds 2 * max >= (1 + slots) * bytes; live device communicator.
+                    stream.launch::<gin_put_bw>(LaunchConfig::new(1, 32), (dc, win, bytes, iters, slots, out, err))
+                })?;
+                gin[k].push(bytes as f64 * iters as f64 / ns as f64);
             }
-            stream.record(&b)?;
-            ce = bytes as f64 * iters as f64 / (a.elapsed_ms(&b)? as f64 * 1e6);
+        }
+        let (mut ce, mut ce_batch) = (0.0, 0.0);
+        if rank == 0 && win.lsa_size >= 2 {
+            let src = win.local_ptr::<u8>(0) as u64;
+            let copies: Vec<(u64, u64, usize)> = (0..iters as u64)
+                .map(|i| (win.lsa_ptr::<u8>(bytes * (1 + i % spread), 1) as u64, src, bytes as usize))
+                .collect();
+            let (a, b) = (Event::new(&dev)?, Event::new(&dev)?);
+            let timed = |batch: bool| -> Result<f64> {
+                // SAFETY (every copy here): each range lies in a mapped window
+                // of 2 * max bytes; no destination overlaps another copy's range
+                // within a batch (distinct slots; the source is below them).
+                unsafe { stream.memcpy_raw(copies[0].0, src, bytes as usize)? };
+                stream.record(&a)?;
+                if batch {
+                    for group in copies.chunks(spread as usize) {
+                        // SAFETY: as above.
+                        unsafe { stream.memcpy_batch_raw(group)? };
+                    }
+                } else {
+                    for &(dst, src, n) in &copies {
+                        // SAFETY: as above.
+                        unsafe { stream.memcpy_raw(dst, src, n)? };
+                    }
+                }
+                stream.record(&b)?;
+                Ok(bytes as f64 * iters as f64 / (a.elapsed_ms(&b)? as f64 * 1e6))
+            };
+            ce = timed(false)?;
+            ce_batch = timed(true)?;
         }
         if rank == 0 {
-            let g = median(gin);
-            println!("{bytes:>12} {g:>10.2} {ce:>10.1} {:>8.3}", if ce > 0.0 { g / ce } else { 0.0 });
-            println!("csv,gin_put,{bytes},{g:.3},{ce:.3}");
+            let (same, spr) = (median(gin[0].clone()), median(gin[1].clone()));
+            let ratio = |x: f64, r: f64| if r > 0.0 { x / r } else { 0.0 };
+            println!(
+                "{bytes:>12} {same:>9.2} {spr:>9.2} {ce:>9.1} {ce_batch:>9.1} {:>8.3} {:>8.3}",
+                ratio(spr, ce),
+                ratio(spr, ce_batch)
+            );
+            println!("csv,gin_put,{bytes},{same:.3},{spr:.3},{ce:.3},{ce_batch:.3}");
         }
     }
 

@@ -222,14 +222,23 @@ kernel! {
 
 kernel! {
     /// Put bandwidth over GIN: rank 0 posts `iters` puts of `bytes` (window
-    /// offset 0 → the peer's offset `bytes`) to rank 1, each with `SignalInc`
-    /// on signal 3; rank 1 waits for all of them and answers with one
-    /// `SignalInc` on rank 0's signal 3. `out[0]` on rank 0: ns from the
-    /// first post to the answer. Signal 3 must be 0 on both ranks.
+    /// offset 0 → the peer's offset `bytes * (1 + i % slots)` for put `i`:
+    /// `slots` destinations in turn, 1 = always the same) to rank 1, each
+    /// with `SignalInc` on signal 3; rank 1 waits for all of them and
+    /// answers with one `SignalInc` on rank 0's signal 3. `out[0]` on rank
+    /// 0: ns from the first post to the answer. Signal 3 must be 0 on both ranks.
     ///
     /// # Safety
-    /// Two or more ranks; the window holds `2 * bytes`.
-    pub unsafe fn gin_put_bw(comm: DevComm, win: WindowDesc, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
+    /// Two or more ranks; the window holds `(1 + slots) * bytes`.
+    pub unsafe fn gin_put_bw(
+        comm: DevComm,
+        win: WindowDesc,
+        bytes: u64,
+        iters: u32,
+        slots: u64,
+        out: *mut u64,
+        errors: *mut u32,
+    ) {
         if comm.rank > 1 || thread_idx().x != 0 {
             return;
         }
@@ -239,8 +248,9 @@ kernel! {
         let remote = RemoteAction::SignalInc { signal: 3, strong: true };
         let t0 = global_timer_ns();
         if comm.rank == 0 {
-            for _ in 0..iters {
-                if check(errors, gin.put(&me, &world, 1, &win, bytes, &win, 0, bytes, remote, LocalAction::None)).is_none() {
+            for i in 0..iters as u64 {
+                let dst = bytes * (1 + i % slots.max(1));
+                if check(errors, gin.put(&me, &world, 1, &win, dst, &win, 0, bytes, remote, LocalAction::None)).is_none() {
                     return;
                 }
             }

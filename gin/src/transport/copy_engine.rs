@@ -52,6 +52,8 @@ pub struct CopyEngineTransport {
     fenced: u64,
     /// Work has been queued since that fence.
     unfenced: bool,
+    /// Operations queued since that fence.
+    unfenced_ops: u32,
     /// Number of the last fence seen passed.
     passed: u64,
     /// Signals waiting for the fence behind their data: (fence, peer, signal).
@@ -61,6 +63,10 @@ pub struct CopyEngineTransport {
     /// When the fallback's `progress` last ran.
     fallback_polled: std::time::Instant,
 }
+
+/// Operations queued behind a fence in flight before another fence is
+/// queued anyway (see [`Transport::flush`] of this transport).
+pub const FENCE_EVERY: u32 = 64;
 
 /// How often the fallback is polled when it serves no peer (failure detection only).
 const FALLBACK_POLL: std::time::Duration = std::time::Duration::from_micros(200);
@@ -88,6 +94,7 @@ impl CopyEngineTransport {
             fallback,
             fenced: 0,
             unfenced: false,
+            unfenced_ops: 0,
             passed: 0,
             waiting: VecDeque::new(),
             fallback_peers,
@@ -147,10 +154,26 @@ impl CopyEngineTransport {
         }
     }
 
+    /// Queues a fence behind the work queued since the last one, if any.
+    fn fence_now(&mut self) -> GinResult<()> {
+        if self.unfenced {
+            self.fenced = self.queue.fence()?;
+            self.unfenced = false;
+            self.unfenced_ops = 0;
+        }
+        Ok(())
+    }
+
+    fn mark_queued(&mut self) {
+        self.unfenced = true;
+        self.unfenced_ops += 1;
+    }
+
     /// Queues a fence and waits until it (and every signal before it) has
     /// retired: nothing of this transport is in flight afterwards.
     fn drain(&mut self) -> GinResult<()> {
-        Transport::flush(self)?;
+        self.fence_now()?;
+        self.fallback.flush()?;
         let start = std::time::Instant::now();
         while self.retired()? < self.fenced {
             if start.elapsed() > DRAIN_TIMEOUT {
@@ -188,7 +211,7 @@ impl Transport for CopyEngineTransport {
             // SAFETY: `dst` lies in a window mapped here (checked above),
             // kept mapped while the transport exists (the contract of `new`).
             unsafe { self.queue.write(dst, data) }?;
-            self.unfenced = true;
+            self.mark_queued();
         }
         if let Some(s) = signal {
             self.signal_after_queued(peer, s);
@@ -227,7 +250,7 @@ impl Transport for CopyEngineTransport {
             // which the proxy does not release before the ticket completes,
             // i.e. after the covering fence has passed.
             unsafe { self.queue.copy(dst, src, bytes) }?;
-            self.unfenced = true;
+            self.mark_queued();
         }
         if let Some(s) = signal {
             self.signal_after_queued(peer, s);
@@ -237,6 +260,10 @@ impl Transport for CopyEngineTransport {
 
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()> {
         self.retired()?;
+        if self.unfenced && self.passed >= self.fenced {
+            // The work held back by `flush` while a fence was in flight.
+            self.fence_now()?;
+        }
         // With every peer on this host the fallback carries no data, only
         // failure detection (broken connections): poll it now and then, not
         // on every turn of the proxy's loop.
@@ -247,10 +274,17 @@ impl Transport for CopyEngineTransport {
         Ok(())
     }
 
+    /// Queues a fence behind the work queued since the last one — at once
+    /// when no fence is in flight (the latency case), else only once
+    /// [`FENCE_EVERY`] operations wait behind it; `progress` fences the rest
+    /// when the fence in flight has passed. So a busy proxy pays one fence
+    /// (a driver call) per many operations, not one per sweep.
     fn flush(&mut self) -> GinResult<()> {
-        if self.unfenced {
-            self.fenced = self.queue.fence()?;
-            self.unfenced = false;
+        if self.unfenced && (self.passed >= self.fenced || self.unfenced_ops >= FENCE_EVERY) {
+            self.fence_now()?;
+        } else {
+            // Keep the copy engine busy with what this sweep queued.
+            self.queue.submit()?;
         }
         self.fallback.flush()
     }
@@ -280,5 +314,164 @@ impl Transport for CopyEngineTransport {
             }
         }
         self.fallback.close(graceful)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The transport's ordering and fence policy against a model queue whose
+    //! fences pass only when the test says so.
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct QueueLog {
+        ops: Vec<String>,
+        fences: u64,
+        passed: u64,
+    }
+
+    struct ModelQueue(Arc<Mutex<QueueLog>>);
+
+    impl CopyQueue for ModelQueue {
+        unsafe fn copy(&mut self, dst: u64, src: u64, bytes: u64) -> GinResult<()> {
+            self.0.lock().unwrap().ops.push(format!("copy {dst:#x} {src:#x} {bytes}"));
+            Ok(())
+        }
+        unsafe fn write(&mut self, dst: u64, data: &[u8]) -> GinResult<()> {
+            self.0.lock().unwrap().ops.push(format!("write {dst:#x} {}", data.len()));
+            Ok(())
+        }
+        fn fence(&mut self) -> GinResult<u64> {
+            let mut l = self.0.lock().unwrap();
+            l.fences += 1;
+            let n = l.fences;
+            l.ops.push(format!("fence {n}"));
+            Ok(n)
+        }
+        fn passed(&mut self) -> GinResult<u64> {
+            Ok(self.0.lock().unwrap().passed)
+        }
+    }
+
+    struct ModelMemory(Arc<Mutex<QueueLog>>);
+
+    impl LocalMemory for ModelMemory {
+        fn window_addr(&self, _: u32, offset: u64, _: u64) -> GinResult<u64> {
+            Ok(0x1000 + offset)
+        }
+        fn write_device(&self, _: u64, _: &[u8]) -> GinResult<()> {
+            Ok(())
+        }
+        fn read_device(&self, _: u64, _: &mut [u8]) -> GinResult<()> {
+            Ok(())
+        }
+        fn copy_queue(&self) -> GinResult<Box<dyn CopyQueue>> {
+            Ok(Box::new(ModelQueue(self.0.clone())))
+        }
+    }
+
+    /// The fallback of a host whose peers are all local: never given work.
+    struct NoFallback;
+
+    impl Transport for NoFallback {
+        fn put(&mut self, peer: usize, _: u32, _: u64, _: &[u8], _: Option<RemoteSignal>) -> GinResult<()> {
+            Err(GinHostError::Invalid(format!("rank {peer} reached the fallback")))
+        }
+        fn signal(&mut self, peer: usize, _: u32, _: u64) -> GinResult<()> {
+            Err(GinHostError::Invalid(format!("rank {peer} reached the fallback")))
+        }
+        fn progress(&mut self, _: &mut Vec<PeerFailure>) -> GinResult<()> {
+            Ok(())
+        }
+        fn flush(&mut self) -> GinResult<()> {
+            Ok(())
+        }
+        fn close(&mut self, _: bool) {}
+    }
+
+    fn transport(signals: &mut [u64]) -> (CopyEngineTransport, Arc<Mutex<QueueLog>>) {
+        let log = Arc::new(Mutex::new(QueueLog::default()));
+        let peer = SameHostPeer {
+            windows: HashMap::from([(0, (0x9000_0000, 1 << 20))]),
+            signals: signals.as_mut_ptr(),
+            total_signals: signals.len() as u32,
+        };
+        let local: Arc<dyn LocalMemory> = Arc::new(ModelMemory(log.clone()));
+        // SAFETY: the model queue touches no memory; `signals` outlives the
+        // transport in every test and is only accessed through it meanwhile.
+        let t = unsafe { CopyEngineTransport::new(local, vec![None, Some(peer)], Box::new(NoFallback)) }.unwrap();
+        (t, log)
+    }
+
+    fn pass(log: &Mutex<QueueLog>, n: u64) {
+        log.lock().unwrap().passed = n;
+    }
+
+    #[test]
+    fn signals_wait_for_their_fence_and_busy_proxies_fence_less() {
+        let mut signals = vec![0u64; 4];
+        let sig = signals.as_ptr();
+        let read = |i: usize| unsafe { AtomicU64::from_ptr(sig.add(i) as *mut u64) }.load(Ordering::SeqCst);
+        let (mut t, log) = transport(&mut signals);
+        let mut failed = Vec::new();
+
+        // Idle: the first put is fenced at once; its signal waits for that fence.
+        t.put(1, 0, 8, &7u64.to_le_bytes(), Some((2, 1))).unwrap();
+        t.flush().unwrap();
+        assert_eq!(log.lock().unwrap().fences, 1);
+        assert_eq!(t.issued(), 1);
+        assert_eq!(read(2), 0, "signal before its data's fence");
+
+        // Busy: with fence 1 in flight, flushes hold the next puts back.
+        let mut buf = Vec::new();
+        let m = ModelMemory(log.clone());
+        for i in 0..(FENCE_EVERY - 1) as u64 {
+            t.put_from_device(&m, 1, 0, 64 * i, 0x1000, 64, Some((2, 1)), &mut buf).unwrap();
+            t.flush().unwrap();
+        }
+        assert_eq!(log.lock().unwrap().fences, 1, "a fence per sweep while one is in flight");
+        assert_eq!(t.issued(), 2);
+
+        // Fence 1 passes: its signal lands; progress fences the held-back work.
+        pass(&log, 1);
+        t.progress(&mut failed).unwrap();
+        assert_eq!(t.retired().unwrap(), 1);
+        assert_eq!(read(2), 1);
+        assert_eq!(log.lock().unwrap().fences, 2);
+
+        // FENCE_EVERY operations behind a fence in flight force another.
+        for i in 0..FENCE_EVERY as u64 {
+            t.put(1, 0, 8 * i, &i.to_le_bytes(), None).unwrap();
+        }
+        t.signal(1, 3, 5).unwrap();
+        t.flush().unwrap();
+        assert_eq!(log.lock().unwrap().fences, 3);
+        pass(&log, 3);
+        assert_eq!(t.retired().unwrap(), 3);
+        assert_eq!(read(2), 1 + (FENCE_EVERY as u64 - 1));
+        assert_eq!(read(3), 5);
+        assert!(failed.is_empty());
+
+        // Every data operation precedes the fence that covers its signal.
+        let ops = log.lock().unwrap().ops.clone();
+        let fence2 = ops.iter().position(|o| o == "fence 2").unwrap();
+        assert_eq!(ops[..fence2].iter().filter(|o| o.starts_with("copy")).count(), FENCE_EVERY as usize - 1);
+        assert_eq!(ops.last().map(String::as_str), Some("fence 3"));
+    }
+
+    #[test]
+    fn a_graceful_close_fences_what_was_held_back() {
+        let mut signals = vec![0u64; 1];
+        let (mut t, log) = transport(&mut signals);
+        t.put(1, 0, 0, &1u64.to_le_bytes(), None).unwrap();
+        t.flush().unwrap();
+        t.put(1, 0, 8, &2u64.to_le_bytes(), Some((0, 1))).unwrap();
+        t.flush().unwrap();
+        assert_eq!(log.lock().unwrap().fences, 1);
+        pass(&log, 2); // the model passes fence 2 as soon as it is queued
+        t.close(true);
+        assert_eq!(log.lock().unwrap().fences, 2);
+        assert_eq!(signals[0], 1);
     }
 }

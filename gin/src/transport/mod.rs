@@ -89,7 +89,10 @@ pub trait Transport: Send {
     /// on the caller's thread), and appends peers found failed since the
     /// last call to `failed`. `Err` means the whole transport failed.
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()>;
-    /// Pushes out everything issued so far (no buffering left on this side).
+    /// Pushes out everything issued so far (no buffering left on this side),
+    /// or — where that costs a driver call per flush — at least arranges
+    /// that [`Transport::progress`] pushes it out soon without further
+    /// calls (the copy engine holds work back while a fence is in flight).
     /// Peers that fail here are reported by the next [`Transport::progress`].
     fn flush(&mut self) -> GinResult<()>;
     /// A mark for the work issued so far: once [`Transport::retired`]

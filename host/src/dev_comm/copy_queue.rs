@@ -1,7 +1,10 @@
 //! The GIN proxy's asynchronous device data path ([`devcomm_gin::CopyQueue`])
 //! over a runtime stream of its own.
 //!
-//! * copies: `cuMemcpyDtoDAsync` (the copy engine) on the stream;
+//! * copies: gathered and handed to the copy engine together
+//!   (`cuMemcpyBatchAsync`: one driver call for up to [`MAX_COPIES`]), a
+//!   batch ending early where a copy would overlap one already in it (the
+//!   copies of a batch may run in any order);
 //! * inline values of 8 aligned bytes: 64-bit stream writes
 //!   (`cuStreamBatchMemOp`), batched — consecutive writes cost one driver
 //!   call; other sizes, or where the driver refuses stream writes to the
@@ -25,6 +28,8 @@ const STAGING_SLOTS: usize = 1024;
 const STAGING_AT: usize = 64;
 /// Stream writes gathered before they are handed to the driver in one call.
 const MAX_BATCH: usize = 128;
+/// Copies gathered before they are handed to the driver in one call.
+const MAX_COPIES: usize = 64;
 /// Unchanged polls of the fence word between two checks of the stream for errors.
 const QUERY_EVERY: u32 = 4096;
 
@@ -43,6 +48,10 @@ pub(crate) struct StreamCopyQueue {
     /// Stream writes not yet handed to the driver: (address, value, with a
     /// memory barrier — always for fences).
     batch: Vec<(u64, u64, bool)>,
+    /// Copies not yet handed to the driver: (dst, src, bytes), no
+    /// destination overlapping another copy's source or destination. At
+    /// most one of `batch` and `copies` is non-empty.
+    copies: Vec<(u64, u64, usize)>,
     stage_inline: bool,
     /// Inline values are written with a memory barrier each (only where the
     /// driver refused them without).
@@ -72,6 +81,7 @@ impl StreamCopyQueue {
             stream,
             host,
             batch: Vec::with_capacity(MAX_BATCH),
+            copies: Vec::with_capacity(MAX_COPIES),
             stage_inline,
             barrier_writes: false,
             fenced: 0,
@@ -95,7 +105,7 @@ impl StreamCopyQueue {
     /// mappings do not take stream writes; the call then queued nothing),
     /// the values go through staging copies from then on and the fences
     /// of the batch are queued again on their own.
-    fn submit(&mut self) -> GinResult<()> {
+    fn submit_writes(&mut self) -> GinResult<()> {
         if self.batch.is_empty() {
             return Ok(());
         }
@@ -140,6 +150,25 @@ impl StreamCopyQueue {
         Ok(())
     }
 
+    /// Hands the gathered copies to the driver.
+    fn submit_copies(&mut self) -> GinResult<()> {
+        if self.copies.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: each range came through `copy`, whose contract keeps it
+        // alive until a later fence; no destination overlaps another
+        // copy's range (checked when gathered).
+        let r = unsafe { self.stream.memcpy_batch_raw(&self.copies) }.map_err(sys_err);
+        self.copies.clear();
+        r
+    }
+
+    /// Hands everything gathered to the driver, in the order it came.
+    fn submit_all(&mut self) -> GinResult<()> {
+        self.submit_copies()?;
+        self.submit_writes()
+    }
+
     /// A staging slot free for reuse, waiting for its fence if needed.
     fn take_slot(&mut self) -> GinResult<usize> {
         let slot = self.next_slot;
@@ -169,7 +198,7 @@ impl StreamCopyQueue {
         // SAFETY: slot < STAGING_SLOTS and data.len() <= 8, so the bytes lie
         // inside `host`; no queued copy reads this slot (its fence has passed).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.host_ptr().add(at), data.len()) };
-        self.submit()?;
+        self.submit_all()?;
         // SAFETY: the source is our pinned slot (alive with self, not
         // rewritten before the next fence passes); `dst` is the caller's.
         unsafe { self.stream.memcpy_raw(dst, self.host.device_addr() + at as u64, data.len()) }.map_err(sys_err)
@@ -178,9 +207,22 @@ impl StreamCopyQueue {
 
 impl CopyQueue for StreamCopyQueue {
     unsafe fn copy(&mut self, dst: u64, src: u64, bytes: u64) -> GinResult<()> {
-        self.submit()?;
-        // SAFETY: forwarded from the caller (both ranges live until a later fence passes).
-        unsafe { self.stream.memcpy_raw(dst, src, bytes as usize) }.map_err(sys_err)
+        self.submit_writes()?;
+        let n = bytes as usize;
+        let meet = |a: u64, an: u64, b: u64, bn: u64| a < b + bn && b < a + an;
+        // Copies of a batch may run in any order: this one may not write
+        // what another reads or writes, nor read what another writes.
+        let hazard = |&(d, s, len): &(u64, u64, usize)| {
+            meet(dst, bytes, d, len as u64) || meet(dst, bytes, s, len as u64) || meet(src, bytes, d, len as u64)
+        };
+        if self.copies.iter().any(hazard) {
+            self.submit_copies()?;
+        }
+        self.copies.push((dst, src, n));
+        if self.copies.len() >= MAX_COPIES {
+            self.submit_copies()?;
+        }
+        Ok(())
     }
 
     unsafe fn write(&mut self, dst: u64, data: &[u8]) -> GinResult<()> {
@@ -189,9 +231,10 @@ impl CopyQueue for StreamCopyQueue {
         }
         if data.len() == 8 && dst % 8 == 0 && !self.stage_inline {
             let value = u64::from_le_bytes(data.try_into().unwrap_or_default());
+            self.submit_copies()?;
             self.batch.push((dst, value, self.barrier_writes));
             if self.batch.len() >= MAX_BATCH {
-                self.submit()?;
+                self.submit_writes()?;
             }
             return Ok(());
         }
@@ -201,10 +244,15 @@ impl CopyQueue for StreamCopyQueue {
 
     fn fence(&mut self) -> GinResult<u64> {
         let n = self.fenced + 1;
+        self.submit_copies()?;
         self.batch.push((self.host.device_addr(), n, true));
-        self.submit()?;
+        self.submit_writes()?;
         self.fenced = n;
         Ok(n)
+    }
+
+    fn submit(&mut self) -> GinResult<()> {
+        self.submit_all()
     }
 
     fn passed(&mut self) -> GinResult<u64> {
@@ -276,6 +324,41 @@ mod tests {
             for i in 0..512u64 {
                 assert_eq!(got[1024 + i as usize], i * 3 + 1);
             }
+        }
+    }
+
+    #[test]
+    fn dependent_copies_are_not_batched_together() {
+        let dev = device();
+        let mut q = StreamCopyQueue::new(&dev).unwrap();
+        let a = dev.alloc_from(&(0..64u64).map(|i| i + 100).collect::<Vec<_>>()).unwrap();
+        let b = dev.alloc_from(&(0..64u64).map(|i| i + 900).collect::<Vec<_>>()).unwrap();
+        let x = dev.alloc_from(&[0u64; 64]).unwrap();
+        let y = dev.alloc_from(&[0u64; 64]).unwrap();
+        let (pa, pb, px, py) = (a.device_addr(), b.device_addr(), x.device_addr(), y.device_addr());
+        // SAFETY: every range lies in the four buffers, alive past the wait below.
+        unsafe {
+            q.copy(px, pa, 512).unwrap(); // x = a
+            q.copy(py, px, 256).unwrap(); // y[..32] = x[..32]: reads what the first writes (new batch)
+            q.copy(px + 256, pb, 256).unwrap(); // x[32..] = b[..32]: independent of the second (same batch)
+            q.copy(px, pb + 256, 128).unwrap(); // x[..16] = b[32..48]: writes what the second reads (new batch)
+        }
+        assert_eq!(q.copies, vec![(px, pb + 256, 128)], "dependent copies end the batch");
+        q.submit().unwrap();
+        let f = q.fence().unwrap();
+        wait(&mut q, f);
+        let (gx, gy) = (dev.stream().read_vec(&x).unwrap(), dev.stream().read_vec(&y).unwrap());
+        for i in 0..64usize {
+            let want_x = if i < 16 {
+                900 + 32 + i as u64
+            } else if i < 32 {
+                100 + i as u64
+            } else {
+                900 + (i - 32) as u64
+            };
+            assert_eq!(gx[i], want_x, "x[{i}]");
+            let want_y = if i < 32 { 100 + i as u64 } else { 0 };
+            assert_eq!(gy[i], want_y, "y[{i}]");
         }
     }
 

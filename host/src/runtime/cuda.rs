@@ -284,6 +284,54 @@ impl CudaStreamHandle {
             .map_err(cuda_err("cuMemcpyDtoDAsync"))
     }
 
+    /// Queues `copies` (dst, src, bytes) with one `cuMemcpyBatchAsync` where
+    /// the driver has it (CUDA 12.8+), else one `cuMemcpyDtoDAsync` each.
+    /// The copies of one batch may run in any order and at once.
+    pub(crate) unsafe fn memcpy_batch(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
+        if copies.len() < 2 || !batch_copies_available() {
+            for &(d, s, n) in copies {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.memcpy(d, s, n) }?;
+            }
+            return Ok(());
+        }
+        self.device.bind()?;
+        let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0).collect();
+        let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1).collect();
+        let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+        // One attribute set for all: sources are read in stream order; no
+        // location hints (they only matter for managed memory).
+        let mut attrs = [sys::CUmemcpyAttributes {
+            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            srcLocHint: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 },
+            dstLocHint: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 },
+            flags: 0,
+        }];
+        let mut attr_idx = [0usize];
+        let mut fail_idx = usize::MAX;
+        // SAFETY: the three arrays hold `copies.len()` entries and the
+        // attribute arrays one, all alive for the call (the driver reads
+        // them before returning); the symbol exists (checked above); the
+        // ranges are the caller's contract.
+        unsafe {
+            sys::cuMemcpyBatchAsync(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                copies.len(),
+                attrs.as_mut_ptr(),
+                attr_idx.as_mut_ptr(),
+                1,
+                &mut fail_idx,
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| {
+            Error::CudaError(format!("cuMemcpyBatchAsync ({} copies, failed at {fail_idx}): {e:?}", copies.len()))
+        })
+    }
+
     pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         self.device.bind()?;
         // SAFETY: dst is a live allocation of `bytes` bytes (the caller's buffer).
@@ -362,6 +410,18 @@ impl CudaStreamHandle {
 
 /// Most operations handed to one `cuStreamBatchMemOp` call (the driver's limit is 255).
 pub(crate) const MAX_MEM_OPS: usize = 128;
+
+/// Whether the driver exports `cuMemcpyBatchAsync` (12.8 ABI). Asked once;
+/// cudarc's loader panics on a missing symbol, so it is looked up here first.
+fn batch_copies_available() -> bool {
+    static HAVE: OnceLock<bool> = OnceLock::new();
+    *HAVE.get_or_init(|| {
+        // SAFETY: looking a symbol up runs no code of the library.
+        let lib = unsafe { sys::culib() };
+        // SAFETY: as above; the symbol is only checked for presence.
+        unsafe { lib.get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync\0") }.is_ok()
+    })
+}
 
 /// Device memory from `cuMemAlloc`, freed on drop.
 pub(crate) struct CudaAlloc {

@@ -605,6 +605,24 @@ impl Stream {
         }
     }
 
+    /// Queues `copies` (dst, src, bytes) as one batch (`cuMemcpyBatchAsync`
+    /// where the driver has it: one driver call for all). The copies of a
+    /// batch may run in any order and concurrently; the batch as a whole is
+    /// ordered in the stream.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Stream::memcpy_raw`], for each copy; and no copy's
+    /// destination overlaps another copy's source or destination.
+    pub unsafe fn memcpy_batch_raw(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
+        match &self.inner {
+            // SAFETY: forwarded from the caller.
+            StreamInner::Cuda(s) => unsafe { s.memcpy_batch(copies) },
+            // SAFETY: forwarded from the caller.
+            StreamInner::Emulated(s) => unsafe { s.memcpy_batch(copies) },
+        }
+    }
+
     /// Queues 64-bit stores `(address, value, barrier)`, in order, executed
     /// by the stream itself (CUDA stream memory operations): `barrier`
     /// makes the store visible only after everything queued before it.

@@ -220,6 +220,17 @@ impl EmuStream {
         }))
     }
 
+    pub(crate) unsafe fn memcpy_batch(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
+        let copies = copies.to_vec();
+        // SAFETY: forwarded from the caller.
+        self.submit(Box::new(move || {
+            for (d, s, bytes) in copies {
+                unsafe { std::ptr::copy_nonoverlapping(s as usize as *const u8, d as usize as *mut u8, bytes) };
+            }
+            Ok(())
+        }))
+    }
+
     pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         let d = dst as usize;
         // SAFETY: dst is a live buffer of `bytes` bytes; the caller keeps it
