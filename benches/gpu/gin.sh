@@ -32,6 +32,8 @@ bench() { # name, env...
         bench rate_ce_512 GIN_BENCH_ONLY=rate GIN_BENCH_DEPTH=512
         bench rate_ce_8192 GIN_BENCH_ONLY=rate GIN_BENCH_DEPTH=8192
         bench rate_tcp_8192 GIN_BENCH_ONLY=rate GIN_BENCH_DEPTH=8192 DEVCOMM_GIN_TRANSPORT=tcp
+        # Bandwidth with a queue deeper than the puts: post_us is posting alone.
+        bench bw_ce_8192 GIN_BENCH_ONLY=bw GIN_BENCH_DEPTH=8192
     fi
     if [ -z "${SKIP_NCCL:-}" ]; then
         echo; echo "== NCCL point-to-point, same machine, same call"

@@ -32,14 +32,25 @@ fn timed_kernel(
     what: &str,
     launch: impl FnOnce(*mut u64, *mut u32) -> Result<()>,
 ) -> Result<u64> {
-    let out = dev.alloc_from(&[0u64])?;
+    Ok(timed_kernel2(dev, stream, what, launch)?[0])
+}
+
+/// As [`timed_kernel`], returning both words of `out`.
+fn timed_kernel2(
+    dev: &Device,
+    stream: &Stream,
+    what: &str,
+    launch: impl FnOnce(*mut u64, *mut u32) -> Result<()>,
+) -> Result<[u64; 2]> {
+    let out = dev.alloc_from(&[0u64; 2])?;
     let errors = dev.alloc_from(&[0u32; 2])?;
     launch(out.as_mut_ptr(), errors.as_mut_ptr())?;
     let e = stream.read_vec(&errors)?;
     if e[0] != 0 {
         return Err(Error::internal(format!("{what}: device error code {}", e[0])));
     }
-    Ok(stream.read_vec(&out)?[0])
+    let v = stream.read_vec(&out)?;
+    Ok([v[0], v[1]])
 }
 
 fn bench(quick: bool) -> Result<()> {
@@ -116,15 +127,16 @@ fn bench(quick: bool) -> Result<()> {
     // in turn (what a sender streaming chunks does), which lets the proxy
     // hand independent copies to the driver in one batch. ce: one
     // cuMemcpyDtoDAsync per copy, spread; ce_batch: the same copies, one
-    // cuMemcpyBatchAsync per round of the destinations.
+    // cuMemcpyBatchAsync per round of the destinations. post_us: the
+    // kernel's time per put for posting alone (spread; credit waits included).
     if rank == 0 && part("bw") {
         println!();
         println!(
             "# GIN put bandwidth, rank 0 -> rank 1 (GB/s), each put with a signal; ce* = copies into the peer's window"
         );
         println!(
-            "{:>12} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
-            "bytes", "gin_same", "gin_spr", "ce", "ce_batch", "spr/ce", "spr/ceb"
+            "{:>12} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+            "bytes", "gin_same", "gin_spr", "ce", "ce_batch", "spr/ce", "spr/ceb", "post_us"
         );
     }
     let sizes: Vec<u64> =
@@ -132,15 +144,18 @@ fn bench(quick: bool) -> Result<()> {
     for &bytes in &sizes {
         let iters: u32 = if quick { 4 } else { ((1u64 << 30) / bytes).clamp(4, 2000) as u32 };
         let spread = (2 * max / bytes - 1).min(64);
-        let mut gin = [Vec::new(), Vec::new()];
+        let (mut gin, mut post_us) = ([Vec::new(), Vec::new()], Vec::new());
         for _ in 0..if quick { 1 } else { 3 } {
             for (k, slots) in [1, spread].into_iter().enumerate() {
                 reset(&comm)?;
-                let ns = timed_kernel(&dev, &stream, "gin put bandwidth", |out, err| unsafe {
+                let [ns, posting] = timed_kernel2(&dev, &stream, "gin put bandwidth", |out, err| unsafe {
                     // SAFETY: the window holds 2 * max >= (1 + slots) * bytes; live device communicator.
                     stream.launch::<gin_put_bw>(LaunchConfig::new(1, 32), (dc, win, bytes, iters, slots, out, err))
                 })?;
                 gin[k].push(bytes as f64 * iters as f64 / ns as f64);
+                if k == 1 {
+                    post_us.push(posting as f64 / iters as f64 / 1e3);
+                }
             }
         }
         let (mut ce, mut ce_batch) = (0.0, 0.0);
@@ -177,9 +192,10 @@ fn bench(quick: bool) -> Result<()> {
             let (same, spr) = (median(gin[0].clone()), median(gin[1].clone()));
             let ratio = |x: f64, r: f64| if r > 0.0 { x / r } else { 0.0 };
             println!(
-                "{bytes:>12} {same:>9.2} {spr:>9.2} {ce:>9.1} {ce_batch:>9.1} {:>8.3} {:>8.3}",
+                "{bytes:>12} {same:>9.2} {spr:>9.2} {ce:>9.1} {ce_batch:>9.1} {:>8.3} {:>8.3} {:>8.2}",
                 ratio(spr, ce),
-                ratio(spr, ce_batch)
+                ratio(spr, ce_batch),
+                median(post_us)
             );
             println!("csv,gin_put,{bytes},{same:.3},{spr:.3},{ce:.3},{ce_batch:.3}");
         }

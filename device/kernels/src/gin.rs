@@ -226,10 +226,11 @@ kernel! {
     /// `slots` destinations in turn, 1 = always the same) to rank 1, each
     /// with `SignalInc` on signal 3; rank 1 waits for all of them and
     /// answers with one `SignalInc` on rank 0's signal 3. `out[0]` on rank
-    /// 0: ns from the first post to the answer. Signal 3 must be 0 on both ranks.
+    /// 0: ns from the first post to the answer; `out[1]`: ns the posting
+    /// took (credit waits included). Signal 3 must be 0 on both ranks.
     ///
     /// # Safety
-    /// Two or more ranks; the window holds `(1 + slots) * bytes`.
+    /// Two or more ranks; the window holds `(1 + slots) * bytes`; `out` has 2 words.
     pub unsafe fn gin_put_bw(
         comm: DevComm,
         win: WindowDesc,
@@ -254,6 +255,7 @@ kernel! {
                     return;
                 }
             }
+            *out.add(1) = global_timer_ns() - t0;
             check(errors, gin.wait_signal(&me, 3, 1));
         } else {
             if check(errors, gin.wait_signal(&me, 3, iters as u64)).is_some() {

@@ -106,7 +106,7 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
             // with the proxy's completion (it read the tail with acquire).
             let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
             if last >= cached + depth {
-                if let Err(e) = unsafe { wait_credit(g, abort, ring, last, cache) } {
+                if let Err(e) = unsafe { wait_credit(g, abort, ring, (first + start, last), cache) } {
                     code = e.code();
                 }
             }
@@ -146,16 +146,21 @@ unsafe fn write_slot(g: &GinState, ring: u64, ticket: u64, body: &GinDescriptor)
     }
 }
 
-/// Producers this many tickets (or fewer) past the credit read the proxy's
-/// tail over PCIe; those further back watch the tail cache in device memory
-/// (refreshed by the front ones), so thousands of blocked producers do not
-/// flood the bus the proxy and the copy engine also need.
-pub const TAIL_POLLERS: u64 = 4;
+/// Producers whose first ticket is at most this many tickets past the
+/// credit read the proxy's tail over PCIe (about the front warp's group);
+/// those further back watch the tail cache in device memory, which every
+/// tail read refreshes, so thousands of blocked producers do not flood the
+/// bus the proxy and the copy engine also need.
+pub const TAIL_POLLERS: u64 = 32;
 
-/// Waits for credit for `ticket` on `ring` (the ring is full): see
-/// [`TAIL_POLLERS`]. A producer further back sleeps in proportion to its
-/// distance from the credit, and still reads the tail itself every
-/// [`crate::wait::CHECK_EVERY`] polls, so a failed ring is noticed by all.
+/// Longest nap, in ns, of a producer far from credit between two looks at the tail cache.
+const MAX_NAP_NS: u64 = 1024;
+
+/// Waits for credit for tickets `lo..=hi` of `ring` (the ring is full): see
+/// [`TAIL_POLLERS`]. A producer further back naps in proportion to its
+/// distance from the credit (at most [`MAX_NAP_NS`]), and still reads the
+/// tail itself every [`crate::wait::CHECK_EVERY`] polls, so a failed ring
+/// is noticed by all.
 ///
 /// # Safety
 /// As for [`post`]; `cache` is `ring`'s tail-cache word.
@@ -164,7 +169,7 @@ unsafe fn wait_credit(
     g: &GinState,
     abort: &AbortInfo,
     ring: u64,
-    ticket: u64,
+    (lo, hi): (u64, u64),
     cache: *mut u64,
 ) -> Result<(), QueueError> {
     let depth = g.queue_depth as u64;
@@ -175,21 +180,22 @@ unsafe fn wait_credit(
         // producer cached must also carry that producer's happens-before
         // with the proxy's completion (it read the tail with acquire).
         let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
-        if ticket < cached + depth {
+        if hi < cached + depth {
             return Ok(());
         }
-        let behind = ticket - (cached + depth);
+        let behind = lo.saturating_sub(cached + depth);
         polls = polls.wrapping_add(1);
         if behind < TAIL_POLLERS || polls % crate::wait::CHECK_EVERY == 0 {
             let done = unsafe { completed(g, ring) }?;
-            if ticket < done + depth {
+            if done > cached {
                 unsafe { atomic::fetch_max(cache, done, Order::Release, Scope::Gpu) };
+            }
+            if hi < done + depth {
                 return Ok(());
             }
-        }
-        if behind >= TAIL_POLLERS {
+        } else {
             // Roughly the time the proxy needs for the tickets ahead.
-            crate::arch::spin_backoff((behind.min(256) as u32) * 64);
+            crate::arch::spin_backoff((behind * 16).min(MAX_NAP_NS) as u32);
         }
         deadline.poll()?;
     }
