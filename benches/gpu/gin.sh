@@ -34,6 +34,7 @@ bench() { # name, env...
         bench rate_tcp_8192 GIN_BENCH_ONLY=rate GIN_BENCH_DEPTH=8192 DEVCOMM_GIN_TRANSPORT=tcp
         # Bandwidth with a queue deeper than the puts: post_us is posting alone.
         bench bw_ce_8192 GIN_BENCH_ONLY=bw GIN_BENCH_DEPTH=8192
+        bench bw_ce_32posters GIN_BENCH_ONLY=bw GIN_BENCH_POSTERS=32
     fi
     if [ -z "${SKIP_NCCL:-}" ]; then
         echo; echo "== NCCL point-to-point, same machine, same call"

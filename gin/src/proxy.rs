@@ -101,6 +101,7 @@ impl Proxy {
         let shared = Arc::new(Shared { command: AtomicU8::new(RUN), error: Mutex::new(None) });
         let limits = Limits { nranks: mem.nranks, total_signals: mem.total_signals, counters: mem.counters_len };
         let served = (0..rings.count()).map(|q| rings.completed(q)).collect();
+        let unpublished = vec![0; rings.count()];
         let mut worker = Worker {
             rings,
             limits,
@@ -112,6 +113,7 @@ impl Proxy {
             pending: VecDeque::new(),
             retired: 0,
             served,
+            unpublished,
         };
         let thread = std::thread::Builder::new()
             .name(format!("gin-proxy{rank}"))
@@ -180,6 +182,8 @@ struct Worker {
     retired: u64,
     /// Per ring: the next ticket to serve (ahead of `completed` while work is in flight).
     served: Vec<u64>,
+    /// Per ring: tickets completed this turn, not yet stored in its tail.
+    unpublished: Vec<u64>,
 }
 
 /// Fails every ring if the worker unwinds (a panic in a `LocalMemory` or
@@ -236,21 +240,34 @@ impl Worker {
         }
     }
 
-    /// Completes the pending tickets the transport has retired, in order.
+    /// Completes the pending tickets the transport has retired, in order,
+    /// then publishes every completion not yet published.
     fn retire(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        match self.transport.retired() {
-            Ok(r) => self.retired = r,
-            Err(e) => return self.transport_failed(e),
-        }
-        while let Some(&(mark, q, counter)) = self.pending.front() {
-            if mark > self.retired {
-                break;
+        if !self.pending.is_empty() {
+            match self.transport.retired() {
+                Ok(r) => self.retired = r,
+                Err(e) => return self.transport_failed(e),
             }
-            self.pending.pop_front();
-            self.finish(q, counter);
+            while let Some(&(mark, q, counter)) = self.pending.front() {
+                if mark > self.retired {
+                    break;
+                }
+                self.pending.pop_front();
+                self.finish(q, counter);
+            }
+        }
+        self.publish();
+    }
+
+    /// Stores each ring's completions of this turn in one go: producers
+    /// poll the tail word over PCIe, and every store to a line they read
+    /// costs the CPU an ownership round trip.
+    fn publish(&mut self) {
+        for q in 0..self.unpublished.len() {
+            let n = std::mem::take(&mut self.unpublished[q]);
+            if n > 0 && !self.rings.is_failed(q) {
+                self.rings.complete_n(q, n);
+            }
         }
     }
 
@@ -265,7 +282,7 @@ impl Worker {
                 return self.fail_ring(q, e);
             }
         }
-        self.rings.complete(q);
+        self.unpublished[q] += 1;
     }
 
     /// At `stop`: flushes the transport and waits (bounded) until every

@@ -132,8 +132,14 @@ impl Rings {
     /// source has been read and its local action applied; the slot is
     /// free for producers again.
     pub fn complete(&self, q: usize) {
+        self.complete_n(q, 1);
+    }
+
+    /// Completes the next `n` tickets of ring `q` at once (one store the
+    /// producers see, instead of `n`).
+    pub fn complete_n(&self, q: usize, n: u64) {
         let w = self.completed_word(q);
-        w.store(w.load(Ordering::Relaxed) + 1, Ordering::Release);
+        w.store(w.load(Ordering::Relaxed) + n, Ordering::Release);
     }
 
     /// Marks ring `q` failed: producers and flushes give up on it.

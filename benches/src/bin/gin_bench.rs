@@ -9,7 +9,8 @@
 //! default on one host); GIN traffic goes through the proxy either way.
 //!
 //! `GIN_BENCH_ONLY=rtt|bw|rate` runs one part; `GIN_BENCH_DEPTH` sets the
-//! queue depth (default 512); with `GIN_BENCH_ONLY=rate` more grid shapes
+//! queue depth (default 512); `GIN_BENCH_POSTERS` the threads posting the
+//! bandwidth test's puts (1..=32, default 1); with `GIN_BENCH_ONLY=rate` more grid shapes
 //! are measured.
 
 use devcomm::comm::Communicator;
@@ -141,6 +142,11 @@ fn bench(quick: bool) -> Result<()> {
     }
     let sizes: Vec<u64> =
         if part("bw") { (12..=if quick { 20 } else { 28 }).step_by(2).map(|k| 1u64 << k).collect() } else { vec![] };
+    // GIN_BENCH_POSTERS: threads of one warp posting the puts (default 1).
+    let posters: u32 = std::env::var("GIN_BENCH_POSTERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).clamp(1, 32);
+    if rank == 0 && part("bw") {
+        println!("# posting threads: {posters}");
+    }
     for &bytes in &sizes {
         let iters: u32 = if quick { 4 } else { ((1u64 << 30) / bytes).clamp(4, 2000) as u32 };
         let spread = (2 * max / bytes - 1).min(64);
@@ -150,7 +156,10 @@ fn bench(quick: bool) -> Result<()> {
                 reset(&comm)?;
                 let [ns, posting] = timed_kernel2(&dev, &stream, "gin put bandwidth", |out, err| unsafe {
                     // SAFETY: the window holds 2 * max >= (1 + slots) * bytes; live device communicator.
-                    stream.launch::<gin_put_bw>(LaunchConfig::new(1, 32), (dc, win, bytes, iters, slots, out, err))
+                    stream.launch::<gin_put_bw>(
+                        LaunchConfig::new(1, 32),
+                        (dc, win, bytes, iters, slots, posters, out, err),
+                    )
                 })?;
                 gin[k].push(bytes as f64 * iters as f64 / ns as f64);
                 if k == 1 {

@@ -224,23 +224,30 @@ kernel! {
     /// Put bandwidth over GIN: rank 0 posts `iters` puts of `bytes` (window
     /// offset 0 → the peer's offset `bytes * (1 + i % slots)` for put `i`:
     /// `slots` destinations in turn, 1 = always the same) to rank 1, each
-    /// with `SignalInc` on signal 3; rank 1 waits for all of them and
-    /// answers with one `SignalInc` on rank 0's signal 3. `out[0]` on rank
-    /// 0: ns from the first post to the answer; `out[1]`: ns the posting
-    /// took (credit waits included). Signal 3 must be 0 on both ranks.
+    /// with `SignalInc` on signal 3, from `posters` threads of block 0
+    /// (thread `t` posts the puts `i ≡ t mod posters`); rank 1 waits for
+    /// all of them and answers with one `SignalInc` on rank 0's signal 3.
+    /// `out[0]` on rank 0: ns from the first post to the answer; `out[1]`:
+    /// ns thread 0's posting took (credit waits included). Signal 3 must be
+    /// 0 on both ranks.
     ///
     /// # Safety
-    /// Two or more ranks; the window holds `(1 + slots) * bytes`; `out` has 2 words.
+    /// Two or more ranks; the window holds `(1 + slots) * bytes`; `out` has
+    /// 2 words; `posters` is at most the block's size.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn gin_put_bw(
         comm: DevComm,
         win: WindowDesc,
         bytes: u64,
         iters: u32,
         slots: u64,
+        posters: u32,
         out: *mut u64,
         errors: *mut u32,
     ) {
-        if comm.rank > 1 || thread_idx().x != 0 {
+        let t = thread_idx().x;
+        let posting = comm.rank == 0 && t < posters.max(1);
+        if comm.rank > 1 || (t != 0 && !posting) {
             return;
         }
         let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
@@ -249,11 +256,16 @@ kernel! {
         let remote = RemoteAction::SignalInc { signal: 3, strong: true };
         let t0 = global_timer_ns();
         if comm.rank == 0 {
-            for i in 0..iters as u64 {
+            let mut i = t as u64;
+            while i < iters as u64 {
                 let dst = bytes * (1 + i % slots.max(1));
                 if check(errors, gin.put(&me, &world, 1, &win, dst, &win, 0, bytes, remote, LocalAction::None)).is_none() {
                     return;
                 }
+                i += posters.max(1) as u64;
+            }
+            if t != 0 {
+                return;
             }
             *out.add(1) = global_timer_ns() - t0;
             check(errors, gin.wait_signal(&me, 3, 1));

@@ -159,8 +159,8 @@ const MAX_NAP_NS: u64 = 1024;
 /// Waits for credit for tickets `lo..=hi` of `ring` (the ring is full): see
 /// [`TAIL_POLLERS`]. A producer further back naps in proportion to its
 /// distance from the credit (at most [`MAX_NAP_NS`]), and still reads the
-/// tail itself every [`crate::wait::CHECK_EVERY`] polls, so a failed ring
-/// is noticed by all.
+/// tail itself every [`BACK_CHECK_EVERY`] polls, so a failed ring is
+/// noticed by all.
 ///
 /// # Safety
 /// As for [`post`]; `cache` is `ring`'s tail-cache word.
@@ -185,7 +185,8 @@ unsafe fn wait_credit(
         }
         let behind = lo.saturating_sub(cached + depth);
         polls = polls.wrapping_add(1);
-        if behind < TAIL_POLLERS || polls % crate::wait::CHECK_EVERY == 0 {
+        let front = behind < TAIL_POLLERS;
+        if front || polls % BACK_CHECK_EVERY == 0 {
             let done = unsafe { completed(g, ring) }?;
             if done > cached {
                 unsafe { atomic::fetch_max(cache, done, Order::Release, Scope::Gpu) };
@@ -193,13 +194,22 @@ unsafe fn wait_credit(
             if hi < done + depth {
                 return Ok(());
             }
-        } else {
+        }
+        if !front {
             // Roughly the time the proxy needs for the tickets ahead.
             crate::arch::spin_backoff((behind * 16).min(MAX_NAP_NS) as u32);
         }
-        deadline.poll()?;
+        // The abort flag is host memory too: producers further back look at it less often.
+        if front || polls % (BACK_CHECK_EVERY / crate::wait::CHECK_EVERY) == 0 {
+            deadline.poll()?;
+        }
     }
 }
+
+/// Polls between two reads of the tail (and, through [`Deadline`], of the
+/// abort flag) by a producer that is not at the front: both are host
+/// memory, and every such read crosses PCIe.
+const BACK_CHECK_EVERY: u32 = 1024;
 
 /// Waits until the proxy has completed every ticket taken on `ring` so far
 /// (sources read, local actions applied).
@@ -211,9 +221,12 @@ pub unsafe fn flush_ring(g: &GinState, abort: &AbortInfo, ring: u64) -> Result<(
     let target = unsafe { atomic::load_relaxed((g.heads as *const u64).add(ring as usize), Scope::Gpu) };
     let mut deadline = Deadline::new(abort);
     loop {
-        if unsafe { completed(g, ring) }? >= target {
+        let done = unsafe { completed(g, ring) }?;
+        if done >= target {
             return Ok(());
         }
+        // Many flushers at once must not flood PCIe with reads of the tail.
+        crate::arch::spin_backoff(((target - done) * 16).min(MAX_NAP_NS) as u32);
         deadline.poll()?;
     }
 }
