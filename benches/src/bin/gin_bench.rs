@@ -130,10 +130,13 @@ fn bench(quick: bool) -> Result<()> {
     // cuMemcpyDtoDAsync per copy, spread; ce_batch: the same copies, one
     // cuMemcpyBatchAsync per round of the destinations. post_us: the
     // kernel's time per put for posting alone (spread; credit waits included).
+    // GIN_BENCH_POSTERS: threads of one warp posting the puts (default 1).
+    let posters: u32 = std::env::var("GIN_BENCH_POSTERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).clamp(1, 32);
     if rank == 0 && part("bw") {
         println!();
         println!(
-            "# GIN put bandwidth, rank 0 -> rank 1 (GB/s), each put with a signal; ce* = copies into the peer's window"
+            "# GIN put bandwidth, rank 0 -> rank 1 (GB/s), each put with a signal, {posters} posting thread(s); \
+             ce* = copies into the peer's window"
         );
         println!(
             "{:>12} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
@@ -142,11 +145,6 @@ fn bench(quick: bool) -> Result<()> {
     }
     let sizes: Vec<u64> =
         if part("bw") { (12..=if quick { 20 } else { 28 }).step_by(2).map(|k| 1u64 << k).collect() } else { vec![] };
-    // GIN_BENCH_POSTERS: threads of one warp posting the puts (default 1).
-    let posters: u32 = std::env::var("GIN_BENCH_POSTERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).clamp(1, 32);
-    if rank == 0 && part("bw") {
-        println!("# posting threads: {posters}");
-    }
     for &bytes in &sizes {
         let iters: u32 = if quick { 4 } else { ((1u64 << 30) / bytes).clamp(4, 2000) as u32 };
         let spread = (2 * max / bytes - 1).min(64);
