@@ -200,7 +200,9 @@ pub struct GinState {
     pub tails: u64,
     /// Producer tickets, `[context][peer]` u64s (device memory).
     pub heads: u64,
-    /// Cached tails, `[context][peer]` u64s (device memory).
+    /// Tail caches, `[context][peer]` pairs of u64s (device memory): the
+    /// highest tail a producer has read, and when (`%globaltimer`) one last
+    /// went to read it ([`crate::gin::queue`] elects one reader at a time).
     pub tail_cache: u64,
     /// This rank's signals (`signal_count + barrier signals` u64s).
     pub signals: u64,

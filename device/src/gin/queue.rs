@@ -93,7 +93,7 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
         first = unsafe { atomic::fetch_add(head, count, Order::Relaxed, Scope::Gpu) };
     }
     let first = arch::shfl(group, first, leader);
-    let cache = unsafe { (g.tail_cache as *mut u64).add(ring as usize) };
+    let cache = unsafe { (g.tail_cache as *mut u64).add(2 * ring as usize) };
     let mut start = 0;
     while start < count {
         let end = (start + depth).min(count);
@@ -106,7 +106,8 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
             // with the proxy's completion (it read the tail with acquire).
             let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
             if last >= cached + depth {
-                if let Err(e) = unsafe { wait_credit(g, abort, ring, (first + start, last), cache) } {
+                // Credit for `last` once ticket `last - depth` has completed.
+                if let Err(e) = unsafe { wait_completed(g, abort, ring, last + 1 - depth, cache) } {
                     code = e.code();
                 }
             }
@@ -146,70 +147,87 @@ unsafe fn write_slot(g: &GinState, ring: u64, ticket: u64, body: &GinDescriptor)
     }
 }
 
-/// Producers whose first ticket is at most this many tickets past the
-/// credit read the proxy's tail over PCIe (about the front warp's group);
-/// those further back watch the tail cache in device memory, which every
-/// tail read refreshes, so thousands of blocked producers do not flood the
-/// bus the proxy and the copy engine also need.
-pub const TAIL_POLLERS: u64 = 32;
+/// Shortest time, in ns, between two reads of a ring's tail by its waiting
+/// producers and flushers together: the tail is host memory, each read
+/// crosses PCIe, and a storm of them slows the proxy's device work (its
+/// fences wait for the GPU's outstanding system-memory traffic).
+pub const TAIL_READ_INTERVAL_NS: u64 = 500;
 
-/// Longest nap, in ns, of a producer far from credit between two looks at the tail cache.
+/// The read stamp of a failed ring: every waiter gives up.
+const READ_FAILED: u64 = u64::MAX;
+
+/// Longest nap, in ns, of a waiter between two looks at the tail cache.
 const MAX_NAP_NS: u64 = 1024;
 
-/// Waits for credit for tickets `lo..=hi` of `ring` (the ring is full): see
-/// [`TAIL_POLLERS`]. A producer further back naps in proportion to its
-/// distance from the credit (at most [`MAX_NAP_NS`]), and still reads the
-/// tail itself every [`BACK_CHECK_EVERY`] polls, so a failed ring is
-/// noticed by all.
+/// Polls between two looks at the abort flag (host memory) by a waiter.
+const ABORT_CHECK_EVERY: u32 = 16;
+
+/// The best known completion of `ring`: its tail cache, refreshed from the
+/// proxy's tail if no waiter has read that within [`TAIL_READ_INTERVAL_NS`]
+/// (one waiter wins the right to read it; the others use the cache).
 ///
 /// # Safety
-/// As for [`post`]; `cache` is `ring`'s tail-cache word.
+/// As for [`post`]; `cache` is `ring`'s tail-cache pair.
 #[inline(never)]
-unsafe fn wait_credit(
-    g: &GinState,
-    abort: &AbortInfo,
-    ring: u64,
-    (lo, hi): (u64, u64),
-    cache: *mut u64,
-) -> Result<(), QueueError> {
-    let depth = g.queue_depth as u64;
-    let mut deadline = Deadline::new(abort);
-    let mut polls = 0u32;
-    loop {
-        // Acquire/release on the cache: credit taken from a value another
-        // producer cached must also carry that producer's happens-before
-        // with the proxy's completion (it read the tail with acquire).
-        let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
-        if hi < cached + depth {
-            return Ok(());
+unsafe fn best_completed(g: &GinState, ring: u64, cache: *mut u64) -> Result<u64, QueueError> {
+    // Acquire/release on the cache: credit taken from a value another
+    // waiter cached must also carry that waiter's happens-before with the
+    // proxy's completion (it read the tail with acquire).
+    let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
+    let stamp = unsafe { cache.add(1) };
+    let last = unsafe { atomic::load_relaxed(stamp, Scope::Gpu) };
+    if last == READ_FAILED {
+        return Err(QueueError::RingFailed);
+    }
+    let now = arch::global_timer_ns();
+    if now.wrapping_sub(last) < TAIL_READ_INTERVAL_NS
+        || unsafe { atomic::compare_exchange(stamp, last, now, Order::Relaxed, Scope::Gpu) } != last
+    {
+        return Ok(cached);
+    }
+    match unsafe { completed(g, ring) } {
+        Ok(done) if done > cached => {
+            unsafe { atomic::fetch_max(cache, done, Order::Release, Scope::Gpu) };
+            Ok(done)
         }
-        let behind = lo.saturating_sub(cached + depth);
-        polls = polls.wrapping_add(1);
-        let front = behind < TAIL_POLLERS;
-        if front || polls % BACK_CHECK_EVERY == 0 {
-            let done = unsafe { completed(g, ring) }?;
-            if done > cached {
-                unsafe { atomic::fetch_max(cache, done, Order::Release, Scope::Gpu) };
-            }
-            if hi < done + depth {
-                return Ok(());
-            }
-        }
-        if !front {
-            // Roughly the time the proxy needs for the tickets ahead.
-            crate::arch::spin_backoff((behind * 16).min(MAX_NAP_NS) as u32);
-        }
-        // The abort flag is host memory too: producers further back look at it less often.
-        if front || polls % (BACK_CHECK_EVERY / crate::wait::CHECK_EVERY) == 0 {
-            deadline.poll()?;
+        Ok(_) => Ok(cached),
+        Err(e) => {
+            unsafe { atomic::store_relaxed(stamp, READ_FAILED, Scope::Gpu) };
+            Err(e)
         }
     }
 }
 
-/// Polls between two reads of the tail (and, through [`Deadline`], of the
-/// abort flag) by a producer that is not at the front: both are host
-/// memory, and every such read crosses PCIe.
-const BACK_CHECK_EVERY: u32 = 1024;
+/// Waits until `ring` has completed `need` tickets: naps in proportion to
+/// the distance (at most [`MAX_NAP_NS`]) between looks at the tail cache,
+/// which [`best_completed`] refreshes at most every
+/// [`TAIL_READ_INTERVAL_NS`] for all waiters together. The abort flag and
+/// the clock are checked every [`ABORT_CHECK_EVERY`] × `CHECK_EVERY` polls.
+///
+/// # Safety
+/// As for [`post`]; `cache` is `ring`'s tail-cache pair.
+#[inline(never)]
+unsafe fn wait_completed(
+    g: &GinState,
+    abort: &AbortInfo,
+    ring: u64,
+    need: u64,
+    cache: *mut u64,
+) -> Result<(), QueueError> {
+    let mut deadline = Deadline::new(abort);
+    let mut polls = 0u32;
+    loop {
+        let done = unsafe { best_completed(g, ring, cache) }?;
+        if done >= need {
+            return Ok(());
+        }
+        crate::arch::spin_backoff(((need - done) * 16).min(MAX_NAP_NS) as u32);
+        polls = polls.wrapping_add(1);
+        if polls % ABORT_CHECK_EVERY == 0 {
+            deadline.poll()?;
+        }
+    }
+}
 
 /// Waits until the proxy has completed every ticket taken on `ring` so far
 /// (sources read, local actions applied).
@@ -219,14 +237,10 @@ const BACK_CHECK_EVERY: u32 = 1024;
 #[inline]
 pub unsafe fn flush_ring(g: &GinState, abort: &AbortInfo, ring: u64) -> Result<(), QueueError> {
     let target = unsafe { atomic::load_relaxed((g.heads as *const u64).add(ring as usize), Scope::Gpu) };
-    let mut deadline = Deadline::new(abort);
-    loop {
-        let done = unsafe { completed(g, ring) }?;
-        if done >= target {
-            return Ok(());
-        }
-        // Many flushers at once must not flood PCIe with reads of the tail.
-        crate::arch::spin_backoff(((target - done) * 16).min(MAX_NAP_NS) as u32);
-        deadline.poll()?;
+    let cache = unsafe { (g.tail_cache as *mut u64).add(2 * ring as usize) };
+    // A flush must see the tail itself (failures included) at least once.
+    if unsafe { completed(g, ring) }? >= target {
+        return Ok(());
     }
+    unsafe { wait_completed(g, abort, ring, target, cache) }
 }

@@ -248,7 +248,7 @@ impl GinResources {
         let host = HostMappedBuffer::new(&dev, lay.len)?;
         // Signals in shared memory: same-host peers' proxies add to them directly.
         let shared = SharedHostBuffer::new(&dev, total_signals.max(1) * 8)?;
-        let dev_words = 2 * rings + total_signals.max(1);
+        let dev_words = 3 * rings + total_signals.max(1);
         let mut dev_mem = dev.alloc::<u64>(dev_words)?;
         dev.stream().memset(&mut dev_mem, 0)?;
         dev.stream().synchronize()?;
@@ -269,7 +269,7 @@ impl GinResources {
             tail_cache: dev_mem.device_addr() + rings as u64 * 8,
             signals: shared.device_addr(),
             counters: d + lay.counters as u64,
-            shadows: dev_mem.device_addr() + 2 * rings as u64 * 8,
+            shadows: dev_mem.device_addr() + 3 * rings as u64 * 8,
         };
         // SAFETY: offsets inside the live host buffer, which outlives the proxy
         // (field order of GinResources).
