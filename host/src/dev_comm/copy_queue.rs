@@ -8,7 +8,8 @@
 //! * inline values of 8 aligned bytes: 64-bit stream writes
 //!   (`cuStreamBatchMemOp`), batched — consecutive writes cost one driver
 //!   call; other sizes, or where the driver refuses stream writes to the
-//!   destination: the bytes go to a pinned staging slot, then a copy;
+//!   destination: the bytes go to a pinned staging slot, then a copy
+//!   (gathered like the others);
 //! * fences: a 64-bit stream write *with* a memory barrier of the fence
 //!   number into a host-mapped word, which the proxy reads with a plain
 //!   load. The barrier makes everything queued before visible first.
@@ -198,10 +199,11 @@ impl StreamCopyQueue {
         // SAFETY: slot < STAGING_SLOTS and data.len() <= 8, so the bytes lie
         // inside `host`; no queued copy reads this slot (its fence has passed).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.host_ptr().add(at), data.len()) };
-        self.submit_all()?;
+        let src = self.host.device_addr() + at as u64;
         // SAFETY: the source is our pinned slot (alive with self, not
         // rewritten before the next fence passes); `dst` is the caller's.
-        unsafe { self.stream.memcpy_raw(dst, self.host.device_addr() + at as u64, data.len()) }.map_err(sys_err)
+        // Gathered with the other copies (one driver call for many).
+        unsafe { CopyQueue::copy(self, dst, src, data.len() as u64) }
     }
 }
 
