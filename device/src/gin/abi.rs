@@ -10,17 +10,21 @@
 //! | rings: `[context][peer][depth]` × [`GinDescriptor`] | host memory mapped into the GPU | GPU producers | proxy |
 //! | tails: `[context][peer]` × [`QueueTail`] | host memory mapped into the GPU | proxy | GPU (credit, flush) |
 //! | heads: `[context][peer]` × `u64` tickets | device memory | GPU (atomic add) | GPU |
-//! | tail cache: `[context][peer]` × `u64` | device memory | GPU | GPU |
+//! | tail cache: `[context][peer]` × (`u64` tail, `u64` read stamp) | device memory | GPU | GPU |
 //! | signals: `[signal_count]` × `u64` | host memory mapped into the GPU (shared between the processes of a host) | proxies (atomic add) | GPU |
 //! | counters: `[counter_count]` × `u64` | host memory mapped into the GPU | own proxy | GPU |
 //! | shadows: `[signal_count]` × `u64` | device memory | GPU | GPU |
 //!
 //! ## Protocol of one ring (one context, one peer)
 //!
-//! 1. A producer takes ticket `t` with an atomic add on `heads[q]`.
+//! 1. A producer takes ticket `t` with an atomic add on `heads[q]` (lanes
+//!    of a warp posting to one ring together take a range with one add).
 //! 2. Credit: it may write slot `t % depth` only once `t < tail + depth`
-//!    (`tail` = [`QueueTail::completed`]); it re-reads the tail (and backs
-//!    off, watching the abort flag) while the ring is full. Nothing is dropped.
+//!    (`tail` = [`QueueTail::completed`]). While the ring is full it watches
+//!    the tail cache in device memory; one waiter at a time (elected by the
+//!    read stamp, at most every [`crate::gin::queue::TAIL_READ_INTERVAL_NS`])
+//!    reads the tail itself and refreshes the cache; everyone backs off and
+//!    watches the abort flag. Nothing is dropped.
 //! 3. It writes the descriptor's body, then `ticket_plus_one = t + 1` with a
 //!    release store at system scope: the slot is ready.
 //! 4. The proxy serves tickets in order: it waits for slot `t % depth` to
@@ -28,8 +32,9 @@
 //!    (never past `completed + depth`) while earlier tickets are in flight.
 //!    Once the transport has retired a ticket (its source read, its data
 //!    delivered or handed off), the proxy applies the local action, then
-//!    stores `completed = t + 1` (release). Completion in ticket order is
-//!    what makes `flush` a wait for `completed >= head`.
+//!    advances `completed` past it (release; once per ring per turn of the
+//!    proxy). Completion in ticket order is what makes `flush` a wait for
+//!    `completed >= head`.
 //! 5. Remote actions (signals) are applied by the transport after the data
 //!    they follow is visible at the destination.
 

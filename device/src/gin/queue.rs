@@ -149,8 +149,9 @@ unsafe fn write_slot(g: &GinState, ring: u64, ticket: u64, body: &GinDescriptor)
 
 /// Shortest time, in ns, between two reads of a ring's tail by its waiting
 /// producers and flushers together: the tail is host memory, each read
-/// crosses PCIe, and a storm of them slows the proxy's device work (its
-/// fences wait for the GPU's outstanding system-memory traffic).
+/// crosses PCIe, and thousands of waiters reading it at once compete with
+/// the descriptors' own PCIe writes and with the proxy's device work
+/// (benches/results/2026-11-22-h200x2-gin-aggregated.md).
 pub const TAIL_READ_INTERVAL_NS: u64 = 500;
 
 /// The read stamp of a failed ring: every waiter gives up.
