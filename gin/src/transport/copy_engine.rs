@@ -50,9 +50,7 @@ pub struct CopyEngineTransport {
     fallback: Box<dyn Transport>,
     /// Number of the last fence queued.
     fenced: u64,
-    /// Work has been queued since that fence.
-    unfenced: bool,
-    /// Operations queued since that fence.
+    /// Operations queued since that fence (0: none, all work is fenced).
     unfenced_ops: u32,
     /// Number of the last fence seen passed.
     passed: u64,
@@ -93,7 +91,6 @@ impl CopyEngineTransport {
             peers,
             fallback,
             fenced: 0,
-            unfenced: false,
             unfenced_ops: 0,
             passed: 0,
             waiting: VecDeque::new(),
@@ -146,7 +143,7 @@ impl CopyEngineTransport {
     /// Applies `signal` to `peer` once everything queued so far has landed:
     /// at once if nothing is in flight, else after the covering fence.
     fn signal_after_queued(&mut self, peer: usize, signal: RemoteSignal) {
-        if self.waiting.is_empty() && !self.unfenced && self.passed >= self.fenced {
+        if self.waiting.is_empty() && self.unfenced_ops == 0 && self.passed >= self.fenced {
             self.add_signal(peer, signal);
         } else {
             let mark = self.issued();
@@ -156,16 +153,14 @@ impl CopyEngineTransport {
 
     /// Queues a fence behind the work queued since the last one, if any.
     fn fence_now(&mut self) -> GinResult<()> {
-        if self.unfenced {
+        if self.unfenced_ops > 0 {
             self.fenced = self.queue.fence()?;
-            self.unfenced = false;
             self.unfenced_ops = 0;
         }
         Ok(())
     }
 
     fn mark_queued(&mut self) {
-        self.unfenced = true;
         self.unfenced_ops += 1;
     }
 
@@ -260,7 +255,7 @@ impl Transport for CopyEngineTransport {
 
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()> {
         self.retired()?;
-        if self.unfenced && self.passed >= self.fenced {
+        if self.unfenced_ops > 0 && self.passed >= self.fenced {
             // The work held back by `flush` while a fence was in flight.
             self.fence_now()?;
         }
@@ -280,7 +275,7 @@ impl Transport for CopyEngineTransport {
     /// when the fence in flight has passed. So a busy proxy pays one fence
     /// (a driver call) per many operations, not one per sweep.
     fn flush(&mut self) -> GinResult<()> {
-        if self.unfenced && (self.passed >= self.fenced || self.unfenced_ops >= FENCE_EVERY) {
+        if self.unfenced_ops > 0 && (self.passed >= self.fenced || self.unfenced_ops >= FENCE_EVERY) {
             self.fence_now()?;
         } else {
             // Keep the copy engine busy with what this sweep queued.
@@ -290,7 +285,7 @@ impl Transport for CopyEngineTransport {
     }
 
     fn issued(&self) -> u64 {
-        self.fenced + self.unfenced as u64
+        self.fenced + (self.unfenced_ops > 0) as u64
     }
 
     fn retired(&mut self) -> GinResult<u64> {

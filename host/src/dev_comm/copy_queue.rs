@@ -164,12 +164,6 @@ impl StreamCopyQueue {
         r
     }
 
-    /// Hands everything gathered to the driver, in the order it came.
-    fn submit_all(&mut self) -> GinResult<()> {
-        self.submit_copies()?;
-        self.submit_writes()
-    }
-
     /// A staging slot free for reuse, waiting for its fence if needed.
     fn take_slot(&mut self) -> GinResult<usize> {
         let slot = self.next_slot;
@@ -254,7 +248,9 @@ impl CopyQueue for StreamCopyQueue {
     }
 
     fn submit(&mut self) -> GinResult<()> {
-        self.submit_all()
+        // At most one of the two holds work (each flushes the other first).
+        self.submit_copies()?;
+        self.submit_writes()
     }
 
     fn passed(&mut self) -> GinResult<u64> {

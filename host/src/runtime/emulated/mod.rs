@@ -212,14 +212,12 @@ impl EmuStream {
     /// # Safety
     /// Both ranges are live host memory until the stream passes this point.
     pub(crate) unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        let (d, s) = (dst as usize, src as usize);
         // SAFETY: forwarded from the caller.
-        self.submit(Box::new(move || {
-            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, bytes) };
-            Ok(())
-        }))
+        unsafe { self.memcpy_batch(&[(dst, src, bytes)]) }
     }
 
+    /// # Safety
+    /// Every range is live host memory until the stream passes this point.
     pub(crate) unsafe fn memcpy_batch(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
         let copies = copies.to_vec();
         // SAFETY: forwarded from the caller.
