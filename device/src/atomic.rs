@@ -9,6 +9,7 @@
 //! |---|---|
 //! | [`load_relaxed`] / [`load_acquire`] | `ld.relaxed.<scope>` / `ld.acquire.<scope>` |
 //! | [`store_relaxed`] / [`store_release`] | `st.relaxed.<scope>` / `st.release.<scope>` |
+//! | [`store_pair_relaxed`] | `st.relaxed.<scope>.v2.u64` |
 //! | [`fetch_add`], [`fetch_max`], [`exchange`], [`compare_exchange`] | `atom.<order>.<scope>.{add,max,exch,cas}` |
 //! | [`red_add_relaxed`] / [`red_add_release`] | `red.relaxed.<scope>.add` / `red.release.<scope>.add` |
 //! | [`fence_acq_rel`] / [`fence_sc`] | `fence.acq_rel.<scope>` / `fence.sc.<scope>` |
@@ -180,6 +181,18 @@ pub unsafe fn red_add_release<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
     unsafe { T::red_add(p, v, true, scope) }
 }
 
+/// Two relaxed 8-byte atomic stores at `scope` in one instruction
+/// (`v[0]` at `p`, `v[1]` at `p + 8`): each word is single-copy atomic,
+/// with no order between the two.
+///
+/// # Safety
+/// `p` is valid for 16 bytes, 16-byte aligned, and every concurrent access
+/// to either word is atomic.
+#[inline(always)]
+pub unsafe fn store_pair_relaxed(p: *mut u64, v: [u64; 2], scope: Scope) {
+    unsafe { imp::store_pair_relaxed(p, v, scope) }
+}
+
 /// Acquire-release fence at `scope`.
 #[inline(always)]
 pub fn fence_acq_rel(scope: Scope) {
@@ -213,6 +226,7 @@ mod imp {
             }
         }
     }
+
 
     // One arm per scope; `$ins` is the instruction up to the scope.
     macro_rules! by_scope {
@@ -346,6 +360,14 @@ mod imp {
 
     impl_word!(u32, "u32", "b32", reg32);
     impl_word!(u64, "u64", "b64", reg64);
+
+    #[inline(always)]
+    pub unsafe fn store_pair_relaxed(p: *mut u64, v: [u64; 2], s: Scope) {
+        by_scope!(s, |sc| unsafe {
+            asm!(concat!("st.relaxed.", sc!(), ".v2.u64 [{p}], {{{a}, {b}}};"), a = in(reg64) v[0], b = in(reg64) v[1],
+                 p = in(reg64) p, options(nostack))
+        });
+    }
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -359,6 +381,14 @@ mod imp {
 
     pub fn fence(sc: bool, _s: Scope) {
         cfence(if sc { Ordering::SeqCst } else { Ordering::AcqRel });
+    }
+
+    pub unsafe fn store_pair_relaxed(p: *mut u64, v: [u64; 2], _s: Scope) {
+        // SAFETY: the caller's contract (16 valid, aligned bytes, accessed atomically).
+        unsafe {
+            AtomicU64::from_ptr(p).store(v[0], Ordering::Relaxed);
+            AtomicU64::from_ptr(p.add(1)).store(v[1], Ordering::Relaxed);
+        }
     }
 
     fn rmw(o: Order) -> Ordering {

@@ -102,7 +102,7 @@ fn invalid<T>(msg: String) -> GinResult<T> {
     Err(GinHostError::Invalid(msg))
 }
 
-/// Decodes and validates `d` (its `ticket_plus_one` is ignored).
+/// Decodes and validates `d`.
 pub fn decode(d: &GinDescriptor, limits: &Limits) -> GinResult<Request> {
     let Some(op) = GinOp::from_u8(d.op) else {
         return invalid(format!("unknown op {}", d.op));
@@ -258,9 +258,33 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_bytes_never_panic(raw in any::<[u8; 64]>()) {
-            // SAFETY: GinDescriptor is plain integers (any bit pattern valid), 64 bytes.
-            let d: GinDescriptor = unsafe { core::mem::transmute(raw) };
+        fn slot_round_trip(r in request(), ticket in any::<u64>(), depth_log in 0u32..16) {
+            // Through the ring's wire form (tagged words) and back.
+            let depth = 1u32 << depth_log;
+            let d = encode(&r);
+            let tag = crate::slot_tag(ticket, depth);
+            let slot = crate::GinSlot::encode(&d, tag);
+            prop_assert_eq!(crate::GinSlot::decode(&slot.words, tag), Some(d));
+            prop_assert_eq!(crate::GinSlot::decode(&slot.words, crate::slot_tag(ticket.wrapping_add(depth as u64), depth)), None);
+        }
+
+        #[test]
+        fn slot_words_of_two_laps_never_decode(
+            a in any::<[u64; 7]>(), b in any::<[u64; 7]>(), mix in 1u8..255, ticket in any::<u64>(),
+        ) {
+            // A slot half rewritten (some words of the next lap) is not complete.
+            let depth = 4u32;
+            let (old, new) = (crate::slot_tag(ticket, depth), crate::slot_tag(ticket.wrapping_add(4), depth));
+            let x = crate::GinSlot::encode(&GinDescriptor::from_words(a), old);
+            let y = crate::GinSlot::encode(&GinDescriptor::from_words(b), new);
+            let words: [u64; 8] = core::array::from_fn(|i| if mix >> i & 1 == 1 { y.words[i] } else { x.words[i] });
+            prop_assert_eq!(crate::GinSlot::decode(&words, new), None);
+            prop_assert_eq!(crate::GinSlot::decode(&words, old), None);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(raw in any::<[u64; 7]>()) {
+            let d = GinDescriptor::from_words(raw);
             match decode(&d, &LIMITS) {
                 Ok(r) => prop_assert_eq!(r.peer(), d.peer),
                 Err(e) => prop_assert!(matches!(e, GinHostError::Invalid(_))),

@@ -34,7 +34,9 @@ pub use ring::Rings;
 pub use transport::tcp::{TcpConfig, TcpTransport};
 pub use transport::{Landing, PeerFailure, Transport};
 
-pub use devcomm_device::gin::abi::{GinDescriptor, GinOp, GinState, LocalActionKind, QueueTail, RemoteActionKind};
+pub use devcomm_device::gin::abi::{
+    slot_tag, GinDescriptor, GinOp, GinSlot, GinState, LocalActionKind, QueueTail, RemoteActionKind,
+};
 
 /// Errors of the host side of GIN.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,8 +94,8 @@ pub trait LocalMemory: Send + Sync {
 /// mapping is in the [`GinState`] given to kernels).
 #[derive(Clone, Copy, Debug)]
 pub struct GinHostMemory {
-    /// Rings, `[context][peer][depth]` descriptors.
-    pub rings: *mut GinDescriptor,
+    /// Rings, `[context][peer][depth]` slots.
+    pub rings: *mut GinSlot,
     /// Tails, `[context][peer]`.
     pub tails: *mut QueueTail,
     /// This rank's signals (`total_signals` u64s).

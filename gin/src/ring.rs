@@ -5,13 +5,14 @@
 //! Ring `q` (`q = context * nranks + peer`) holds `depth` slots. The
 //! consumer (one proxy thread) keeps its position in the ring's
 //! [`QueueTail::completed`]: the next ticket is `completed`, in slot
-//! `completed % depth`, ready once that slot's `ticket_plus_one` reads
-//! `completed + 1` (acquire). Completing the ticket stores `completed + 1`
-//! with release, which returns the slot to the producers as credit and
-//! tells flushes that the source has been read.
+//! `completed % depth`, ready once all eight words of that [`GinSlot`]
+//! carry the ticket's tag ([`slot_tag`]; relaxed loads, then an acquire
+//! fence). Completing the ticket stores `completed + 1` with release, which
+//! returns the slot to the producers as credit and tells flushes that the
+//! source has been read.
 
-use crate::{GinDescriptor, GinHostError, GinHostMemory, GinResult, QueueTail};
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::{slot_tag, GinDescriptor, GinHostError, GinHostMemory, GinResult, GinSlot, QueueTail};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// The rings of one rank, seen from the proxy (a view: clones share the memory).
 #[derive(Clone, Debug)]
@@ -39,7 +40,7 @@ impl Rings {
         if mem.rings.is_null() || mem.tails.is_null() {
             return bad("null ring or tail pointer");
         }
-        if (mem.rings as usize) % align_of::<GinDescriptor>() != 0
+        if (mem.rings as usize) % align_of::<GinSlot>() != 0
             || (mem.tails as usize) % align_of::<QueueTail>() != 0
         {
             return bad("misaligned rings or tails");
@@ -115,16 +116,16 @@ impl Rings {
         // SAFETY: q < count (checked by tail()), slot < depth: inside the ring array.
         let slot = unsafe { self.mem.rings.add(q * self.mem.depth as usize + (ticket % depth) as usize) };
         debug_assert!(ticket.wrapping_sub(self.completed(q)) <= depth, "read-ahead past the ring's credit");
-        // SAFETY: live, 8-aligned word; producers store it atomically.
-        let published = unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*slot).ticket_plus_one)) };
-        if published.load(Ordering::Acquire) != ticket + 1 {
-            return None;
+        let mut words = [0u64; 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            // SAFETY: live, 8-aligned words of the slot; producers store
+            // them atomically (8-byte single-copy atomic stores).
+            *w = unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*slot).words[i])) }.load(Ordering::Relaxed);
         }
-        // SAFETY: the acquire above orders this read after the producer's
-        // body writes; no producer writes this slot again before we
-        // complete the ticket (credit). Volatile: the GPU writes it.
-        let mut d = unsafe { core::ptr::read_volatile(slot) };
-        d.ticket_plus_one = ticket + 1;
+        let d = GinSlot::decode(&words, slot_tag(ticket, self.mem.depth))?;
+        // Pairs with the producer's fence before the slot (a put's source
+        // data): what it wrote before is visible to what we do next.
+        fence(Ordering::Acquire);
         Some(d)
     }
 
@@ -170,7 +171,7 @@ mod tests {
     #[test]
     fn poll_complete_wrap() {
         let depth = 2u32;
-        let mut rings = vec![GinDescriptor::default(); 2 * depth as usize];
+        let mut rings = vec![GinSlot::default(); 2 * depth as usize];
         let mut tails = vec![QueueTail::default(); 2];
         let mut counters = [0u64; 1];
         let mem = GinHostMemory {
@@ -190,8 +191,13 @@ mod tests {
         assert!(r.poll(1).is_none());
         for t in 0..5u64 {
             let slot = &mut rings[depth as usize + (t % depth as u64) as usize];
-            slot.bytes = t * 10;
-            slot.ticket_plus_one = t + 1;
+            let body = GinDescriptor { bytes: t * 10, ..Default::default() };
+            *slot = GinSlot::encode(&body, slot_tag(t, depth));
+            // One word with another lap's tag: not published yet.
+            let last = slot.words[7];
+            slot.words[7] = (last & ((1 << 56) - 1)) | ((slot_tag(t + depth as u64, depth) as u64) << 56);
+            assert!(r.poll(1).is_none());
+            slot.words[7] = last;
             let d = r.poll(1).unwrap();
             assert_eq!(d.bytes, t * 10);
             assert_eq!(r.poll(1), Some(d));
@@ -210,7 +216,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_memory() {
-        let mut rings = vec![GinDescriptor::default(); 4];
+        let mut rings = vec![GinSlot::default(); 4];
         let mut tails = vec![QueueTail::default(); 2];
         let good = GinHostMemory {
             rings: rings.as_mut_ptr(),

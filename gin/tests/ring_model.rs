@@ -5,9 +5,12 @@
 //! accesses; the explorer runs every interleaving (depth-first, with
 //! memoised states) of a few producers and the consumer and checks that
 //!
-//! * a producer writes a slot only while no reader is inside it and only
-//!   after the consumer has completed the ticket that used it before
-//!   (credit), and the consumer never reads a half-written body;
+//! * a producer writes a slot only after the consumer has completed the
+//!   ticket that used it before (credit);
+//! * the consumer takes a slot only when every word it read was written
+//!   for that ticket (the lap tags): never a torn, half-rewritten or stale
+//!   body — the slot's words are written one by one, in either order, while
+//!   the consumer may be reading them;
 //! * per producer, descriptors arrive in order, none lost or duplicated;
 //! * no interleaving deadlocks.
 //!
@@ -16,6 +19,7 @@
 //! consistent here: the memory orderings (acquire/release) are what the
 //! GPU tests and the host stress tests exercise.
 
+use devcomm_gin::slot_tag;
 use std::collections::HashSet;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -26,20 +30,21 @@ struct Producer {
     done: u64,
 }
 
+/// One word of a slot: (tag, value, ghost: the ticket that wrote it — not
+/// visible to the consumer, only to the checks).
+type Word = (u8, u8, u64);
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct State {
     head: u64,
     completed: u64,
     cache: u64,
-    /// Per slot: published ticket + 1, body halves (producer, seq).
-    tickets: Vec<u64>,
-    body: Vec<(u8, u8)>,
-    /// Slot being written by a producer between its two half stores.
-    writing: Vec<bool>,
+    /// Per slot, two tagged words: (producer) and (sequence number).
+    slots: Vec<[Word; 2]>,
     producers: Vec<Producer>,
-    /// Consumer: pc, and the first half it read.
+    /// Consumer: pc, and the first word it read.
     cpc: u8,
-    chalf: u8,
+    cword: Word,
     next_seq: Vec<u8>,
 }
 
@@ -50,11 +55,22 @@ struct Model {
     /// Off: producers skip the credit check (a broken protocol the
     /// explorer must reject).
     credit: bool,
+    /// Off: every lap writes the same tag (a broken protocol the explorer
+    /// must reject: the consumer takes half-rewritten slots).
+    lap_tags: bool,
 }
 
 impl Model {
     fn total(&self, s: &State) -> u64 {
         s.producers.len() as u64 * self.each as u64
+    }
+
+    fn tag(&self, ticket: u64) -> u8 {
+        if self.lap_tags {
+            slot_tag(ticket, self.depth as u32)
+        } else {
+            0x80
+        }
     }
 
     /// Successor states; panics on a violated property.
@@ -66,9 +82,16 @@ impl Model {
             if p.posted == self.each {
                 continue;
             }
+            let slot = (p.ticket % d) as usize;
+            let tag = self.tag(p.ticket);
+            let words = [(tag, i as u8, p.ticket), (tag, p.posted, p.ticket)];
+            let credit = |s: &State| {
+                assert!(p.ticket < s.completed + d, "slot {slot} written without credit (ticket {})", p.ticket);
+            };
+            // The two words become visible in either order.
+            let mut branches: Vec<(usize, u8)> = Vec::new();
             let mut n = s.clone();
             let q = &mut n.producers[i];
-            let slot = (p.ticket % d) as usize;
             match p.pc {
                 // ticket = fetch_add(head)
                 0 => {
@@ -90,52 +113,59 @@ impl Model {
                     n.cache = p.done;
                     q.pc = 4;
                 }
-                // body, first half
-                4 => {
-                    assert!(p.ticket < s.completed + d, "slot {slot} written without credit (ticket {})", p.ticket);
-                    assert!(!(s.cpc == 2 && (s.completed % d) as usize == slot), "slot {slot} written while read");
-                    n.body[slot].0 = i as u8;
-                    n.writing[slot] = true;
-                    q.pc = 5;
-                }
-                // body, second half
-                5 => {
-                    n.body[slot].1 = p.posted;
-                    n.writing[slot] = false;
-                    q.pc = 6;
-                }
-                // ticket + 1 with release
-                6 => {
-                    n.tickets[slot] = p.ticket + 1;
-                    q.posted += 1;
-                    q.pc = 0;
-                }
+                // first word: 0 or 1
+                4 => branches.extend([(0, 5), (1, 6)]),
+                // second word, then done
+                5 => branches.push((1, 7)),
+                6 => branches.push((0, 7)),
                 _ => unreachable!(),
             }
-            out.push(n);
+            if branches.is_empty() {
+                out.push(n);
+            }
+            for (w, pc) in branches {
+                credit(s);
+                let mut n = s.clone();
+                n.slots[slot][w] = words[w];
+                let q = &mut n.producers[i];
+                if pc == 7 {
+                    q.posted += 1;
+                    q.pc = 0;
+                } else {
+                    q.pc = pc;
+                }
+                out.push(n);
+            }
         }
         if s.completed < self.total(s) {
             let slot = (s.completed % d) as usize;
+            let tag = self.tag(s.completed);
             let mut n = s.clone();
             match s.cpc {
-                // poll: wait for ticket_plus_one == completed + 1 (acquire)
-                0 if s.tickets[slot] == s.completed + 1 => n.cpc = 1,
-                0 => {}
-                1 => {
-                    assert!(!s.writing[slot], "read of a half-written body");
-                    n.chalf = s.body[slot].0;
-                    n.cpc = 2;
+                // poll, word 0 (relaxed): wait for the ticket's tag
+                0 if s.slots[slot][0].0 == tag => {
+                    n.cword = s.slots[slot][0];
+                    n.cpc = 1;
                 }
-                2 => {
-                    assert!(!s.writing[slot], "read of a half-written body");
-                    let (p, seq) = (s.chalf as usize, s.body[slot].1);
-                    assert_eq!(s.body[slot].0 as usize, p, "torn body");
-                    assert_eq!(seq, s.next_seq[p], "producer {p}: lost, duplicated or reordered");
-                    n.next_seq[p] += 1;
-                    n.cpc = 3;
+                0 => {}
+                // word 1: both tags of the ticket → the body (acquire fence), else poll again
+                1 => {
+                    let w1 = s.slots[slot][1];
+                    if w1.0 == tag {
+                        let w0 = s.cword;
+                        assert_eq!((w0.2, w1.2), (s.completed, s.completed), "torn or stale slot taken");
+                        let p = w0.1 as usize;
+                        assert_eq!(w1.1, s.next_seq[p], "producer {p}: lost, duplicated or reordered");
+                        n.next_seq[p] += 1;
+                        n.cpc = 2;
+                    } else {
+                        let idle = s.producers.iter().all(|p| p.posted == self.each);
+                        assert!(!idle, "consumer spins on a slot nobody will finish: {s:?}");
+                        n.cpc = 0;
+                    }
                 }
                 // complete: completed + 1 (release)
-                3 => {
+                2 => {
                     n.completed += 1;
                     n.cpc = 0;
                 }
@@ -156,12 +186,10 @@ impl Model {
             head: 0,
             completed: 0,
             cache: 0,
-            tickets: vec![0; d],
-            body: vec![(0, 0); d],
-            writing: vec![false; d],
+            slots: vec![[(0, 0, u64::MAX); 2]; d],
             producers: vec![Producer { pc: 0, posted: 0, ticket: 0, done: 0 }; producers],
             cpc: 0,
-            chalf: 0,
+            cword: (0, 0, 0),
             next_seq: vec![0; producers],
         };
         let mut seen = HashSet::new();
@@ -185,29 +213,35 @@ impl Model {
 
 #[test]
 fn three_producers_two_posts_depth_two() {
-    let states = Model { depth: 2, each: 2, cached: true, credit: true }.check(3);
+    let states = Model { depth: 2, each: 2, cached: true, credit: true, lap_tags: true }.check(3);
     assert!(states > 1000, "{states}");
 }
 
 #[test]
 fn two_producers_three_posts_depth_one_and_two() {
     for depth in [1, 2] {
-        Model { depth, each: 3, cached: true, credit: true }.check(2);
+        Model { depth, each: 3, cached: true, credit: true, lap_tags: true }.check(2);
     }
 }
 
 #[test]
 fn without_tail_cache() {
-    Model { depth: 2, each: 2, cached: false, credit: true }.check(3);
+    Model { depth: 2, each: 2, cached: false, credit: true, lap_tags: true }.check(3);
 }
 
 #[test]
 fn four_producers_depth_two() {
-    Model { depth: 2, each: 1, cached: true, credit: true }.check(4);
+    Model { depth: 2, each: 1, cached: true, credit: true, lap_tags: true }.check(4);
 }
 
 #[test]
 #[should_panic]
 fn catches_missing_credit() {
-    Model { depth: 2, each: 2, cached: true, credit: false }.check(2);
+    Model { depth: 2, each: 2, cached: true, credit: false, lap_tags: true }.check(2);
+}
+
+#[test]
+#[should_panic(expected = "torn or stale")]
+fn catches_tags_without_laps() {
+    Model { depth: 2, each: 2, cached: true, credit: true, lap_tags: false }.check(2);
 }

@@ -23,7 +23,15 @@ fn eight_producers_depth_two() {
             s.spawn(move || {
                 let ring = (p as usize) % nrings;
                 for seq in 0..EACH {
-                    let d = GinDescriptor { src_window: p as u32, src_offset: seq, ..Default::default() };
+                    // Fields in every word of the slot, all derived from (p, seq).
+                    let d = GinDescriptor {
+                        peer: p as u32,
+                        src_window: p as u32,
+                        src_offset: seq,
+                        dst_offset: !seq,
+                        value: seq ^ (p << 40),
+                        ..Default::default()
+                    };
                     gin.post(ring, &d).unwrap();
                 }
             });
@@ -35,8 +43,9 @@ fn eight_producers_depth_two() {
             let mut did = false;
             for q in 0..nrings {
                 while let Some(d) = rings.poll(q) {
-                    assert_eq!(d.ticket_plus_one, rings.completed(q) + 1);
                     let p = d.src_window as usize;
+                    let seq = d.src_offset;
+                    assert_eq!((d.peer as usize, d.dst_offset, d.value), (p, !seq, seq ^ ((p as u64) << 40)), "torn slot");
                     assert_eq!(p % nrings, q, "descriptor in the wrong ring");
                     assert_eq!(d.src_offset, next[p], "producer {p}: lost, duplicated or reordered");
                     next[p] += 1;

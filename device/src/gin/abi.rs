@@ -7,7 +7,7 @@
 //!
 //! | what | where | written by | read by |
 //! |---|---|---|---|
-//! | rings: `[context][peer][depth]` × [`GinDescriptor`] | host memory mapped into the GPU | GPU producers | proxy |
+//! | rings: `[context][peer][depth]` × [`GinSlot`] | host memory mapped into the GPU | GPU producers | proxy |
 //! | tails: `[context][peer]` × [`QueueTail`] | host memory mapped into the GPU | proxy | GPU (credit, flush) |
 //! | heads: `[context][peer]` × `u64` tickets | device memory | GPU (atomic add) | GPU |
 //! | tail cache: `[context][peer]` × (`u64` tail, `u64` read stamp) | device memory | GPU | GPU |
@@ -25,10 +25,18 @@
 //!    read stamp, at most every [`crate::gin::queue::TAIL_READ_INTERVAL_NS`])
 //!    reads the tail itself and refreshes the cache; everyone backs off and
 //!    watches the abort flag. Nothing is dropped.
-//! 3. It writes the descriptor's body, then `ticket_plus_one = t + 1` with a
-//!    release store at system scope: the slot is ready.
+//! 3. It writes the slot: the descriptor's 56 bytes spread over eight
+//!    8-byte words, each word's high byte a *tag* naming the ring's lap
+//!    ([`slot_tag`]), with plain relaxed system-scope stores — no fence
+//!    after them. Each 8-byte word is single-copy atomic, so a slot whose
+//!    eight tags all read the lap of ticket `t` holds all of `t`'s body
+//!    (the previous lap's tag differs; later laps cannot be written before
+//!    `t` completes). A put first fences at system scope
+//!    (`fence.acq_rel.sys`), so the source data the caller wrote is
+//!    visible before the proxy can see the descriptor; put-value and
+//!    signal carry everything in the slot and need no fence.
 //! 4. The proxy serves tickets in order: it waits for slot `t % depth` to
-//!    show `t + 1` and hands the operation to its transport, reading ahead
+//!    show `t`'s tag in all eight words and hands the operation to its transport, reading ahead
 //!    (never past `completed + depth`) while earlier tickets are in flight.
 //!    Once the transport has retired a ticket (its source read, its data
 //!    delivered or handed off), the proxy applies the local action, then
@@ -38,8 +46,11 @@
 //! 5. Remote actions (signals) are applied by the transport after the data
 //!    they follow is visible at the destination.
 
-/// Bytes of one descriptor.
-pub const DESCRIPTOR_BYTES: usize = 64;
+/// Bytes of one descriptor ([`GinDescriptor`]).
+pub const DESCRIPTOR_BYTES: usize = 56;
+/// Bytes of one ring slot ([`GinSlot`]): the descriptor plus one tag byte
+/// per 8-byte word.
+pub const SLOT_BYTES: usize = 64;
 /// Stride of one [`QueueTail`] (its own cache-line pair, so proxies writing
 /// neighbouring tails do not share lines).
 pub const TAIL_STRIDE: usize = 128;
@@ -119,12 +130,11 @@ impl LocalActionKind {
 /// so that transports that could reorder know what they must keep).
 pub const FLAG_STRONG: u8 = 1;
 
-/// One GPU → proxy request. 64 bytes, 64-byte aligned.
+/// One GPU → proxy request: 56 bytes of plain integers (every bit pattern
+/// is a value; the proxy validates it). It travels in a [`GinSlot`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[repr(C, align(64))]
+#[repr(C, align(8))]
 pub struct GinDescriptor {
-    /// Ticket + 1; written last, with release. 0: never written.
-    pub ticket_plus_one: u64,
     /// [`GinOp`] as a byte.
     pub op: u8,
     /// [`RemoteActionKind`] as a byte.
@@ -151,6 +161,91 @@ pub struct GinDescriptor {
     pub bytes: u64,
     /// Signal increment of the remote action (1 for `SignalInc`).
     pub value: u64,
+}
+
+/// Words of a [`GinDescriptor`].
+const BODY_WORDS: usize = DESCRIPTOR_BYTES / 8;
+/// Bits of a slot word that carry the body (the high byte is the tag).
+const CHUNK_BITS: u32 = 56;
+const CHUNK_MASK: u64 = (1 << CHUNK_BITS) - 1;
+
+/// The tag of ticket `ticket` in a ring of `depth` slots (a power of two):
+/// `0x80 | lap % 128`, where `lap = ticket / depth`. Never 0 (fresh, zeroed
+/// memory matches no ticket) and different for consecutive laps, which is
+/// all the protocol needs: a slot holds ticket `t`'s words or those of
+/// `t - depth` (completed before `t` could be written).
+#[inline(always)]
+pub const fn slot_tag(ticket: u64, depth: u32) -> u8 {
+    0x80 | ((ticket >> depth.trailing_zeros()) & 0x7f) as u8
+}
+
+/// A ring slot as written to host memory: the 56 bytes of a
+/// [`GinDescriptor`] cut into eight 7-byte chunks, chunk `i` in the low 56
+/// bits of `words[i]` and the ticket's [`slot_tag`] in its high byte.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct GinSlot {
+    /// Tagged words.
+    pub words: [u64; 8],
+}
+
+impl GinDescriptor {
+    /// The descriptor as seven little-endian words (its memory image).
+    #[inline(always)]
+    pub fn to_words(&self) -> [u64; BODY_WORDS] {
+        // SAFETY: GinDescriptor is repr(C), 56 bytes of integers without
+        // padding (layout tests), so its image is seven initialised u64s.
+        unsafe { core::mem::transmute::<GinDescriptor, [u64; BODY_WORDS]>(*self) }
+    }
+
+    /// The descriptor whose memory image is `w`.
+    #[inline(always)]
+    pub fn from_words(w: [u64; BODY_WORDS]) -> GinDescriptor {
+        // SAFETY: same size; every field is an integer, so every bit
+        // pattern is a valid GinDescriptor.
+        unsafe { core::mem::transmute::<[u64; BODY_WORDS], GinDescriptor>(w) }
+    }
+}
+
+impl GinSlot {
+    /// `body` tagged with `tag`: word `i` holds bits `56 i .. 56 i + 56` of
+    /// the body's 448 bits.
+    #[inline(always)]
+    pub fn encode(body: &GinDescriptor, tag: u8) -> GinSlot {
+        let b = body.to_words();
+        let t = (tag as u64) << CHUNK_BITS;
+        let mut words = [0u64; 8];
+        words[0] = (b[0] & CHUNK_MASK) | t;
+        let mut i = 1;
+        while i < 8 {
+            let lo = b[i - 1] >> (64 - 8 * i as u32);
+            let hi = if i < BODY_WORDS { b[i] << (8 * i as u32) } else { 0 };
+            words[i] = ((lo | hi) & CHUNK_MASK) | t;
+            i += 1;
+        }
+        GinSlot { words }
+    }
+
+    /// The body, if every word carries `tag` (else the slot is not yet, or
+    /// not completely, written for that ticket).
+    #[inline(always)]
+    pub fn decode(words: &[u64; 8], tag: u8) -> Option<GinDescriptor> {
+        let mut i = 0;
+        while i < 8 {
+            if (words[i] >> CHUNK_BITS) as u8 != tag {
+                return None;
+            }
+            i += 1;
+        }
+        let c = |i: usize| words[i] & CHUNK_MASK;
+        let mut b = [0u64; BODY_WORDS];
+        let mut k = 0;
+        while k < BODY_WORDS {
+            b[k] = (c(k) >> (8 * k as u32)) | (c(k + 1) << (CHUNK_BITS - 8 * k as u32));
+            k += 1;
+        }
+        Some(GinDescriptor::from_words(b))
+    }
 }
 
 /// The proxy's progress on one ring.
@@ -199,7 +294,7 @@ pub struct GinState {
     pub rail_barrier_count: u32,
     /// World GIN barriers (their signals follow the rail barriers').
     pub world_barrier_count: u32,
-    /// Rings, `[context][peer][depth]` descriptors.
+    /// Rings, `[context][peer][depth]` [`GinSlot`]s.
     pub rings: u64,
     /// Tails, `[context][peer]` at [`TAIL_STRIDE`].
     pub tails: u64,
@@ -240,21 +335,22 @@ mod layout {
     #[test]
     fn descriptor_layout() {
         assert_eq!(size_of::<GinDescriptor>(), DESCRIPTOR_BYTES);
-        assert_eq!(align_of::<GinDescriptor>(), 64);
-        assert_eq!(offset_of!(GinDescriptor, ticket_plus_one), 0);
-        assert_eq!(offset_of!(GinDescriptor, op), 8);
-        assert_eq!(offset_of!(GinDescriptor, remote_action), 9);
-        assert_eq!(offset_of!(GinDescriptor, local_action), 10);
-        assert_eq!(offset_of!(GinDescriptor, flags), 11);
-        assert_eq!(offset_of!(GinDescriptor, peer), 12);
-        assert_eq!(offset_of!(GinDescriptor, signal), 16);
-        assert_eq!(offset_of!(GinDescriptor, counter), 20);
-        assert_eq!(offset_of!(GinDescriptor, src_window), 24);
-        assert_eq!(offset_of!(GinDescriptor, dst_window), 28);
-        assert_eq!(offset_of!(GinDescriptor, src_offset), 32);
-        assert_eq!(offset_of!(GinDescriptor, dst_offset), 40);
-        assert_eq!(offset_of!(GinDescriptor, bytes), 48);
-        assert_eq!(offset_of!(GinDescriptor, value), 56);
+        assert_eq!(align_of::<GinDescriptor>(), 8);
+        assert_eq!(size_of::<GinSlot>(), SLOT_BYTES);
+        assert_eq!(align_of::<GinSlot>(), 64);
+        assert_eq!(offset_of!(GinDescriptor, op), 0);
+        assert_eq!(offset_of!(GinDescriptor, remote_action), 1);
+        assert_eq!(offset_of!(GinDescriptor, local_action), 2);
+        assert_eq!(offset_of!(GinDescriptor, flags), 3);
+        assert_eq!(offset_of!(GinDescriptor, peer), 4);
+        assert_eq!(offset_of!(GinDescriptor, signal), 8);
+        assert_eq!(offset_of!(GinDescriptor, counter), 12);
+        assert_eq!(offset_of!(GinDescriptor, src_window), 16);
+        assert_eq!(offset_of!(GinDescriptor, dst_window), 20);
+        assert_eq!(offset_of!(GinDescriptor, src_offset), 24);
+        assert_eq!(offset_of!(GinDescriptor, dst_offset), 32);
+        assert_eq!(offset_of!(GinDescriptor, bytes), 40);
+        assert_eq!(offset_of!(GinDescriptor, value), 48);
     }
 
     #[test]
@@ -264,6 +360,46 @@ mod layout {
         assert_eq!(size_of::<GinState>(), 88);
         assert_eq!(offset_of!(GinState, rings), 32);
         assert_eq!(offset_of!(GinState, shadows), 80);
+    }
+
+    #[test]
+    fn slot_round_trip_and_tags() {
+        let d = GinDescriptor {
+            op: 1,
+            remote_action: 2,
+            local_action: 1,
+            flags: 1,
+            peer: 0xdead_beef,
+            signal: 0x0102_0304,
+            counter: 0xffff_fffe,
+            src_window: 7,
+            dst_window: 0x8000_0001,
+            src_offset: 0xfedc_ba98_7654_3210,
+            dst_offset: u64::MAX,
+            bytes: 0x1_0000_0001,
+            value: 0x8080_8080_8080_8080,
+        };
+        for tag in [0x80u8, 0x81, 0xff] {
+            let s = GinSlot::encode(&d, tag);
+            assert!(s.words.iter().all(|w| (w >> 56) as u8 == tag));
+            assert_eq!(GinSlot::decode(&s.words, tag), Some(d));
+            assert_eq!(GinSlot::decode(&s.words, tag ^ 1), None);
+            // One word of another lap: not complete.
+            for i in 0..8 {
+                let mut w = s.words;
+                w[i] = (w[i] & CHUNK_MASK) | ((tag as u64 ^ 1) << 56);
+                assert_eq!(GinSlot::decode(&w, tag), None);
+            }
+        }
+        assert_eq!(GinSlot::decode(&[0; 8], slot_tag(0, 4)), None);
+        assert_eq!(slot_tag(0, 4), 0x80);
+        assert_eq!(slot_tag(3, 4), 0x80);
+        assert_eq!(slot_tag(4, 4), 0x81);
+        assert_eq!(slot_tag(127 * 4, 4), 0xff);
+        assert_eq!(slot_tag(128 * 4, 4), 0x80);
+        for t in 0..1000u64 {
+            assert_ne!(slot_tag(t, 8), slot_tag(t + 8, 8));
+        }
     }
 
     #[test]

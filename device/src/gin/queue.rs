@@ -1,7 +1,7 @@
 //! The producer side of a GIN proxy ring (see [`super::abi`] for the protocol).
 
-use super::abi::{GinDescriptor, GinState, QueueTail, TAIL_STRIDE};
-use crate::arch::{self, store16};
+use super::abi::{slot_tag, GinDescriptor, GinOp, GinSlot, GinState, QueueTail, TAIL_STRIDE};
+use crate::arch;
 use crate::atomic::{self, Order, Scope};
 use crate::comm::AbortInfo;
 use crate::wait::{Deadline, WaitError};
@@ -60,9 +60,14 @@ impl QueueError {
     }
 }
 
-/// Posts `body` to `ring` (its `ticket_plus_one` is ignored) and returns its
-/// ticket. Waits for credit while the ring is full: a descriptor is never
-/// dropped. One thread calls it per descriptor.
+/// Posts `body` to `ring` and returns its ticket. Waits for credit while
+/// the ring is full: a descriptor is never dropped. One thread calls it per
+/// descriptor.
+///
+/// A put first fences at system scope, so what the caller wrote before
+/// (the put's source) is visible before the proxy can see the descriptor
+/// and read the source; other operations carry everything they need in
+/// the descriptor and post without a fence.
 ///
 /// Lanes of a warp that post to the same ring together are served as a
 /// group (warp aggregation): the lowest takes one ticket per member with a
@@ -80,6 +85,9 @@ impl QueueError {
 /// belongs to the same device communicator.
 #[inline]
 pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescriptor) -> Result<u64, QueueError> {
+    if body.op == GinOp::Put as u8 {
+        atomic::fence_acq_rel(Scope::Sys);
+    }
     let depth = g.queue_depth as u64;
     let head = unsafe { (g.heads as *mut u64).add(ring as usize) };
     // The head's address names the ring across device communicators.
@@ -126,24 +134,21 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
     Ok(first + rank)
 }
 
-/// Writes `body` as ticket `ticket`'s slot of `ring`: the body (bytes 8..64)
-/// as one 8-byte and three 16-byte stores, then the ticket with release, so
-/// the proxy never sees a ticket before its body.
+/// Writes `body` as ticket `ticket`'s slot of `ring`: eight tagged words
+/// ([`GinSlot`]) as four 16-byte relaxed system-scope stores. No fence: the
+/// proxy recognises a complete slot by its tags (each word is single-copy
+/// atomic), and the caller's data a put reads was fenced by [`post`].
 ///
 /// # Safety
 /// As for [`post`]; the caller holds `ticket` and its credit.
 #[inline(always)]
 unsafe fn write_slot(g: &GinState, ring: u64, ticket: u64, body: &GinDescriptor) {
     let depth = g.queue_depth as u64;
-    let slot = unsafe { (g.rings as *mut GinDescriptor).add((ring * depth + ticket % depth) as usize) };
-    let words: &[u32; 16] = unsafe { &*(body as *const GinDescriptor as *const [u32; 16]) };
-    let base = slot as *mut u8;
-    unsafe {
-        (base.add(8) as *mut u64).write_volatile((words[2] as u64) | ((words[3] as u64) << 32));
-        store16(base.add(16), [words[4], words[5], words[6], words[7]]);
-        store16(base.add(32), [words[8], words[9], words[10], words[11]]);
-        store16(base.add(48), [words[12], words[13], words[14], words[15]]);
-        atomic::store_release(core::ptr::addr_of_mut!((*slot).ticket_plus_one), ticket + 1, Scope::Sys);
+    let slot = unsafe { (g.rings as *mut GinSlot).add((ring * depth + ticket % depth) as usize) };
+    let w = GinSlot::encode(body, slot_tag(ticket, g.queue_depth)).words;
+    let base = slot as *mut u64;
+    for i in 0..4 {
+        unsafe { atomic::store_pair_relaxed(base.add(2 * i), [w[2 * i], w[2 * i + 1]], Scope::Sys) };
     }
 }
 

@@ -3,7 +3,9 @@
 //! (`devcomm_device::gin::queue::post`).
 #![allow(dead_code)]
 
-use devcomm_gin::{Bootstrap, GinDescriptor, GinHostError, GinHostMemory, GinResult, LocalMemory, QueueTail};
+use devcomm_gin::{
+    slot_tag, Bootstrap, GinDescriptor, GinHostError, GinHostMemory, GinResult, GinSlot, LocalMemory, QueueTail,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -132,7 +134,7 @@ unsafe impl<T> Sync for RawBuf<T> {}
 /// GIN memory of one rank in host vectors, plus the producers' device-side
 /// words (heads, tail cache).
 pub struct HostGin {
-    rings: RawBuf<GinDescriptor>,
+    rings: RawBuf<GinSlot>,
     tails: RawBuf<QueueTail>,
     signals: Vec<AtomicU64>,
     counters: Vec<AtomicU64>,
@@ -154,7 +156,7 @@ impl HostGin {
     pub fn new(contexts: u32, nranks: u32, depth: u32, signals: u32, counters: u32) -> Box<HostGin> {
         let rings = (contexts * nranks) as usize;
         Box::new(HostGin {
-            rings: RawBuf::new(GinDescriptor::default(), rings * depth as usize),
+            rings: RawBuf::new(GinSlot::default(), rings * depth as usize),
             tails: RawBuf::new(QueueTail::default(), rings),
             signals: (0..signals).map(|_| AtomicU64::new(0)).collect(),
             counters: (0..counters).map(|_| AtomicU64::new(0)).collect(),
@@ -212,7 +214,8 @@ impl HostGin {
     }
 
     /// Host twin of `queue::post`: ticket by fetch_add, credit against the
-    /// (cached) tail, body, then the ticket with release.
+    /// (cached) tail, then the slot's tagged words with relaxed stores (a
+    /// release fence first, as a put does).
     pub fn post(&self, ring: usize, body: &GinDescriptor) -> Result<u64, RingFailed> {
         let depth = self.depth as u64;
         let ticket = self.heads[ring].fetch_add(1, Ordering::Relaxed);
@@ -231,15 +234,15 @@ impl HostGin {
         }
         assert!(ring < self.tails.len);
         let slot = self.rings.ptr.wrapping_add(ring * self.depth as usize + (ticket % depth) as usize);
-        let words = body as *const GinDescriptor as *const u64;
-        // SAFETY: our slot (credit held), aligned; body words 1..8 then the
-        // ticket word with release, as queue::post does.
+        let words = GinSlot::encode(body, slot_tag(ticket, self.depth)).words;
+        std::sync::atomic::fence(Ordering::Release);
+        // SAFETY: our slot (credit held), aligned; its words are accessed
+        // atomically by the proxy. Stored last word first, so a reader
+        // racing with us sees mixed laps (the case the tags are for).
         unsafe {
-            let base = slot as *mut u64;
-            for i in 1..8 {
-                base.add(i).write_volatile(words.add(i).read());
+            for i in (0..8).rev() {
+                AtomicU64::from_ptr(core::ptr::addr_of_mut!((*slot).words[i])).store(words[i], Ordering::Relaxed);
             }
-            AtomicU64::from_ptr(core::ptr::addr_of_mut!((*slot).ticket_plus_one)).store(ticket + 1, Ordering::Release);
         }
         Ok(ticket)
     }

@@ -15,7 +15,7 @@ use crate::runtime::{
     AddressRange, Device, DeviceBuffer, HostMappedBuffer, SharedHostBuffer, SharedHostMapping, Stream,
 };
 use crate::window::fd_passing;
-use devcomm_device::gin::abi::{GinDescriptor, GinState, QueueTail, DESCRIPTOR_BYTES, TAIL_STRIDE};
+use devcomm_device::gin::abi::{GinSlot, GinState, QueueTail, SLOT_BYTES, TAIL_STRIDE};
 use devcomm_gin::transport::copy_engine::{CopyEngineTransport, SameHostPeer};
 use devcomm_gin::{Bootstrap, CopyQueue, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::collections::HashMap;
@@ -209,7 +209,7 @@ struct HostLayout {
 fn host_layout(rings: usize, depth: usize, counters: usize) -> HostLayout {
     let page = |x: usize| x.next_multiple_of(4096);
     let r = 0;
-    let t = page(r + rings * depth * DESCRIPTOR_BYTES);
+    let t = page(r + rings * depth * SLOT_BYTES);
     let c = page(t + rings * TAIL_STRIDE);
     HostLayout { rings: r, tails: t, counters: c, len: page(c + counters.max(1) * 8) }
 }
@@ -275,7 +275,7 @@ impl GinResources {
         // (field order of GinResources).
         let mem = unsafe {
             GinHostMemory {
-                rings: h.add(lay.rings) as *mut GinDescriptor,
+                rings: h.add(lay.rings) as *mut GinSlot,
                 tails: h.add(lay.tails) as *mut QueueTail,
                 signals: shared.host_ptr() as *mut u64,
                 counters: h.add(lay.counters) as *mut u64,
