@@ -109,6 +109,36 @@ fn child_body(comm: &Communicator) {
     }
     comm.bootstrap_barrier().unwrap();
 
+    // 1b. Small puts (the posting thread reads the source and sends it inline
+    // up to 8 bytes; 9 and 16 take the copy path), from odd source offsets
+    // into odd destination slots, poison around them.
+    const SMALL_SLOT: u64 = 37;
+    for (k, (bytes, shift)) in
+        [(1u64, 1u64), (2, 3), (3, 0), (4, 5), (5, 2), (7, 7), (8, 1), (8, 8), (9, 3), (16, 5)].into_iter().enumerate()
+    {
+        window.write(&stream, 0, &vec![0xCBu8; (n as u64 * SMALL_SLOT) as usize]).unwrap();
+        comm.bootstrap_barrier().unwrap();
+        let target = n as u64 * (k as u64 + 2); // signal 0 and counter 0 gained n per round since step 1
+        let e = launch_errors(&stream, &dev, "small puts", |err| unsafe {
+            stream
+                .launch::<gin_put_all>(
+                    LaunchConfig::new(1, 32),
+                    (dc, win, src_off + shift, SMALL_SLOT, bytes, 0u32, target, target, err),
+                )
+                .unwrap()
+        });
+        assert_eq!(e, 0, "small puts of {bytes} bytes (proxy: {:?})", handle.gin_error());
+        let mut got = vec![0u8; (n as u64 * SMALL_SLOT) as usize];
+        window.read(&stream, 0, &mut got).unwrap();
+        for p in 0..n {
+            let slot = &got[p * SMALL_SLOT as usize..(p + 1) * SMALL_SLOT as usize];
+            let want = &pattern(p, BYTES as usize)[shift as usize..(shift + bytes) as usize];
+            assert_eq!(&slot[..bytes as usize], want, "{bytes}-byte put from rank {p} (source shift {shift})");
+            assert!(slot[bytes as usize..].iter().all(|&b| b == 0xCB), "{bytes}-byte put from rank {p}: past the end");
+        }
+        comm.bootstrap_barrier().unwrap();
+    }
+
     // 2. Inline puts, the last one to each rank with SignalAdd(5).
     window.write(&stream, 0, &vec![0xCBu8; (n as u64 * SLOT) as usize]).unwrap();
     comm.bootstrap_barrier().unwrap();

@@ -28,6 +28,7 @@ mod barrier;
 pub mod queue;
 
 pub use abi::{GinBackend, GinDescriptor, GinOp, GinState, LocalActionKind, RemoteActionKind};
+
 pub use barrier::{GinBarrierSession, GinBarrierTeam};
 
 use crate::atomic::{self, Order, Scope};
@@ -36,6 +37,34 @@ use crate::coop::Coop;
 use crate::team::Team;
 use crate::wait::{self, Deadline, WaitError};
 use queue::QueueError;
+
+/// Puts of at most this many bytes are posted inline (as a put-value of the
+/// source's bytes, read by the posting thread).
+pub const INLINE_PUT_BYTES: u64 = 8;
+
+/// The `bytes` (1..=8) bytes at `p` as a little-endian u64: one load where
+/// they are one aligned 8-, 4-, 2- or 1-byte word, else byte by byte.
+///
+/// # Safety
+/// `p..p + bytes` is readable.
+#[inline(always)]
+unsafe fn read_small(p: *const u8, bytes: u64) -> u64 {
+    let aligned = (p as u64) % bytes == 0;
+    unsafe {
+        match bytes {
+            8 if aligned => (p as *const u64).read(),
+            4 if aligned => (p as *const u32).read() as u64,
+            2 if aligned => (p as *const u16).read() as u64,
+            _ => {
+                let mut v = 0u64;
+                for i in 0..bytes {
+                    v |= (p.add(i as usize).read() as u64) << (8 * i);
+                }
+                v
+            }
+        }
+    }
+}
 
 /// What happens at the destination after the data has landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,6 +269,8 @@ impl<'a> Gin<'a> {
     /// the peer and `local` here. Every thread of `coop` calls it; the coop is
     /// joined first (so all its writes to the source are included), and its
     /// leader posts the operation and gets the result (the others get `Ok`).
+    /// Puts of at most [`INLINE_PUT_BYTES`] are read by the leader at once
+    /// and travel inside the descriptor.
     ///
     /// # Safety
     /// The windows belong to this device communicator's communicator.
@@ -277,6 +308,17 @@ impl<'a> Gin<'a> {
             bytes,
             ..Default::default()
         };
+        if bytes != 0 && bytes <= INLINE_PUT_BYTES {
+            // Small puts travel inline: this thread reads the source now (a
+            // put's source may be read any time before the put is locally
+            // complete), which spares the proxy a copy and the post a
+            // system-scope fence. The payload rides in `src_offset`.
+            // SAFETY: `src_offset + bytes <= src.size` (checked above), so
+            // the bytes are inside this rank's own window.
+            d.src_offset = unsafe { read_small(src.local_ptr::<u8>(src_offset), bytes) };
+            d.src_window = 0;
+            d.op = GinOp::PutValue as u8;
+        }
         self.actions(&mut d, remote, local)?;
         self.post(w, &d)
     }
