@@ -8,6 +8,10 @@
 //! the signals that follow the data applied, local counters bumped and ring
 //! tickets completed (which frees the source for reuse).
 //!
+//! Besides the copy engine, the TCP transport's receivers land incoming
+//! bytes through a queue each ([`CopyQueue::write`] takes host bytes of any
+//! length), applying a signal only once a fence behind its data has passed.
+//!
 //! ```text
 //! proxy:  copy(a) write(b) fence()=7  copy(c) fence()=8 ...
 //! device: ─ a ─ b ─ [passed=7] ─ c ─ [passed=8]
@@ -32,8 +36,20 @@ pub trait CopyQueue: Send {
     /// call has passed.
     unsafe fn copy(&mut self, dst: u64, src: u64, bytes: u64) -> GinResult<()>;
 
-    /// Queues a write of `data` (1 to 8 bytes, copied before this returns)
-    /// to device address `dst`.
+    /// Queues a write of `data` — host bytes of any length; empty: nothing
+    /// is queued — to device address `dst`, in order with everything else
+    /// queued.
+    ///
+    /// `data` is consumed before this returns (the caller may reuse it at
+    /// once): the queue copies it into staging memory of its own (pinned
+    /// host memory the device reads), or into the queued operation itself
+    /// (a stream write of an aligned word). Staging is reused only once a
+    /// fence queued after the copy that reads it has passed; where all of
+    /// it is in use, `write` waits — for such a fence, or, if none is queued
+    /// yet, for the device to run what was queued — and never drops or
+    /// overwrites data still to be copied. It queues no fence of its own:
+    /// fence numbers stay those [`CopyQueue::fence`] returned. A device
+    /// fault met while waiting is returned (as [`CopyQueue::passed`] would).
     ///
     /// # Safety
     /// `dst..dst + data.len()` is device memory this rank can access, alive

@@ -24,8 +24,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Longest wait for work in flight when the transport must drain (closing,
-/// or a large synchronous write); copies of a healthy device end far sooner.
+/// Longest wait for device work in flight (the transport draining when it
+/// closes, a TCP receiver waiting for its fence, a copy queue waiting for
+/// staging); copies of a healthy device end far sooner.
 pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A same-host peer as this process sees it.
@@ -44,7 +45,6 @@ unsafe impl Send for SameHostPeer {}
 
 /// Same-host peers through the copy engine, the others through `fallback`.
 pub struct CopyEngineTransport {
-    local: Arc<dyn LocalMemory>,
     queue: Box<dyn CopyQueue>,
     peers: Vec<Option<SameHostPeer>>,
     fallback: Box<dyn Transport>,
@@ -86,7 +86,6 @@ impl CopyEngineTransport {
         let queue = local.copy_queue()?;
         let fallback_peers = peers.iter().filter(|p| p.is_none()).count();
         Ok(CopyEngineTransport {
-            local,
             queue,
             peers,
             fallback,
@@ -197,14 +196,10 @@ impl Transport for CopyEngineTransport {
         }
         let dst = self.dst(peer, dst_window, dst_offset, data.len() as u64)?;
         self.check_signal(peer, signal)?;
-        if data.len() > 8 {
-            // Not the proxy's path (inline values are at most 8 bytes): a
-            // synchronous write, after everything in flight.
-            self.drain()?;
-            self.local.write_device(dst, data)?;
-        } else if !data.is_empty() {
+        if !data.is_empty() {
             // SAFETY: `dst` lies in a window mapped here (checked above),
             // kept mapped while the transport exists (the contract of `new`).
+            // The queue stages `data` before returning.
             unsafe { self.queue.write(dst, data) }?;
             self.mark_queued();
         }

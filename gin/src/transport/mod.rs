@@ -2,8 +2,10 @@
 //!
 //! A [`Transport`] carries puts and signals from this rank to its peers and
 //! lands what peers send here through a [`Landing`]: the data is written
-//! with [`LocalMemory::write_device`] first, and only once that returned is
-//! the signal added, so a signal never becomes visible before its data.
+//! first (with [`LocalMemory::write_device`], or queued on a
+//! [`crate::CopyQueue`] and a fence behind it waited for), and only once it
+//! is visible is the signal added, so a signal never becomes visible before
+//! its data.
 //! Operations to one peer are delivered in the order they were issued.
 //!
 //! * [`tcp::TcpTransport`]: a full mesh of TCP connections (between hosts,
@@ -151,6 +153,11 @@ impl Landing {
     /// The rank's memory.
     pub fn local(&self) -> &Arc<dyn LocalMemory> {
         &self.local
+    }
+
+    /// Number of signals.
+    pub fn total_signals(&self) -> u32 {
+        self.total_signals
     }
 
     /// Device address of `bytes` at `offset` of window `window` (checked).

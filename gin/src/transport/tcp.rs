@@ -9,23 +9,44 @@
 //! window (u32), destination offset (u64), payload bytes (u64), signal
 //! (u32), has-signal (u32), signal increment (u64) — followed by the payload.
 //! The sending side writes frames from the proxy thread through a bounded
-//! buffer; on the receiving side one thread per connection reads frames,
-//! writes the payload into the rank's memory in bounded pieces
-//! ([`Landing::put`]) and only then applies the signal. Operations to
-//! oneself are applied directly by the caller.
+//! buffer. On the receiving side one thread per connection reads frames
+//! (through a buffer: many small frames per system call) and lands them in
+//! order:
 //!
-//! A connection that ends without the peer's goodbye frame, or that carries
-//! a malformed frame (unknown kind, window range or signal the receiver
-//! rejects), fails that peer: [`Transport::progress`] reports it and
-//! [`Transport::put`] to it returns `Remote`.
+//! * with a [`CopyQueue`] of its own ([`crate::LocalMemory::copy_queue`],
+//!   asked for at the first put), in batches: each payload is queued ([`CopyQueue::write`] stages it,
+//!   the device copies it later) and the frame's signal is held back;
+//!   while more bytes are already waiting on the socket the receiver keeps
+//!   reading and queueing. When nothing more is ready, or 4096 writes or
+//!   signals or 2 MiB wait, it queues a fence, waits for it to pass (the
+//!   data is then visible) and applies the held signals in order. So a
+//!   signal is never visible before the data that came before it on the
+//!   connection, and a stream of small puts costs one fence per batch, not
+//!   a synchronous copy per put. `close` waits for a batch in flight;
+//! * without one (`Unavailable`), synchronously: the payload is written in
+//!   pieces of up to 1 MiB ([`crate::LocalMemory::write_device`]), then the
+//!   signal is applied.
+//!
+//! Operations to oneself are applied directly by the caller.
+//!
+//! A connection that ends without the peer's goodbye frame, that carries a
+//! malformed frame (unknown kind, window range or signal the receiver
+//! rejects), or whose data cannot be landed (a device fault, which the
+//! fence reports; a fence that does not pass within [`DRAIN_TIMEOUT`])
+//! fails that peer — the complete frames before the failure are landed,
+//! the signals of a batch that failed are not: [`Transport::progress`]
+//! reports it and [`Transport::put`] to it returns `Remote`.
 
+use super::copy_engine::DRAIN_TIMEOUT;
 use super::{Landing, PeerFailure, Transport};
 use crate::descriptor::RemoteSignal;
-use crate::{Bootstrap, GinHostError, GinResult};
+use crate::{Bootstrap, CopyQueue, GinHostError, GinResult};
+use nix::sys::socket::MsgFlags;
 use std::io::{BufWriter, ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -40,8 +61,15 @@ const KIND_SIGNAL: u32 = 2;
 const KIND_BYE: u32 = 3;
 /// Sender buffer per peer.
 const SEND_BUFFER: usize = 256 << 10;
-/// Receive buffer per connection: payloads land in pieces of this size.
+/// Payloads land in pieces of at most this size.
 const RECV_PIECE: usize = 1 << 20;
+/// Read buffer per connection.
+const READ_BUFFER: usize = 256 << 10;
+/// A receiver lands its batch (fence, wait, signals) once this many writes
+/// or signals wait in it, even while more frames are ready.
+const BATCH_OPS: u32 = 4096;
+/// ... or once this many bytes wait in it.
+const BATCH_BYTES: u64 = 2 << 20;
 /// A peer that does not take our data for this long is failed.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -98,7 +126,9 @@ fn sys(what: &str, e: std::io::Error) -> GinHostError {
 struct Shared {
     landing: Landing,
     /// Set (under the write lock) once the transport is closed: receivers
-    /// stop touching memory. They hold the read lock while they write.
+    /// stop touching memory. They hold the read lock while they write (with
+    /// a copy queue: from a batch's first write until its fence has passed
+    /// and its signals are applied).
     closed: RwLock<bool>,
     /// `PEER_*` per rank.
     state: Vec<AtomicU8>,
@@ -110,16 +140,6 @@ impl Shared {
         if self.state[peer].swap(PEER_FAILED, Ordering::SeqCst) != PEER_FAILED {
             tracing::warn!(peer, %error, "GIN TCP: peer failed");
             self.failures.lock().unwrap_or_else(|e| e.into_inner()).push(PeerFailure { peer, error });
-        }
-    }
-
-    /// Runs `f` unless the transport is closed; `None` if closed.
-    fn apply<T>(&self, f: impl FnOnce(&Landing) -> T) -> Option<T> {
-        let closed = self.closed.read().unwrap_or_else(|e| e.into_inner());
-        if *closed {
-            None
-        } else {
-            Some(f(&self.landing))
         }
     }
 }
@@ -321,85 +341,336 @@ fn connect_until(addr: SocketAddr, deadline: Instant) -> GinResult<TcpStream> {
     }
 }
 
-/// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean EOF before the
-/// first byte.
-fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
-    let mut got = 0;
-    while got < buf.len() {
-        match s.read(&mut buf[got..]) {
-            Ok(0) if got == 0 => return Ok(false),
-            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
+/// Bytes read from a connection, not yet consumed: `buf[pos..end]`.
+struct Reader {
+    s: TcpStream,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
 }
 
-/// The receiver thread of the connection to `peer`.
-fn receive(mut s: TcpStream, peer: usize, sh: &Shared) {
-    let mut buf = Vec::new();
-    let mut head = [0u8; HEADER_BYTES];
-    let bad = |sh: &Shared, s: &TcpStream, e: GinHostError| {
+impl Reader {
+    fn ready(&self) -> usize {
+        self.end - self.pos
+    }
+
+    fn take(&mut self, n: usize) -> &[u8] {
+        let at = self.pos;
+        self.pos += n;
+        &self.buf[at..at + n]
+    }
+
+    /// Reads more bytes (at least one; 0: end of stream) into the buffer.
+    /// While `l` has work open, only bytes already waiting are read; when
+    /// none are, `l` lands its batch first, then the read blocks.
+    fn fill(&mut self, l: &mut Lander<'_>) -> GinResult<usize> {
+        // Move the start of a frame (less than a header: payloads are taken
+        // as they come) to the front.
+        if self.pos > 0 {
+            self.buf.copy_within(self.pos..self.end, 0);
+            (self.end, self.pos) = (self.end - self.pos, 0);
+        }
+        let n = recv(&self.s, &mut self.buf[self.end..], l)?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Makes `n` bytes ready; `Ok(false)` on a clean end of stream before
+    /// the first of them.
+    fn ensure(&mut self, n: usize, l: &mut Lander<'_>) -> GinResult<bool> {
+        while self.ready() < n {
+            if self.fill(l)? == 0 {
+                return match self.ready() {
+                    0 => Ok(false),
+                    _ => Err(l.remote(ErrorKind::UnexpectedEof.into())),
+                };
+            }
+        }
+        Ok(true)
+    }
+
+    /// Fills `out` from the buffer, then from the socket.
+    fn read_exact(&mut self, out: &mut [u8], l: &mut Lander<'_>) -> GinResult<()> {
+        let k = self.ready().min(out.len());
+        out[..k].copy_from_slice(self.take(k));
+        let mut got = k;
+        while got < out.len() {
+            match recv(&self.s, &mut out[got..], l)? {
+                0 => return Err(GinHostError::Remote(format!("rank {} closed mid-put", l.peer))),
+                n => got += n,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One read from `s` into `out` (0: end of stream). With `l`'s work open
+/// it does not block: if nothing is waiting, `l` lands its batch (fence,
+/// wait, signals) and the read blocks after that.
+fn recv(s: &TcpStream, out: &mut [u8], l: &mut Lander<'_>) -> GinResult<usize> {
+    loop {
+        let r = if l.pending() {
+            nix::sys::socket::recv(s.as_raw_fd(), out, MsgFlags::MSG_DONTWAIT).map_err(std::io::Error::from)
+        } else {
+            // Blocking: no lock held, nothing left unlanded.
+            l.flush()?;
+            (&*s).read(out)
+        };
+        match r {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => l.flush()?,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(l.remote(e)),
+        }
+    }
+}
+
+/// Where a receiver lands frames: through its [`CopyQueue`] in batches
+/// (signals applied once a fence behind the data has passed), or, without
+/// a queue, synchronously frame by frame.
+struct Lander<'a> {
+    sh: &'a Shared,
+    peer: usize,
+    /// The queue, once the first put has asked for it (`None` before, or
+    /// where the rank's memory has none: puts land synchronously).
+    queue: Option<Box<dyn CopyQueue>>,
+    asked: bool,
+    /// The read side of `sh.closed`, held while a batch is open (from its
+    /// first write until its signals are applied), so that `close` waits
+    /// for work in flight; never held across a blocking read.
+    guard: Option<RwLockReadGuard<'a, bool>>,
+    /// Signals of complete frames not applied yet, in order.
+    signals: Vec<(u32, u64)>,
+    /// Writes queued since the last fence, and their bytes.
+    ops: u32,
+    bytes: u64,
+}
+
+impl<'a> Lander<'a> {
+    fn remote(&self, e: std::io::Error) -> GinHostError {
+        GinHostError::Remote(format!("receiving from rank {}: {e}", self.peer))
+    }
+
+    /// Whether landed work waits for a fence or signals wait to be applied.
+    fn pending(&self) -> bool {
+        self.ops > 0 || !self.signals.is_empty()
+    }
+
+    /// Whether the transport is still open (holding the lock from now on).
+    fn open(&mut self) -> bool {
+        let sh = self.sh;
+        !**self.guard.get_or_insert_with(|| sh.closed.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn landing(&self) -> &'a Landing {
+        &self.sh.landing
+    }
+
+    /// Device address of a put's range (checked), or `None` if closed.
+    /// The first call gets the queue.
+    fn window_addr(&mut self, window: u32, offset: u64, bytes: u64) -> GinResult<Option<u64>> {
+        if !self.asked {
+            self.asked = true;
+            self.queue = match self.landing().local().copy_queue() {
+                Ok(q) => Some(q),
+                Err(GinHostError::Unavailable(why)) => {
+                    tracing::debug!(peer = self.peer, %why, "GIN TCP: no copy queue, puts land synchronously");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(peer = self.peer, %e, "GIN TCP: no copy queue, puts land synchronously");
+                    None
+                }
+            };
+        }
+        let r = if self.open() { self.landing().window_addr(window, offset, bytes).map(Some) } else { Ok(None) };
+        if self.queue.is_none() {
+            self.guard = None;
+        }
+        r
+    }
+
+    /// Lands `data` at `addr` (queued, or written at once without a queue).
+    fn write(&mut self, addr: u64, data: &[u8]) -> GinResult<()> {
+        if !self.open() {
+            return Ok(());
+        }
+        match self.queue.as_mut() {
+            Some(q) => {
+                // SAFETY: `addr..addr + len` lies in a window of this rank
+                // (checked by `window_addr`), device memory that stays
+                // registered while puts to it may arrive; the copy is
+                // fenced and waited for before this batch ends.
+                unsafe { q.write(addr, data) }?;
+                self.ops += 1;
+                self.bytes += data.len() as u64;
+            }
+            None => {
+                let r = self.landing().local().write_device(addr, data);
+                self.guard = None;
+                r?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues `signal` behind the data landed so far; without a queue (or
+    /// past the batch bounds) the batch is landed now.
+    fn signal(&mut self, signal: (u32, u64)) -> GinResult<()> {
+        self.signals.push(signal);
+        self.end_of_frame()
+    }
+
+    /// After a frame (or a piece of one): lands the batch if it reached a
+    /// bound, or at once without a queue.
+    fn end_of_frame(&mut self) -> GinResult<()> {
+        if self.queue.is_none()
+            || self.ops >= BATCH_OPS
+            || self.signals.len() >= BATCH_OPS as usize
+            || self.bytes >= BATCH_BYTES
+        {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the batch: queues a fence behind the writes, waits for it to
+    /// pass, applies the pending signals in order, releases the lock. On
+    /// an error the batch is dropped (its signals never applied).
+    fn flush(&mut self) -> GinResult<()> {
+        let r = self.land();
+        self.signals.clear();
+        (self.ops, self.bytes) = (0, 0);
+        self.guard = None;
+        r.map_err(|e| GinHostError::Remote(format!("landing data from rank {}: {e}", self.peer)))
+    }
+
+    fn land(&mut self) -> GinResult<()> {
+        if self.ops > 0 {
+            if let Some(q) = self.queue.as_mut() {
+                let fence = q.fence()?;
+                wait_passed(q.as_mut(), fence)?;
+            }
+        }
+        if !self.signals.is_empty() && self.open() {
+            for &(id, value) in &self.signals {
+                self.sh.landing.signal(id, value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits until fence `fence` of `q` has passed (or `q` reports a fault),
+/// at most [`DRAIN_TIMEOUT`].
+fn wait_passed(q: &mut dyn CopyQueue, fence: u64) -> GinResult<()> {
+    let start = Instant::now();
+    let mut polls = 0u32;
+    while q.passed()? < fence {
+        polls += 1;
+        if polls < 128 {
+            std::hint::spin_loop();
+        } else if start.elapsed() > DRAIN_TIMEOUT {
+            return Err(GinHostError::Timeout(format!("fence {fence} of a GIN TCP receiver did not pass")));
+        } else if polls < 4096 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    Ok(())
+}
+
+/// The receiver thread of the connection to `peer`: lands frames through
+/// a copy queue of its own (see the module docs), or synchronously where
+/// the rank's memory has none.
+fn receive(s: TcpStream, peer: usize, sh: &Shared) {
+    let mut l = Lander { sh, peer, queue: None, asked: false, guard: None, signals: Vec::new(), ops: 0, bytes: 0 };
+    let mut r = Reader { s, buf: vec![0; READ_BUFFER], pos: 0, end: 0 };
+    let end = frames(&mut r, &mut l);
+    // The complete frames before the end are valid: land them.
+    let last = l.flush();
+    drop(l);
+    if let Err(e) = end.and(last) {
         if !*sh.closed.read().unwrap_or_else(|e| e.into_inner()) {
             sh.fail(peer, e);
         }
-        let _ = s.shutdown(Shutdown::Both);
-    };
+        let _ = r.s.shutdown(Shutdown::Both);
+    }
+}
+
+/// Reads and lands frames until the peer has left (`Ok`) or something failed.
+fn frames(r: &mut Reader, l: &mut Lander<'_>) -> GinResult<()> {
+    let peer = l.peer;
+    let mut piece = Vec::new();
     loop {
-        match read_full(&mut s, &mut head) {
-            Ok(true) => {}
-            Ok(false) if sh.state[peer].load(Ordering::SeqCst) == PEER_LEFT => return,
-            Ok(false) => return bad(sh, &s, GinHostError::Remote(format!("rank {peer} closed its connection"))),
-            Err(e) => return bad(sh, &s, GinHostError::Remote(format!("receiving from rank {peer}: {e}"))),
+        if !r.ensure(HEADER_BYTES, l)? {
+            return match l.sh.state[peer].load(Ordering::SeqCst) {
+                PEER_LEFT => Ok(()),
+                _ => Err(GinHostError::Remote(format!("rank {peer} closed its connection"))),
+            };
         }
-        let (kind, window, offset, bytes) = (u32_at(&head, 0), u32_at(&head, 4), u64_at(&head, 8), u64_at(&head, 16));
-        let signal = match u32_at(&head, 28) {
+        let head = r.take(HEADER_BYTES);
+        let (kind, window, offset, bytes) = (u32_at(head, 0), u32_at(head, 4), u64_at(head, 8), u64_at(head, 16));
+        let signal = match u32_at(head, 28) {
             0 => None,
-            _ => Some((u32_at(&head, 24), u64_at(&head, 32))),
+            _ => Some((u32_at(head, 24), u64_at(head, 32))),
         };
+        if let Some((id, _)) = signal {
+            let total = l.landing().total_signals();
+            if id >= total {
+                return Err(GinHostError::Invalid(format!("rank {peer} sent signal {id} (of {total})")));
+            }
+        }
         match kind {
-            KIND_PUT => {
-                // Check the whole range once, then land it piece by piece.
-                let addr = if bytes == 0 {
-                    Ok(0)
-                } else {
-                    sh.apply(|l| l.window_addr(window, offset, bytes)).unwrap_or(Ok(0))
-                };
-                let addr = match addr {
-                    Ok(a) => a,
-                    Err(e) => return bad(sh, &s, GinHostError::Invalid(format!("put from rank {peer}: {e}"))),
-                };
+            KIND_PUT if bytes > 0 => {
+                // Check the whole range once, then land it as it arrives.
+                let addr = l
+                    .window_addr(window, offset, bytes)
+                    .map_err(|e| GinHostError::Invalid(format!("put from rank {peer}: {e}")))?;
+                let landed = |e: GinHostError| GinHostError::Remote(format!("landing a put from rank {peer}: {e}"));
                 let mut done = 0u64;
                 while done < bytes {
-                    let n = (bytes - done).min(RECV_PIECE as u64) as usize;
-                    if buf.len() < n {
-                        buf.resize(n, 0);
+                    let left = bytes - done;
+                    if r.ready() == 0 && r.fill(l)? == 0 {
+                        return Err(GinHostError::Remote(format!("rank {peer} closed mid-put")));
                     }
-                    match read_full(&mut s, &mut buf[..n]) {
-                        Ok(true) => {}
-                        Ok(false) => return bad(sh, &s, GinHostError::Remote(format!("rank {peer} closed mid-put"))),
-                        Err(e) => return bad(sh, &s, GinHostError::Remote(format!("receiving from rank {peer}: {e}"))),
-                    }
-                    let w = sh.apply(|l| l.local().write_device(addr + done, &buf[..n]));
-                    if let Some(Err(e)) = w {
-                        return bad(sh, &s, GinHostError::Remote(format!("landing a put from rank {peer}: {e}")));
-                    }
+                    let n = if l.queue.is_some() || r.ready() as u64 >= left.min(RECV_PIECE as u64) {
+                        // What is here (at most a piece).
+                        let n = (r.ready() as u64).min(left).min(RECV_PIECE as u64) as usize;
+                        if let Some(a) = addr {
+                            l.write(a + done, r.take(n)).map_err(landed)?;
+                        } else {
+                            r.take(n);
+                        }
+                        n
+                    } else {
+                        // Without a queue, write whole pieces (one synchronous
+                        // copy each), reading the rest of one straight into it.
+                        let n = left.min(RECV_PIECE as u64) as usize;
+                        piece.resize(n, 0);
+                        r.read_exact(&mut piece, l)?;
+                        if let Some(a) = addr {
+                            l.write(a + done, &piece).map_err(landed)?;
+                        }
+                        n
+                    };
                     done += n as u64;
+                    if done < bytes {
+                        l.end_of_frame()?;
+                    }
                 }
             }
-            KIND_SIGNAL => {}
+            KIND_PUT | KIND_SIGNAL => {}
             KIND_BYE => {
-                sh.state[peer].compare_exchange(PEER_UP, PEER_LEFT, Ordering::SeqCst, Ordering::SeqCst).ok();
+                l.sh.state[peer].compare_exchange(PEER_UP, PEER_LEFT, Ordering::SeqCst, Ordering::SeqCst).ok();
                 continue;
             }
-            k => return bad(sh, &s, GinHostError::Invalid(format!("rank {peer} sent unknown frame kind {k}"))),
+            k => return Err(GinHostError::Invalid(format!("rank {peer} sent unknown frame kind {k}"))),
         }
-        if let Some((id, value)) = signal {
-            if let Some(Err(e)) = sh.apply(|l| l.signal(id, value)) {
-                return bad(sh, &s, GinHostError::Invalid(format!("signal from rank {peer}: {e}")));
-            }
+        match signal {
+            Some(sig) => l.signal(sig)?,
+            None => l.end_of_frame()?,
         }
     }
 }
@@ -506,5 +777,308 @@ mod tests {
         assert_eq!((u32_at(&h, 0), u32_at(&h, 4), u64_at(&h, 8), u64_at(&h, 16)), (KIND_PUT, 7, 1 << 40, 12345));
         assert_eq!((u32_at(&h, 24), u32_at(&h, 28), u64_at(&h, 32)), (3, 1, u64::MAX));
         assert_eq!(u32_at(&header(KIND_SIGNAL, 0, 0, 0, None), 28), 0);
+    }
+
+    // Receivers against model devices whose copy queues make writes
+    // visible only when a fence behind them passes, a while after it was
+    // queued.
+    use crate::LocalMemory;
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::sync::Condvar;
+
+    /// What each rank gave to the allgather so far.
+    type Gathered = (Mutex<Vec<Option<Vec<u8>>>>, Condvar);
+
+    /// A bootstrap of ranks that are threads of this process (one allgather).
+    struct Boot {
+        rank: usize,
+        all: Arc<Gathered>,
+    }
+
+    impl Bootstrap for Boot {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn nranks(&self) -> usize {
+            self.all.0.lock().unwrap().len()
+        }
+        fn allgather(&self, data: &[u8]) -> GinResult<Vec<Vec<u8>>> {
+            let (m, cv) = &*self.all;
+            let mut v = m.lock().unwrap();
+            v[self.rank] = Some(data.to_vec());
+            cv.notify_all();
+            let v = cv.wait_while(v, |v| v.iter().any(Option::is_none)).unwrap();
+            Ok(v.iter().map(|d| d.clone().unwrap()).collect())
+        }
+    }
+
+    const BASE: u64 = 0x7000_0000;
+
+    /// One window (id 0) of device memory, and copy queues over it.
+    struct ModelDevice {
+        mem: Mutex<Vec<u8>>,
+        /// Whether `copy_queue` gives queues.
+        queues: bool,
+        /// How long a fence takes to pass.
+        delay: Duration,
+        /// Queues report a device fault.
+        fault: AtomicBool,
+        fences: AtomicU64,
+        writes: AtomicU64,
+    }
+
+    struct ModelMemory(Arc<ModelDevice>);
+
+    impl LocalMemory for ModelMemory {
+        fn window_addr(&self, window: u32, offset: u64, bytes: u64) -> GinResult<u64> {
+            let len = self.0.mem.lock().unwrap().len() as u64;
+            if window != 0 || offset + bytes > len {
+                return Err(GinHostError::Invalid(format!("{bytes} bytes at {offset} of window {window}")));
+            }
+            Ok(BASE + offset)
+        }
+        fn write_device(&self, addr: u64, data: &[u8]) -> GinResult<()> {
+            let at = (addr - BASE) as usize;
+            self.0.mem.lock().unwrap()[at..at + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+        fn read_device(&self, addr: u64, out: &mut [u8]) -> GinResult<()> {
+            let at = (addr - BASE) as usize;
+            out.copy_from_slice(&self.0.mem.lock().unwrap()[at..at + out.len()]);
+            Ok(())
+        }
+        fn copy_queue(&self) -> GinResult<Box<dyn CopyQueue>> {
+            if !self.0.queues {
+                return Err(GinHostError::Unavailable("model without queues".into()));
+            }
+            Ok(Box::new(ModelQueue { dev: self.0.clone(), open: Vec::new(), in_flight: VecDeque::new(), passed: 0 }))
+        }
+    }
+
+    type Writes = Vec<(u64, Vec<u8>)>;
+
+    struct ModelQueue {
+        dev: Arc<ModelDevice>,
+        /// Writes queued since the last fence.
+        open: Writes,
+        /// Fences queued, not passed: (number, when queued, the writes before it).
+        in_flight: VecDeque<(u64, Instant, Writes)>,
+        passed: u64,
+    }
+
+    impl CopyQueue for ModelQueue {
+        unsafe fn copy(&mut self, _: u64, _: u64, _: u64) -> GinResult<()> {
+            Err(GinHostError::Invalid("a TCP receiver copies nothing".into()))
+        }
+        unsafe fn write(&mut self, dst: u64, data: &[u8]) -> GinResult<()> {
+            self.dev.writes.fetch_add(1, Ordering::SeqCst);
+            self.open.push((dst, data.to_vec()));
+            Ok(())
+        }
+        fn fence(&mut self) -> GinResult<u64> {
+            self.dev.fences.fetch_add(1, Ordering::SeqCst);
+            let n = self.in_flight.back().map_or(self.passed, |f| f.0) + 1;
+            self.in_flight.push_back((n, Instant::now(), std::mem::take(&mut self.open)));
+            Ok(n)
+        }
+        fn passed(&mut self) -> GinResult<u64> {
+            if self.dev.fault.load(Ordering::SeqCst) {
+                return Err(GinHostError::System("model device fault".into()));
+            }
+            while self.in_flight.front().is_some_and(|f| f.1.elapsed() >= self.dev.delay) {
+                let (n, _, writes) = self.in_flight.pop_front().unwrap();
+                let mut mem = self.dev.mem.lock().unwrap();
+                for (dst, data) in writes {
+                    let at = (dst - BASE) as usize;
+                    mem[at..at + data.len()].copy_from_slice(&data);
+                }
+                self.passed = n;
+            }
+            Ok(self.passed)
+        }
+    }
+
+    fn device(bytes: usize, queues: bool) -> Arc<ModelDevice> {
+        Arc::new(ModelDevice {
+            mem: Mutex::new(vec![0; bytes]),
+            queues,
+            delay: Duration::from_micros(300),
+            fault: AtomicBool::new(false),
+            fences: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+        })
+    }
+
+    /// Ranks 0 and 1 over `devs`, each with the signal words in `signals`.
+    fn pair(devs: &[Arc<ModelDevice>; 2], signals: &mut [Vec<u64>; 2]) -> Vec<TcpTransport> {
+        let all = Arc::new((Mutex::new(vec![None, None]), Condvar::new()));
+        let sig: Vec<(usize, u32)> = signals.iter_mut().map(|s| (s.as_mut_ptr() as usize, s.len() as u32)).collect();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (boot, dev, (ptr, len)) = (Boot { rank, all: all.clone() }, devs[rank].clone(), sig[rank]);
+                    s.spawn(move || {
+                        // SAFETY: the test keeps `signals` alive (and touches
+                        // them atomically only) until the transports are dropped.
+                        let landing = unsafe { Landing::new(Arc::new(ModelMemory(dev)), ptr as *mut u64, len) };
+                        TcpTransport::connect(&boot, landing, &TcpConfig::default()).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    fn load(signals: &[u64], i: usize) -> u64 {
+        // SAFETY: a live u64 of the test, accessed atomically while shared.
+        unsafe { AtomicU64::from_ptr(signals.as_ptr().add(i) as *mut u64) }.load(Ordering::SeqCst)
+    }
+
+    fn wait_failure(t: &mut TcpTransport) -> PeerFailure {
+        let start = Instant::now();
+        let mut failed = Vec::new();
+        while failed.is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(30), "no failure reported");
+            t.progress(&mut failed).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        failed.remove(0)
+    }
+
+    #[test]
+    fn signals_follow_their_data_and_small_puts_share_fences() {
+        const PUTS: usize = 20_000;
+        const BIG: usize = 3 << 20;
+        let devs = [device(PUTS * 8 + BIG, true), device(8, true)];
+        let mut signals = [vec![0u64; 2], vec![0u64; 2]];
+        let mut ts = pair(&devs, &mut signals);
+        let big: Vec<u8> = (0..BIG).map(|i| (i * 13 + 5) as u8).collect();
+        let sig0 = signals[0].as_ptr() as usize;
+        let mem = &devs[0].mem;
+        std::thread::scope(|s| {
+            // Rank 0 checks: whatever its signals say has landed must be visible.
+            let checker = s.spawn(|| {
+                // SAFETY: rank 0's signal words, alive for the scope.
+                let sig = unsafe { std::slice::from_raw_parts(sig0 as *const u64, 2) };
+                let start = Instant::now();
+                let mut seen = 0;
+                loop {
+                    let (small, large) = (load(sig, 0) as usize, load(sig, 1));
+                    let m = mem.lock().unwrap();
+                    for i in seen..small {
+                        assert_eq!(
+                            m[i * 8..i * 8 + 8],
+                            (i as u64 + 1).to_le_bytes(),
+                            "put {i} signalled before its data"
+                        );
+                    }
+                    seen = small;
+                    if large == 1 {
+                        assert!(m[PUTS * 8..] == big[..], "the large put signalled before its data");
+                    }
+                    if small == PUTS && large == 1 {
+                        return;
+                    }
+                    drop(m);
+                    assert!(start.elapsed() < Duration::from_secs(60), "{small} of {PUTS} puts landed");
+                    std::thread::yield_now();
+                }
+            });
+            let t = &mut ts[1];
+            for i in 0..PUTS as u64 {
+                t.put(0, 0, i * 8, &(i + 1).to_le_bytes(), Some((0, 1))).unwrap();
+            }
+            t.put(0, 0, (PUTS * 8) as u64, &big, Some((1, 1))).unwrap();
+            t.flush().unwrap();
+            checker.join().unwrap();
+        });
+        let (fences, writes) = (devs[0].fences.load(Ordering::SeqCst), devs[0].writes.load(Ordering::SeqCst));
+        assert!(writes > PUTS as u64);
+        assert!(fences * 20 <= PUTS as u64, "{fences} fences for {PUTS} puts");
+        let mut failed = Vec::new();
+        for t in &mut ts {
+            t.progress(&mut failed).unwrap();
+        }
+        assert!(failed.is_empty(), "{failed:?}");
+        drop(ts);
+    }
+
+    #[test]
+    fn a_device_fault_fails_the_peer_and_holds_its_signals_back() {
+        let devs = [device(64, true), device(64, true)];
+        let mut signals = [vec![0u64; 1], vec![0u64; 1]];
+        let mut ts = pair(&devs, &mut signals);
+        devs[1].fault.store(true, Ordering::SeqCst);
+        ts[0].put(1, 0, 0, &7u64.to_le_bytes(), Some((0, 1))).unwrap();
+        ts[0].flush().unwrap();
+        let f = wait_failure(&mut ts[1]);
+        assert_eq!(f.peer, 0);
+        assert!(matches!(&f.error, GinHostError::Remote(m) if m.contains("model device fault")), "{f:?}");
+        assert_eq!(load(&signals[1], 0), 0, "signal applied without its data");
+        assert!(matches!(ts[1].put(0, 0, 0, &[1], None), Err(GinHostError::Remote(_))));
+        // Rank 0 sees the connection cut.
+        assert_eq!(wait_failure(&mut ts[0]).peer, 1);
+        drop(ts);
+    }
+
+    #[test]
+    fn a_bad_range_fails_the_peer_after_landing_what_came_before() {
+        for queues in [true, false] {
+            let devs = [device(64, queues), device(64, queues)];
+            let mut signals = [vec![0u64; 1], vec![0u64; 1]];
+            let mut ts = pair(&devs, &mut signals);
+            ts[0].put(1, 0, 8, &5u64.to_le_bytes(), Some((0, 1))).unwrap();
+            ts[0].put(1, 0, 60, &[1; 8], Some((0, 1))).unwrap();
+            ts[0].flush().unwrap();
+            let f = wait_failure(&mut ts[1]);
+            assert_eq!(f.peer, 0);
+            assert!(matches!(&f.error, GinHostError::Invalid(m) if m.contains("put from rank 0")), "{f:?}");
+            assert_eq!(load(&signals[1], 0), 1, "queues: {queues}");
+            assert_eq!(devs[1].mem.lock().unwrap()[8..16], 5u64.to_le_bytes());
+            assert_eq!(devs[1].fences.load(Ordering::SeqCst), queues as u64);
+            drop(ts);
+        }
+    }
+
+    #[test]
+    fn closing_waits_for_a_batch_in_flight() {
+        const PUTS: u64 = 2000;
+        let devs = [device(8, true), device(PUTS as usize * 8, true)];
+        let mut signals = [vec![0u64; 1], vec![0u64; 1]];
+        let mut ts = pair(&devs, &mut signals);
+        let (t0, t1) = ts.split_at_mut(1);
+        let sig = signals[1].as_ptr() as usize;
+        // SAFETY: rank 1's signal word, alive until the end of the test.
+        let sig = unsafe { std::slice::from_raw_parts(sig as *const u64, 1) };
+        std::thread::scope(|s| {
+            // Rank 0 keeps sending, a batch at a time.
+            s.spawn(|| {
+                for i in 0..PUTS {
+                    if t0[0].put(1, 0, i * 8, &(i + 1).to_le_bytes(), Some((0, 1))).is_err() {
+                        break;
+                    }
+                    if i % 16 == 0 {
+                        t0[0].flush().unwrap();
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+            });
+            while load(sig, 0) < 64 {
+                std::thread::yield_now();
+            }
+            let start = Instant::now();
+            t1[0].close(false);
+            assert!(start.elapsed() < Duration::from_secs(5));
+            // After close nothing more lands, and what was signalled is there.
+            let n = load(sig, 0);
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(load(sig, 0), n);
+            let m = devs[1].mem.lock().unwrap();
+            for i in 0..n as usize {
+                assert_eq!(m[i * 8..i * 8 + 8], (i as u64 + 1).to_le_bytes());
+            }
+        });
+        drop(ts);
     }
 }

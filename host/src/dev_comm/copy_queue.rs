@@ -4,29 +4,42 @@
 //! * copies: gathered and handed to the copy engine together
 //!   (`cuMemcpyBatchAsync`: one driver call for up to [`MAX_COPIES`]), a
 //!   batch ending early where a copy would overlap one already in it (the
-//!   copies of a batch may run in any order);
-//! * inline values of 8 aligned bytes: 64-bit stream writes
+//!   copies of a batch may run in any order); a copy that continues the
+//!   last one gathered (both ranges adjacent) extends it;
+//! * writes of 8 aligned bytes: 64-bit stream writes
 //!   (`cuStreamBatchMemOp`), batched — consecutive writes cost one driver
-//!   call; other sizes, or where the driver refuses stream writes to the
-//!   destination: the bytes go to a pinned staging slot, then a copy
+//!   call; writes of any other size, 8-byte writes while copies are being
+//!   gathered, or where the driver refuses stream writes to the
+//!   destination: the bytes go to pinned staging memory, then a copy
 //!   (gathered like the others);
 //! * fences: a 64-bit stream write *with* a memory barrier of the fence
 //!   number into a host-mapped word, which the proxy reads with a plain
 //!   load. The barrier makes everything queued before visible first.
 //!
-//! Staging slots are reused round-robin; a slot is taken again only after
-//! the fence behind its last copy has passed. A device fault stops the
-//! fences; [`devcomm_gin::CopyQueue::passed`] then asks the stream (every
-//! [`QUERY_EVERY`] unchanged polls) and returns its error.
+//! Staging is a ring of pinned chunks of [`CHUNK_BYTES`], allocated as they
+//! are needed (at most [`MAX_CHUNKS`]): a queue that only writes aligned
+//! words has none. Writes fill the current chunk; a chunk is filled again
+//! only after the fence behind its last copy has passed. Where every chunk
+//! is still in use and that fence has not even been queued (more than
+//! `MAX_CHUNKS * CHUNK_BYTES` staged since the last fence), the queue waits
+//! for its stream to go idle instead (fence numbers stay the caller's). A
+//! device fault stops the fences; [`devcomm_gin::CopyQueue::passed`] then
+//! asks the stream (every [`QUERY_EVERY`] unchanged polls) and returns its
+//! error.
 
 use crate::runtime::{Device, HostMappedBuffer, Stream};
+use devcomm_gin::transport::copy_engine::DRAIN_TIMEOUT;
 use devcomm_gin::{CopyQueue, GinHostError, GinResult};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Staging slots (8 bytes each) for inline values that are not one aligned 8-byte word.
-const STAGING_SLOTS: usize = 1024;
-/// Offset of the first staging slot (the fence word has its own 64-byte line).
-const STAGING_AT: usize = 64;
+/// Bytes of one staging chunk.
+const CHUNK_BYTES: usize = 128 << 10;
+/// Staging chunks at most (4 MiB of pinned memory per queue).
+const MAX_CHUNKS: usize = 32;
+/// A write that does not fit in what is left of the current chunk starts a
+/// new chunk, unless it is larger than this and this much is left (then it
+/// is split).
+const MIN_SPLIT: usize = 4 << 10;
 /// Stream writes gathered before they are handed to the driver in one call.
 const MAX_BATCH: usize = 128;
 /// Copies gathered before they are handed to the driver in one call.
@@ -42,9 +55,17 @@ fn sys_err(e: crate::Error) -> GinHostError {
     GinHostError::System(e.to_string())
 }
 
+/// Pinned host memory the device copies staged writes from.
+struct Chunk {
+    buf: HostMappedBuffer,
+    /// The fence that must pass before the chunk is filled again (0: free).
+    fence: u64,
+}
+
 pub(crate) struct StreamCopyQueue {
+    device: Device,
     stream: Stream,
-    /// Fence word at offset 0, staging slots from [`STAGING_AT`].
+    /// The fence word (offset 0).
     host: HostMappedBuffer,
     /// Stream writes not yet handed to the driver: (address, value, with a
     /// memory barrier — always for fences).
@@ -59,9 +80,12 @@ pub(crate) struct StreamCopyQueue {
     barrier_writes: bool,
     fenced: u64,
     passed: u64,
-    next_slot: usize,
-    /// Per staging slot: the fence that must pass before it is reused.
-    slot_fence: Vec<u64>,
+    /// Staging, in the order of last use from `cur + 1` (oldest) round to
+    /// `cur` (being filled).
+    chunks: Vec<Chunk>,
+    cur: usize,
+    /// Bytes of `chunks[cur]` taken.
+    used: usize,
     unchanged_polls: u32,
 }
 
@@ -76,9 +100,10 @@ impl StreamCopyQueue {
                 dev.name()
             )));
         }
-        let host = HostMappedBuffer::new(dev, STAGING_AT + STAGING_SLOTS * 8).map_err(sys_err)?;
+        let host = HostMappedBuffer::new(dev, 64).map_err(sys_err)?;
         let stage_inline = std::env::var(STAGE_INLINE_ENV).is_ok_and(|v| v.trim() == "1");
         Ok(StreamCopyQueue {
+            device: dev.clone(),
             stream,
             host,
             batch: Vec::with_capacity(MAX_BATCH),
@@ -87,8 +112,9 @@ impl StreamCopyQueue {
             barrier_writes: false,
             fenced: 0,
             passed: 0,
-            next_slot: 0,
-            slot_fence: vec![0; STAGING_SLOTS],
+            chunks: Vec::new(),
+            cur: 0,
+            used: 0,
             unchanged_polls: 0,
         })
     }
@@ -141,6 +167,8 @@ impl StreamCopyQueue {
         let fence_addr = self.host.device_addr();
         for (addr, value, _) in batch {
             if addr == fence_addr {
+                // A fence: its copies were submitted before it was gathered.
+                self.submit_copies()?;
                 // SAFETY: our fence word, as above.
                 unsafe { self.stream.write_values(&[(addr, value, true)]) }.map_err(sys_err)?;
             } else {
@@ -156,48 +184,115 @@ impl StreamCopyQueue {
         if self.copies.is_empty() {
             return Ok(());
         }
-        // SAFETY: each range came through `copy`, whose contract keeps it
-        // alive until a later fence; no destination overlaps another
-        // copy's range (checked when gathered).
+        // SAFETY: each range came through `copy` or `stage`, whose
+        // contracts keep it alive until a later fence; no destination
+        // overlaps another copy's range (checked when gathered).
         let r = unsafe { self.stream.memcpy_batch_raw(&self.copies) }.map_err(sys_err);
         self.copies.clear();
         r
     }
 
-    /// A staging slot free for reuse, waiting for its fence if needed.
-    fn take_slot(&mut self) -> GinResult<usize> {
-        let slot = self.next_slot;
-        self.next_slot = (slot + 1) % STAGING_SLOTS;
-        let need = self.slot_fence[slot];
-        if need > self.fenced {
-            self.fence()?;
-        }
-        let start = std::time::Instant::now();
-        while self.passed()? < need {
-            if start.elapsed() > devcomm_gin::transport::copy_engine::DRAIN_TIMEOUT {
-                return Err(GinHostError::Timeout("waiting for a staging slot of the copy queue".into()));
+    /// Moves to a staging chunk free for reuse: the oldest one if its fence
+    /// has passed, else a new one while fewer than [`MAX_CHUNKS`] exist,
+    /// else the oldest once its fence has passed (the stream drained if
+    /// that fence is not queued yet).
+    fn next_chunk(&mut self) -> GinResult<()> {
+        self.used = 0;
+        if !self.chunks.is_empty() {
+            let next = (self.cur + 1) % self.chunks.len();
+            let need = self.chunks[next].fence;
+            if need <= self.passed || need <= self.passed()? {
+                self.cur = next;
+                return Ok(());
             }
-            std::hint::spin_loop();
+            if self.chunks.len() >= MAX_CHUNKS {
+                self.cur = next;
+                return self.wait_for_chunk(need);
+            }
         }
-        Ok(slot)
+        let buf = HostMappedBuffer::new(&self.device, CHUNK_BYTES).map_err(sys_err)?;
+        let at = if self.chunks.is_empty() { 0 } else { self.cur + 1 };
+        self.chunks.insert(at, Chunk { buf, fence: 0 });
+        self.cur = at;
+        Ok(())
     }
 
-    /// Writes `data` (1 to 8 bytes) through a staging slot and a copy.
+    /// Waits until fence `need` (the one behind the last copy from the
+    /// chunk about to be refilled) has passed, or — where it is not queued
+    /// yet — until the stream has run everything queued.
+    fn wait_for_chunk(&mut self, need: u64) -> GinResult<()> {
+        let start = std::time::Instant::now();
+        let mut polls = 0u32;
+        if need > self.fenced {
+            // Not queued yet: no fence to wait for (queueing one would take a
+            // fence number from under the caller). Wait for the stream to
+            // run everything instead; then no chunk is in use.
+            self.submit()?;
+            while !self.stream.is_idle().map_err(sys_err)? {
+                if start.elapsed() > DRAIN_TIMEOUT {
+                    return Err(GinHostError::Timeout("waiting for the copy queue's stream to free staging".into()));
+                }
+                std::thread::yield_now();
+            }
+            for c in &mut self.chunks {
+                c.fence = 0;
+            }
+            return Ok(());
+        }
+        while self.passed()? < need {
+            if start.elapsed() > DRAIN_TIMEOUT {
+                return Err(GinHostError::Timeout(format!(
+                    "waiting for fence {need} to free staging of the copy queue"
+                )));
+            }
+            polls += 1;
+            if polls < 256 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` (any length) through staging and copies, filling the
+    /// current chunk and moving on as it is used up.
     ///
     /// # Safety
     /// As for [`CopyQueue::write`].
     unsafe fn stage(&mut self, dst: u64, data: &[u8]) -> GinResult<()> {
-        let slot = self.take_slot()?;
-        self.slot_fence[slot] = self.fenced + 1;
-        let at = STAGING_AT + slot * 8;
-        // SAFETY: slot < STAGING_SLOTS and data.len() <= 8, so the bytes lie
-        // inside `host`; no queued copy reads this slot (its fence has passed).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.host_ptr().add(at), data.len()) };
-        let src = self.host.device_addr() + at as u64;
-        // SAFETY: the source is our pinned slot (alive with self, not
-        // rewritten before the next fence passes); `dst` is the caller's.
-        // Gathered with the other copies (one driver call for many).
-        unsafe { CopyQueue::copy(self, dst, src, data.len() as u64) }
+        let mut done = 0;
+        while done < data.len() {
+            let want = data.len() - done;
+            if self.chunks.is_empty() {
+                self.next_chunk()?;
+            }
+            // A new write starts 8-aligned, unless it continues the last
+            // copy gathered (then it extends that copy).
+            let cursor = self.chunks[self.cur].buf.device_addr() + self.used as u64;
+            let continues = self.copies.last().is_some_and(|&(d, s, n)| d + n as u64 == dst && s + n as u64 == cursor);
+            if !continues {
+                self.used = self.used.next_multiple_of(8).min(CHUNK_BYTES);
+            }
+            let left = CHUNK_BYTES - self.used;
+            if left == 0 || (left < want && left < MIN_SPLIT) {
+                self.next_chunk()?;
+            }
+            let n = want.min(CHUNK_BYTES - self.used);
+            let (at, chunk) = (self.used, &mut self.chunks[self.cur]);
+            chunk.fence = self.fenced + 1;
+            // SAFETY: at + n <= CHUNK_BYTES, the chunk's length; no queued
+            // copy reads these bytes (the chunk's previous fence has passed,
+            // or they were never handed out since).
+            unsafe { std::ptr::copy_nonoverlapping(data[done..].as_ptr(), chunk.buf.host_ptr().add(at), n) };
+            let src = chunk.buf.device_addr() + at as u64;
+            self.used += n;
+            // SAFETY: the source is our pinned chunk (alive with self, not
+            // rewritten before the next fence passes); `dst` is the caller's.
+            unsafe { CopyQueue::copy(self, dst + done as u64, src, n as u64) }?;
+            done += n;
+        }
+        Ok(())
     }
 }
 
@@ -214,7 +309,11 @@ impl CopyQueue for StreamCopyQueue {
         if self.copies.iter().any(hazard) {
             self.submit_copies()?;
         }
-        self.copies.push((dst, src, n));
+        match self.copies.last_mut() {
+            // Continues the last copy (both ranges adjacent): one copy.
+            Some((d, s, len)) if *d + *len as u64 == dst && *s + *len as u64 == src => *len += n,
+            _ => self.copies.push((dst, src, n)),
+        }
         if self.copies.len() >= MAX_COPIES {
             self.submit_copies()?;
         }
@@ -222,10 +321,12 @@ impl CopyQueue for StreamCopyQueue {
     }
 
     unsafe fn write(&mut self, dst: u64, data: &[u8]) -> GinResult<()> {
-        if data.is_empty() || data.len() > 8 {
-            return Err(GinHostError::Invalid(format!("an inline write of {} bytes (1 to 8)", data.len())));
+        if data.is_empty() {
+            return Ok(());
         }
-        if data.len() == 8 && dst % 8 == 0 && !self.stage_inline {
+        // An aligned word is a stream write, unless copies are being
+        // gathered: then it joins them (staged) rather than ending their batch.
+        if data.len() == 8 && dst % 8 == 0 && !self.stage_inline && self.copies.is_empty() {
             let value = u64::from_le_bytes(data.try_into().unwrap_or_default());
             self.submit_copies()?;
             self.batch.push((dst, value, self.barrier_writes));
@@ -361,25 +462,80 @@ mod tests {
     }
 
     #[test]
-    fn staging_slots_are_reused_after_their_fence() {
+    fn small_writes_are_staged_and_adjacent_ones_merged() {
         let dev = device();
         let mut q = StreamCopyQueue::new(&dev).unwrap();
-        let buf = dev.alloc_from(&[0u8; 3 * STAGING_SLOTS + 64]).unwrap();
-        // More odd-sized writes than slots: slots are recycled through fences.
-        for i in 0..(3 * STAGING_SLOTS) as u64 {
-            // SAFETY: inside `buf`, alive past the final fence wait.
-            unsafe { q.write(buf.device_addr() + i, &[(i % 251) as u8]).unwrap() };
+        let n = 3 * CHUNK_BYTES / 8;
+        let buf = dev.alloc_from(&vec![0u8; 128 + 2 * n]).unwrap();
+        let base = buf.device_addr();
+        // SAFETY (every write here): inside `buf`, alive past the fence waits.
+        unsafe {
+            // Adjacent bytes: staged back to back, one copy.
+            for i in 0..64u64 {
+                q.write(base + i, &[i as u8 + 1]).unwrap();
+            }
+            assert_eq!(q.copies.len(), 1, "adjacent staged writes extend one copy");
+            assert_eq!(q.copies[0].2, 64);
+            // An aligned word while copies are gathered joins them.
+            q.write(base + 64, &[9u8; 8]).unwrap();
+            assert!(q.batch.is_empty());
+            assert_eq!(q.copies.len(), 1);
+            // Empty writes queue nothing.
+            q.write(base, &[]).unwrap();
+            // More strided odd-sized writes than one chunk holds (8 bytes of
+            // staging each): chunks are added, nothing overwritten.
+            for i in 0..n as u64 {
+                q.write(base + 128 + 2 * i, &[(i % 251) as u8]).unwrap();
+            }
         }
+        assert!(q.chunks.len() >= 3);
         let f = q.fence().unwrap();
+        assert_eq!(f, 1);
         wait(&mut q, f);
         let got = dev.stream().read_vec(&buf).unwrap();
-        for (i, &b) in got.iter().enumerate().take(3 * STAGING_SLOTS) {
-            assert_eq!(b, (i % 251) as u8, "byte {i}");
+        for (i, &b) in got.iter().enumerate().take(64) {
+            assert_eq!(b, i as u8 + 1, "byte {i}");
         }
-        // SAFETY: an empty or oversized write is refused before touching memory.
-        unsafe {
-            assert!(matches!(q.write(buf.device_addr(), &[]), Err(GinHostError::Invalid(_))));
-            assert!(matches!(q.write(buf.device_addr(), &[0; 9]), Err(GinHostError::Invalid(_))));
+        assert_eq!(got[64..72], [9u8; 8]);
+        for i in 0..n {
+            assert_eq!(got[128 + 2 * i], (i % 251) as u8, "strided byte {i}");
+            assert_eq!(got[129 + 2 * i], 0);
+        }
+    }
+
+    #[test]
+    fn large_writes_reuse_staging_after_fences_and_never_overwrite_it() {
+        let dev = device();
+        let mut q = StreamCopyQueue::new(&dev).unwrap();
+        let pattern = |round: usize, len: usize| -> Vec<u8> { (0..len).map(|i| (i * 7 + round * 13) as u8).collect() };
+        // Bigger than all staging together, with no fence: the queue drains
+        // its stream to refill chunks, fence numbers stay the caller's.
+        let big = MAX_CHUNKS * CHUNK_BYTES * 5 / 2 + 3;
+        let a = dev.alloc_from(&vec![0u8; big]).unwrap();
+        let data = pattern(1, big);
+        // SAFETY: inside `a`, alive past the fence wait.
+        unsafe { q.write(a.device_addr() + 1, &data[1..]).unwrap() };
+        assert_eq!(q.chunks.len(), MAX_CHUNKS);
+        let f = q.fence().unwrap();
+        assert_eq!(f, 1);
+        wait(&mut q, f);
+        assert_eq!(dev.stream().read_vec(&a).unwrap()[1..], data[1..]);
+
+        // Many fenced writes in flight: each chunk is refilled only after
+        // the fence behind its copies has passed.
+        let len = 300 << 10;
+        let b = dev.alloc_from(&vec![0u8; 40 * len]).unwrap();
+        let mut last = 0;
+        for round in 0..40 {
+            // SAFETY: inside `b`, alive past the fence wait.
+            unsafe { q.write(b.device_addr() + (round * len) as u64, &pattern(round, len)).unwrap() };
+            last = q.fence().unwrap();
+        }
+        assert_eq!(last, 41);
+        wait(&mut q, last);
+        let got = dev.stream().read_vec(&b).unwrap();
+        for round in 0..40 {
+            assert!(got[round * len..(round + 1) * len] == pattern(round, len)[..], "round {round}");
         }
     }
 }
