@@ -12,6 +12,12 @@
 //! forces one; forcing an unavailable backend is an [`Error::InvalidUsage`]
 //! that says why it is unavailable.
 //!
+//! The proxy backend reaches peers through a *transport* ([`GinTransport`]):
+//! by default the copy engine for same-host peers and TCP across hosts;
+//! `DEVCOMM_GIN_TRANSPORT=tcp|verbs` or [`Config::gin_transport`](crate::comm::Config)
+//! picks another. `verbs` (RDMA over libibverbs, for every peer) needs the
+//! cargo feature `verbs` and an RDMA NIC.
+//!
 //! ```no_run
 //! # fn main() -> devcomm::Result<()> {
 //! let comm = devcomm::comm::Communicator::init_from_env()?;
@@ -75,6 +81,88 @@ impl FromStr for GinType {
             other => {
                 Err(Error::invalid_argument(format!("unknown GIN type {other:?}: expected proxy, gdaki, gpi or none")))
             }
+        }
+    }
+}
+
+/// The environment variable that picks the proxy backend's transport
+/// ([`GinTransport`]): `auto` (default), `tcp` or `verbs`.
+pub const GIN_TRANSPORT_ENV: &str = "DEVCOMM_GIN_TRANSPORT";
+
+/// The environment variable that, set to `0`, stops the verbs transport
+/// from exporting GPU windows as dmabufs (`cuMemGetHandleForAddressRange`,
+/// registered with `ibv_reg_dmabuf_mr`): their device addresses are then
+/// registered with `ibv_reg_mr`, which needs the `nvidia-peermem` kernel
+/// module. Default `1` (dmabuf where the driver gives one).
+pub const GIN_IB_DMABUF_ENV: &str = "DEVCOMM_GIN_IB_DMABUF";
+
+/// Whether this build of devcomm has the RDMA Verbs transport (cargo
+/// feature `verbs`). Without it, [`GinTransport::Verbs`] is an
+/// [`Error::InvalidArgument`] at device-communicator creation.
+pub const VERBS_BUILT: bool = cfg!(feature = "verbs");
+
+/// How the proxy backend ([`GinType::Proxy`]) reaches peers. Every rank must
+/// ask for the same one: `create_dev_comm` checks it, and fails on every
+/// rank otherwise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GinTransport {
+    /// The copy engine for same-host peers (DMA into the peer's window,
+    /// mapped into this process) and TCP for the others; TCP for everyone
+    /// where the device has no 64-bit stream memory operations. The default.
+    #[default]
+    Auto,
+    /// TCP for every peer.
+    Tcp,
+    /// RDMA Verbs (RDMA WRITE, atomic fetch-and-add for signals) for every
+    /// peer, same-host peers included, as NCCL's GIN proxy does with a NIC.
+    /// Needs the cargo feature `verbs` ([`VERBS_BUILT`]) and an RDMA device
+    /// with an active port (`DEVCOMM_GIN_IB_*` variables: see
+    /// `devcomm_gin::transport::verbs`). Without a device, `create_dev_comm`
+    /// returns [`Error::InvalidUsage`] naming the cause on every rank.
+    /// Untested on real NICs: none exists on the project's machines.
+    Verbs,
+}
+
+impl fmt::Display for GinTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GinTransport::Auto => "auto",
+            GinTransport::Tcp => "tcp",
+            GinTransport::Verbs => "verbs",
+        })
+    }
+}
+
+impl FromStr for GinTransport {
+    type Err = Error;
+
+    /// `auto` (also `ce`, `copy_engine` and the empty string), `tcp` or `verbs`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" | "ce" | "copy_engine" => Ok(GinTransport::Auto),
+            "tcp" => Ok(GinTransport::Tcp),
+            "verbs" => Ok(GinTransport::Verbs),
+            other => Err(Error::invalid_argument(format!(
+                "unknown GIN transport {other:?}: expected auto (copy engine on one host, TCP across hosts), \
+                 tcp or verbs"
+            ))),
+        }
+    }
+}
+
+impl GinTransport {
+    /// The transport asked for: [`Config::gin_transport`](crate::comm::Config),
+    /// else [`GIN_TRANSPORT_ENV`] read through `get`, else `Auto`.
+    pub(crate) fn requested(
+        config: Option<GinTransport>,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<GinTransport> {
+        if let Some(t) = config {
+            return Ok(t);
+        }
+        match get(GIN_TRANSPORT_ENV) {
+            Some(v) => v.parse().map_err(|e: Error| e.context(GIN_TRANSPORT_ENV)),
+            None => Ok(GinTransport::Auto),
         }
     }
 }
@@ -181,6 +269,23 @@ mod tests {
         }
         assert!(matches!("verbs".parse::<GinType>(), Err(Error::InvalidArgument(_))));
         assert_eq!(GinType::Proxy.code(), 1);
+    }
+
+    #[test]
+    fn transports_parse_and_the_config_wins_over_the_environment() {
+        for t in [GinTransport::Auto, GinTransport::Tcp, GinTransport::Verbs] {
+            assert_eq!(t.to_string().parse::<GinTransport>().unwrap(), t);
+        }
+        assert_eq!(" Copy_Engine ".parse::<GinTransport>().unwrap(), GinTransport::Auto);
+        let env = |v: &'static str| move |k: &str| (k == GIN_TRANSPORT_ENV).then(|| v.to_string());
+        assert_eq!(GinTransport::requested(None, |_| None).unwrap(), GinTransport::Auto);
+        assert_eq!(GinTransport::requested(None, env("verbs")).unwrap(), GinTransport::Verbs);
+        assert_eq!(GinTransport::requested(Some(GinTransport::Tcp), env("verbs")).unwrap(), GinTransport::Tcp);
+        let e = GinTransport::requested(None, env("rdma")).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(ref m) if m.contains(GIN_TRANSPORT_ENV) && m.contains("verbs")),
+            "{e}"
+        );
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct Config {
     pub device: Option<Device>,
     /// Force a GIN backend (`None`: `DEVCOMM_GIN_TYPE`, else automatic).
     pub gin_type: Option<crate::gin::GinType>,
+    /// Force the proxy backend's transport (`None`: `DEVCOMM_GIN_TRANSPORT`,
+    /// else [`GinTransport::Auto`](crate::gin::GinTransport)).
+    pub gin_transport: Option<crate::gin::GinTransport>,
 }
 
 impl Default for Config {
@@ -54,6 +57,7 @@ impl Default for Config {
             blocking: true,
             device: None,
             gin_type: None,
+            gin_transport: None,
         }
     }
 }
@@ -117,6 +121,12 @@ impl Config {
     /// The same config forcing GIN backend `t`.
     pub fn with_gin_type(mut self, t: crate::gin::GinType) -> Self {
         self.gin_type = Some(t);
+        self
+    }
+
+    /// The same config forcing the proxy backend's transport `t`.
+    pub fn with_gin_transport(mut self, t: crate::gin::GinTransport) -> Self {
+        self.gin_transport = Some(t);
         self
     }
 

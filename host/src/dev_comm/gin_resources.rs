@@ -10,11 +10,11 @@
 use super::copy_queue::StreamCopyQueue;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::gin::GinType;
+use crate::gin::{GinTransport, GinType, GIN_TRANSPORT_ENV};
 use crate::runtime::{
     AddressRange, Device, DeviceBuffer, HostMappedBuffer, SharedHostBuffer, SharedHostMapping, Stream,
 };
-use crate::window::fd_passing;
+use crate::window::{allgather_outcome, fd_passing};
 use devcomm_device::gin::abi::{GinSlot, GinState, QueueTail, SLOT_BYTES, TAIL_STRIDE};
 use devcomm_gin::transport::copy_engine::{CopyEngineTransport, SameHostPeer};
 use devcomm_gin::{Bootstrap, CopyQueue, GinHostError, GinHostMemory, GinResult, LocalMemory};
@@ -88,29 +88,99 @@ impl LocalMemory for CommMemory {
     }
 }
 
-/// Which transport reaches same-host peers (`DEVCOMM_GIN_TRANSPORT`).
+/// The transport this rank's proxy drives (resolved from [`GinTransport`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TransportChoice {
-    /// Copy engine for same-host peers, TCP for the others (default).
-    Auto,
+    /// Copy engine for same-host peers, TCP for the others (`auto`).
+    CopyEngine,
     /// TCP for everyone.
     Tcp,
+    /// RDMA Verbs for everyone (cargo feature `verbs`).
+    Verbs,
 }
 
-/// The transport for same-host peers: `DEVCOMM_GIN_TRANSPORT`, else the
-/// copy engine where the device runs stream writes (its fences), else TCP.
-fn transport_choice(dev: &Device) -> Result<TransportChoice> {
-    match std::env::var("DEVCOMM_GIN_TRANSPORT").as_deref().map(str::trim) {
-        Err(_) | Ok("") | Ok("auto") if !dev.stream().supports_write_values() => {
-            tracing::warn!("{}: no 64-bit stream memory operations; GIN uses TCP between same-host ranks", dev.name());
+impl TransportChoice {
+    fn code(self) -> u8 {
+        match self {
+            TransportChoice::CopyEngine => 0,
+            TransportChoice::Tcp => 1,
+            TransportChoice::Verbs => 2,
+        }
+    }
+}
+
+fn transport_code(t: GinTransport) -> u8 {
+    match t {
+        GinTransport::Auto => 0,
+        GinTransport::Tcp => 1,
+        GinTransport::Verbs => 2,
+    }
+}
+
+/// What this rank would use: `asked` ([`GinTransport::requested`]), with
+/// `auto` resolved for a device that has (`mem_ops`) 64-bit stream memory
+/// operations or not (the copy engine's fences need them; else TCP).
+fn transport_choice(asked: GinTransport, mem_ops: bool, dev_name: &str) -> Result<TransportChoice> {
+    match asked {
+        GinTransport::Auto if !mem_ops => {
+            tracing::warn!("{dev_name}: no 64-bit stream memory operations; GIN uses TCP between same-host ranks");
             Ok(TransportChoice::Tcp)
         }
-        Err(_) | Ok("") | Ok("auto") | Ok("ce") | Ok("copy_engine") => Ok(TransportChoice::Auto),
-        Ok("tcp") => Ok(TransportChoice::Tcp),
-        Ok(other) => Err(Error::invalid_argument(format!(
-            "DEVCOMM_GIN_TRANSPORT={other:?}: expected auto (copy engine on one host, TCP across hosts) or tcp"
+        GinTransport::Auto => Ok(TransportChoice::CopyEngine),
+        GinTransport::Tcp => Ok(TransportChoice::Tcp),
+        GinTransport::Verbs if !crate::gin::VERBS_BUILT => Err(Error::invalid_argument(format!(
+            "the GIN verbs transport was asked for ({GIN_TRANSPORT_ENV}=verbs or Config::gin_transport), but this \
+             build of devcomm lacks the `verbs` cargo feature (build with `--features devcomm/verbs`, or use auto or tcp)"
         ))),
+        GinTransport::Verbs => Ok(TransportChoice::Verbs),
     }
+}
+
+/// The transport every rank uses, from every rank's (asked, resolved) pair
+/// in rank order: all must have asked for the same; where `auto` resolved
+/// differently (a device without stream memory operations), all use TCP.
+fn decide_transport(pairs: &[Vec<u8>]) -> Result<TransportChoice> {
+    let name = |c: u8| match c {
+        0 => "auto",
+        1 => "tcp",
+        2 => "verbs",
+        _ => "?",
+    };
+    let Some(first) = pairs.first() else { return Err(Error::internal("no rank's GIN transport")) };
+    for (r, p) in pairs.iter().enumerate() {
+        if p.len() != 2 || p[0] > 2 || p[1] > 2 {
+            return Err(Error::remote(format!("rank {r} sent a malformed GIN transport choice")));
+        }
+        if p[0] != first[0] {
+            return Err(Error::invalid_argument(format!(
+                "rank 0 asks for GIN transport {} and rank {r} for {}: every rank must ask for the same \
+                 ({GIN_TRANSPORT_ENV} or Config::gin_transport)",
+                name(first[0]),
+                name(p[0])
+            )));
+        }
+    }
+    let resolved = [TransportChoice::CopyEngine, TransportChoice::Tcp, TransportChoice::Verbs];
+    let pick = |c: u8| resolved.into_iter().find(|t| t.code() == c).unwrap_or(TransportChoice::Tcp);
+    if pairs.iter().all(|p| p[1] == first[1]) {
+        Ok(pick(first[1]))
+    } else {
+        // Only `auto` resolves per device: copy engine on some ranks, TCP on others.
+        Ok(TransportChoice::Tcp)
+    }
+}
+
+/// The transport of every rank's proxy: this rank's choice (config, then
+/// `DEVCOMM_GIN_TRANSPORT`), agreed on by all ranks — an error on one rank
+/// (a bad value, `verbs` without the feature) or ranks asking for different
+/// transports is an error on every rank, before any transport connects.
+fn agree_transport(comm: &Communicator, dev: &Device) -> Result<TransportChoice> {
+    let local = GinTransport::requested(comm.config().gin_transport, |k| std::env::var(k).ok()).and_then(|asked| {
+        let c = transport_choice(asked, dev.stream().supports_write_values(), &dev.name())?;
+        Ok(vec![transport_code(asked), c.code()])
+    });
+    let pairs = allgather_outcome(comm, "create_dev_comm (GIN transport)", local)?;
+    decide_transport(&pairs)
 }
 
 /// What this process mapped of its same-host peers (kept alive with the transport).
@@ -295,19 +365,29 @@ impl GinResources {
         // SAFETY: the signals region holds `total_signals` u64s of the host
         // buffer, which outlives the transport and the proxy (field order).
         let landing = unsafe { devcomm_gin::transport::Landing::new(local.clone(), mem.signals, total_signals as u32) };
-        let tcp = devcomm_gin::transport::tcp::TcpConfig::from_env().map_err(from_gin)?;
-        let tcp_transport =
-            devcomm_gin::transport::tcp::TcpTransport::connect(&boot, landing, &tcp).map_err(from_gin)?;
+        let connect_tcp = move || -> Result<devcomm_gin::transport::tcp::TcpTransport> {
+            let tcp = devcomm_gin::transport::tcp::TcpConfig::from_env().map_err(from_gin)?;
+            devcomm_gin::transport::tcp::TcpTransport::connect(&boot, landing, &tcp).map_err(from_gin)
+        };
         let (transport, peer_maps): (Box<dyn devcomm_gin::transport::Transport>, Option<PeerMappings>) =
-            match transport_choice(&dev)? {
-                TransportChoice::Tcp => (Box::new(tcp_transport), None),
-                TransportChoice::Auto => {
+            match agree_transport(comm, &dev)? {
+                TransportChoice::Tcp => (Box::new(connect_tcp()?), None),
+                TransportChoice::CopyEngine => {
+                    let tcp_transport = connect_tcp()?;
                     let (peers, maps) = map_same_host_peers(comm, req, &shared, total_signals as u32)?;
                     // SAFETY: the mappings live in `maps`, kept in GinResources
                     // until after the proxy (and so the transport) is gone.
                     let ce = unsafe { CopyEngineTransport::new(local.clone(), peers, Box::new(tcp_transport)) }
                         .map_err(from_gin)?;
                     (Box::new(ce), Some(maps))
+                }
+                #[cfg(feature = "verbs")]
+                TransportChoice::Verbs => {
+                    (Box::new(super::gin_verbs::connect(comm, req, &shared, total_signals as u32)?), None)
+                }
+                #[cfg(not(feature = "verbs"))]
+                TransportChoice::Verbs => {
+                    return Err(Error::internal("GIN verbs transport chosen in a build without it"));
                 }
             };
         // SAFETY: `mem` names the live host buffer (kept until the proxy has
@@ -353,6 +433,34 @@ impl Drop for GinResources {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_rank_uses_one_transport() {
+        let pair = |a: GinTransport, c: TransportChoice| vec![transport_code(a), c.code()];
+        let (auto, ce, tcp) = (GinTransport::Auto, TransportChoice::CopyEngine, TransportChoice::Tcp);
+        assert_eq!(transport_choice(auto, true, "d").unwrap(), ce);
+        assert_eq!(transport_choice(auto, false, "d").unwrap(), tcp);
+        assert_eq!(transport_choice(GinTransport::Tcp, true, "d").unwrap(), tcp);
+        assert_eq!(decide_transport(&[pair(auto, ce), pair(auto, ce)]).unwrap(), ce);
+        // `auto` resolved differently on one rank: everyone uses TCP.
+        assert_eq!(decide_transport(&[pair(auto, ce), pair(auto, tcp)]).unwrap(), tcp);
+        let v = pair(GinTransport::Verbs, TransportChoice::Verbs);
+        assert_eq!(decide_transport(&[v.clone(), v.clone()]).unwrap(), TransportChoice::Verbs);
+        let e = decide_transport(&[pair(auto, ce), v]).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("rank 1 for verbs")), "{e}");
+        assert!(matches!(decide_transport(&[vec![7]]), Err(Error::RemoteError(_))));
+    }
+
+    #[test]
+    fn verbs_needs_the_feature() {
+        let r = transport_choice(GinTransport::Verbs, true, "d");
+        if crate::gin::VERBS_BUILT {
+            assert_eq!(r.unwrap(), TransportChoice::Verbs);
+        } else {
+            let e = r.unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("`verbs` cargo feature")), "{e}");
+        }
+    }
 
     #[test]
     fn host_regions_are_page_aligned_and_disjoint() {

@@ -34,6 +34,8 @@
 
 mod copy_queue;
 mod gin_resources;
+#[cfg(feature = "verbs")]
+mod gin_verbs;
 mod requirements;
 
 pub use devcomm_device::comm::{AbortInfo, DevComm};
@@ -163,9 +165,6 @@ impl Communicator {
         agree(self, what, word.as_ref().map(|_| ()).map_err(Clone::clone))?;
         let word = word?;
         self.ext.abort_sinks.add(&word);
-        for w in &windows {
-            w.users.fetch_add(1, Ordering::SeqCst);
-        }
         let dev_comm = DevComm {
             rank: self.rank() as u32,
             nranks: self.count() as u32,
@@ -184,6 +183,11 @@ impl Communicator {
         };
         let mut dev_comm = dev_comm;
         let gin = self.create_gin(req)?;
+        // Only a device communicator that exists holds its windows (a failed
+        // GIN setup must not leave them underegistrable).
+        for w in &windows {
+            w.users.fetch_add(1, Ordering::SeqCst);
+        }
         if let Some(g) = &gin {
             dev_comm.gin = g.state;
         }
@@ -350,6 +354,9 @@ impl<'c> DevCommHandle<'c> {
 
 impl Drop for DevCommHandle<'_> {
     fn drop(&mut self) {
+        // The proxy (and its transport, which may copy into the windows or
+        // have them registered with a NIC) stops before the windows go.
+        drop(self.gin.take());
         self.release_windows();
     }
 }

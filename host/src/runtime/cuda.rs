@@ -110,6 +110,50 @@ impl CudaDevice {
         self.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS).unwrap_or(0) != 0
     }
 
+    /// Whether allocations may ask for GPUDirect RDMA
+    /// (`CUmemAllocationProp::allocFlags.gpuDirectRDMACapable`).
+    pub(crate) fn gdr_with_vmm(&self) -> bool {
+        self.ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)
+            .unwrap_or(0)
+            != 0
+    }
+
+    /// See [`Device::export_dmabuf`](super::Device::export_dmabuf).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) fn export_dmabuf(&self, addr: u64, len: u64) -> Result<Option<std::os::fd::OwnedFd>> {
+        use std::os::fd::FromRawFd;
+        if !dmabuf_export_available()
+            || self.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED).unwrap_or(0) == 0
+        {
+            return Ok(None);
+        }
+        self.bind()?;
+        let mut fd: i32 = -1;
+        // SAFETY: the symbol exists (checked above, so cudarc's loader does
+        // not panic); for CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD the out-parameter
+        // is an int; the driver validates the range (an error, not UB, when
+        // it is not mapped device memory of this context).
+        unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut i32).cast::<c_void>(),
+                addr,
+                len as usize,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        }
+        .result()
+        .map_err(|e| {
+            Error::CudaError(format!("cuMemGetHandleForAddressRange (dmabuf of {len} bytes at {addr:#x}): {e}"))
+        })?;
+        if fd < 0 {
+            return Err(Error::CudaError("cuMemGetHandleForAddressRange returned no file descriptor".into()));
+        }
+        // SAFETY: a new descriptor the driver created for us; owned from here.
+        Ok(Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(cuda_err("cuCtxSynchronize"))
     }
@@ -420,6 +464,18 @@ fn batch_copies_available() -> bool {
         let lib = unsafe { sys::culib() };
         // SAFETY: as above; the symbol is only checked for presence.
         unsafe { lib.get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync\0") }.is_ok()
+    })
+}
+
+/// Whether the driver exports `cuMemGetHandleForAddressRange` (CUDA 11.7).
+/// Asked once, as in [`batch_copies_available`].
+fn dmabuf_export_available() -> bool {
+    static HAVE: OnceLock<bool> = OnceLock::new();
+    *HAVE.get_or_init(|| {
+        // SAFETY: looking a symbol up runs no code of the library.
+        let lib = unsafe { sys::culib() };
+        // SAFETY: as above; the symbol is only checked for presence.
+        unsafe { lib.get::<unsafe extern "C" fn()>(b"cuMemGetHandleForAddressRange\0") }.is_ok()
     })
 }
 

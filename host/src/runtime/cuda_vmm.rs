@@ -20,13 +20,17 @@ fn check(what: &str, r: sys::CUresult) -> Result<()> {
     r.result().map_err(|e| Error::CudaError(format!("{what}: {e}")))
 }
 
-fn prop(ordinal: usize) -> sys::CUmemAllocationProp {
+/// Pinned device memory exportable as a POSIX fd; GPUDirect RDMA capable
+/// where the device supports that for VMM allocations (as NCCL asks), so
+/// that an RDMA NIC can register windows (the GIN verbs transport).
+fn prop(dev: &CudaDevice) -> sys::CUmemAllocationProp {
     // SAFETY: a plain C struct for which all-zero is a valid value.
     let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     p.requestedHandleTypes = POSIX_FD;
     p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = ordinal as i32;
+    p.location.id = dev.ordinal as i32;
+    p.allocFlags.gpuDirectRDMACapable = u8::from(dev.gdr_with_vmm());
     p
 }
 
@@ -42,7 +46,7 @@ fn access(ordinal: usize) -> sys::CUmemAccessDesc {
 /// The allocation granularity of `dev` for shareable memory.
 pub(crate) fn granularity(dev: &CudaDevice) -> Result<usize> {
     dev.bind()?;
-    let p = prop(dev.ordinal);
+    let p = prop(dev);
     let mut g = 0usize;
     // SAFETY: valid out-pointer and property struct.
     check("cuMemGetAllocationGranularity", unsafe {
@@ -72,7 +76,7 @@ impl VmmAlloc {
     /// Allocates `size` bytes (a multiple of the granularity) on `dev`.
     pub(crate) fn new(dev: &Arc<CudaDevice>, size: usize) -> Result<VmmAlloc> {
         dev.bind()?;
-        let p = prop(dev.ordinal);
+        let p = prop(dev);
         let mut handle = 0;
         // SAFETY: valid out-pointer and property struct.
         check(&format!("cuMemCreate of {size} bytes"), unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) })?;

@@ -341,6 +341,23 @@ impl Device {
         }
     }
 
+    /// A dmabuf file descriptor for `len` bytes of this device's memory at
+    /// `addr` (both multiples of the host page size), for an RDMA NIC to
+    /// register (GPUDirect RDMA without `nvidia-peermem`): CUDA's
+    /// `cuMemGetHandleForAddressRange(..., CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)`.
+    /// `Ok(None)` where there is no such thing: the emulated runtime (its
+    /// device memory is host memory, registered by address), or a driver
+    /// without the call or without dmabuf support on this device.
+    ///
+    /// Errors: [`Error::CudaError`] when the driver refuses the range.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) fn export_dmabuf(&self, addr: u64, len: u64) -> Result<Option<std::os::fd::OwnedFd>> {
+        match &self.inner {
+            DeviceInner::Cuda(d) => d.export_dmabuf(addr, len),
+            DeviceInner::Emulated(_) => Ok(None),
+        }
+    }
+
     /// Loads a PTX module (a user's kernel crate built with `devcomm-build`).
     /// On the emulated runtime the PTX is not used: kernels run from their
     /// host form, so any text is accepted.
@@ -784,5 +801,28 @@ impl<T> DeviceBuffer<T> {
     /// The device the buffer lives on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dmabuf of shareable memory: none on the emulated runtime; on CUDA
+    /// an open fd where the driver and device support dmabufs.
+    #[test]
+    fn dmabuf_of_shareable_memory() {
+        let dev = Device::open(RuntimeSelection::from_env().unwrap(), 0).unwrap();
+        let alloc = ShareableAlloc::new(&dev, 1).unwrap();
+        let r = dev.export_dmabuf(alloc.addr(), alloc.size() as u64);
+        eprintln!("{}: dmabuf of {} bytes: {r:?}", dev.name(), alloc.size());
+        match (dev.kind(), r) {
+            (RuntimeKind::Emulated, r) => assert!(matches!(r, Ok(None)), "{r:?}"),
+            (RuntimeKind::Cuda, Ok(Some(fd))) => {
+                let meta = std::fs::File::from(fd).metadata().unwrap();
+                eprintln!("dmabuf fd: {meta:?}");
+            }
+            (RuntimeKind::Cuda, r) => assert!(matches!(r, Ok(None) | Err(Error::CudaError(_))), "{r:?}"),
+        }
     }
 }
