@@ -14,7 +14,7 @@
 //! order:
 //!
 //! * with a [`CopyQueue`] of its own ([`crate::LocalMemory::copy_queue`],
-//!   asked for at the first put), in batches: each payload is queued ([`CopyQueue::write`] stages it,
+//!   made when the transport connects), in batches: each payload is queued ([`CopyQueue::write`] stages it,
 //!   the device copies it later) and the frame's signal is held back;
 //!   while more bytes are already waiting on the socket the receiver keeps
 //!   reading and queueing. When nothing more is ready, or 4096 writes or
@@ -279,9 +279,12 @@ impl TcpTransport {
             let rx = s.try_clone().map_err(|e| sys("clone socket", e))?;
             let tx = s.try_clone().map_err(|e| sys("clone socket", e))?;
             let sh = shared.clone();
+            // The queue is made here, before any kernel runs: making one
+            // allocates pinned memory, which may wait for running kernels.
+            let queue = landing_queue(&shared.landing, peer);
             let h = std::thread::Builder::new()
                 .name(format!("gin-tcp-rx{rank}<{peer}"))
-                .spawn(move || receive(rx, peer, &sh))
+                .spawn(move || receive(rx, peer, &sh, queue))
                 .map_err(|e| sys("spawn receiver", e))?;
             receivers.push(h);
             conns.push(Some(Conn { writer: BufWriter::with_capacity(SEND_BUFFER, tx), stream: s }));
@@ -431,10 +434,9 @@ fn recv(s: &TcpStream, out: &mut [u8], l: &mut Lander<'_>) -> GinResult<usize> {
 struct Lander<'a> {
     sh: &'a Shared,
     peer: usize,
-    /// The queue, once the first put has asked for it (`None` before, or
-    /// where the rank's memory has none: puts land synchronously).
+    /// The receiver's queue (`None` where the rank's memory has none:
+    /// puts land synchronously).
     queue: Option<Box<dyn CopyQueue>>,
-    asked: bool,
     /// The read side of `sh.closed`, held while a batch is open (from its
     /// first write until its signals are applied), so that `close` waits
     /// for work in flight; never held across a blocking read.
@@ -467,22 +469,7 @@ impl<'a> Lander<'a> {
     }
 
     /// Device address of a put's range (checked), or `None` if closed.
-    /// The first call gets the queue.
     fn window_addr(&mut self, window: u32, offset: u64, bytes: u64) -> GinResult<Option<u64>> {
-        if !self.asked {
-            self.asked = true;
-            self.queue = match self.landing().local().copy_queue() {
-                Ok(q) => Some(q),
-                Err(GinHostError::Unavailable(why)) => {
-                    tracing::debug!(peer = self.peer, %why, "GIN TCP: no copy queue, puts land synchronously");
-                    None
-                }
-                Err(e) => {
-                    tracing::warn!(peer = self.peer, %e, "GIN TCP: no copy queue, puts land synchronously");
-                    None
-                }
-            };
-        }
         let r = if self.open() { self.landing().window_addr(window, offset, bytes).map(Some) } else { Ok(None) };
         if self.queue.is_none() {
             self.guard = None;
@@ -581,11 +568,27 @@ fn wait_passed(q: &mut dyn CopyQueue, fence: u64) -> GinResult<()> {
     Ok(())
 }
 
+/// A copy queue for the receiver of `peer`'s connection, or `None` (puts
+/// then land synchronously) where the rank's memory has none.
+fn landing_queue(landing: &Landing, peer: usize) -> Option<Box<dyn CopyQueue>> {
+    match landing.local().copy_queue() {
+        Ok(q) => Some(q),
+        Err(GinHostError::Unavailable(why)) => {
+            tracing::debug!(peer, %why, "GIN TCP: no copy queue, puts land synchronously");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(peer, %e, "GIN TCP: no copy queue, puts land synchronously");
+            None
+        }
+    }
+}
+
 /// The receiver thread of the connection to `peer`: lands frames through
 /// a copy queue of its own (see the module docs), or synchronously where
 /// the rank's memory has none.
-fn receive(s: TcpStream, peer: usize, sh: &Shared) {
-    let mut l = Lander { sh, peer, queue: None, asked: false, guard: None, signals: Vec::new(), ops: 0, bytes: 0 };
+fn receive(s: TcpStream, peer: usize, sh: &Shared, queue: Option<Box<dyn CopyQueue>>) {
+    let mut l = Lander { sh, peer, queue, guard: None, signals: Vec::new(), ops: 0, bytes: 0 };
     let mut r = Reader { s, buf: vec![0; READ_BUFFER], pos: 0, end: 0 };
     let end = frames(&mut r, &mut l);
     // The complete frames before the end are valid: land them.

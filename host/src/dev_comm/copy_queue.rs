@@ -16,9 +16,10 @@
 //!   number into a host-mapped word, which the proxy reads with a plain
 //!   load. The barrier makes everything queued before visible first.
 //!
-//! Staging is a ring of pinned chunks of [`CHUNK_BYTES`], allocated as they
-//! are needed (at most [`MAX_CHUNKS`]): a queue that only writes aligned
-//! words has none. Writes fill the current chunk; a chunk is filled again
+//! Staging is a ring of [`MAX_CHUNKS`] chunks of [`CHUNK_BYTES`] in one
+//! pinned allocation made with the queue — never later: allocating pinned
+//! memory while a kernel runs may wait for the kernel, and the kernels
+//! wait for this queue. Writes fill the current chunk; a chunk is filled again
 //! only after the fence behind its last copy has passed. Where every chunk
 //! is still in use and that fence has not even been queued (more than
 //! `MAX_CHUNKS * CHUNK_BYTES` staged since the last fence), the queue waits
@@ -55,15 +56,7 @@ fn sys_err(e: crate::Error) -> GinHostError {
     GinHostError::System(e.to_string())
 }
 
-/// Pinned host memory the device copies staged writes from.
-struct Chunk {
-    buf: HostMappedBuffer,
-    /// The fence that must pass before the chunk is filled again (0: free).
-    fence: u64,
-}
-
 pub(crate) struct StreamCopyQueue {
-    device: Device,
     stream: Stream,
     /// The fence word (offset 0).
     host: HostMappedBuffer,
@@ -80,9 +73,11 @@ pub(crate) struct StreamCopyQueue {
     barrier_writes: bool,
     fenced: u64,
     passed: u64,
-    /// Staging, in the order of last use from `cur + 1` (oldest) round to
-    /// `cur` (being filled).
-    chunks: Vec<Chunk>,
+    /// Pinned staging, [`MAX_CHUNKS`] chunks of [`CHUNK_BYTES`].
+    staging: HostMappedBuffer,
+    /// Per chunk, the fence that must pass before it is filled again (0:
+    /// free); used round-robin, `cur` being filled.
+    chunks: Vec<u64>,
     cur: usize,
     /// Bytes of `chunks[cur]` taken.
     used: usize,
@@ -101,9 +96,9 @@ impl StreamCopyQueue {
             )));
         }
         let host = HostMappedBuffer::new(dev, 64).map_err(sys_err)?;
+        let staging = HostMappedBuffer::new(dev, MAX_CHUNKS * CHUNK_BYTES).map_err(sys_err)?;
         let stage_inline = std::env::var(STAGE_INLINE_ENV).is_ok_and(|v| v.trim() == "1");
         Ok(StreamCopyQueue {
-            device: dev.clone(),
             stream,
             host,
             batch: Vec::with_capacity(MAX_BATCH),
@@ -112,7 +107,8 @@ impl StreamCopyQueue {
             barrier_writes: false,
             fenced: 0,
             passed: 0,
-            chunks: Vec::new(),
+            staging,
+            chunks: vec![0; MAX_CHUNKS],
             cur: 0,
             used: 0,
             unchanged_polls: 0,
@@ -192,29 +188,23 @@ impl StreamCopyQueue {
         r
     }
 
-    /// Moves to a staging chunk free for reuse: the oldest one if its fence
-    /// has passed, else a new one while fewer than [`MAX_CHUNKS`] exist,
-    /// else the oldest once its fence has passed (the stream drained if
-    /// that fence is not queued yet).
+    /// Moves to the next staging chunk, once the fence behind its last
+    /// copy has passed (the stream drained if that fence is not queued yet).
     fn next_chunk(&mut self) -> GinResult<()> {
         self.used = 0;
-        if !self.chunks.is_empty() {
-            let next = (self.cur + 1) % self.chunks.len();
-            let need = self.chunks[next].fence;
-            if need <= self.passed || need <= self.passed()? {
-                self.cur = next;
-                return Ok(());
-            }
-            if self.chunks.len() >= MAX_CHUNKS {
-                self.cur = next;
-                return self.wait_for_chunk(need);
-            }
+        self.cur = (self.cur + 1) % MAX_CHUNKS;
+        let need = self.chunks[self.cur];
+        if need <= self.passed || need <= self.passed()? {
+            return Ok(());
         }
-        let buf = HostMappedBuffer::new(&self.device, CHUNK_BYTES).map_err(sys_err)?;
-        let at = if self.chunks.is_empty() { 0 } else { self.cur + 1 };
-        self.chunks.insert(at, Chunk { buf, fence: 0 });
-        self.cur = at;
-        Ok(())
+        self.wait_for_chunk(need)
+    }
+
+    /// Device and host address of byte `at` of the current chunk.
+    fn chunk_at(&self, at: usize) -> (u64, *mut u8) {
+        let off = self.cur * CHUNK_BYTES + at;
+        // SAFETY: `off <= MAX_CHUNKS * CHUNK_BYTES`, the staging length.
+        (self.staging.device_addr() + off as u64, unsafe { self.staging.host_ptr().add(off) })
     }
 
     /// Waits until fence `need` (the one behind the last copy from the
@@ -234,9 +224,7 @@ impl StreamCopyQueue {
                 }
                 std::thread::yield_now();
             }
-            for c in &mut self.chunks {
-                c.fence = 0;
-            }
+            self.chunks.fill(0);
             return Ok(());
         }
         while self.passed()? < need {
@@ -264,12 +252,9 @@ impl StreamCopyQueue {
         let mut done = 0;
         while done < data.len() {
             let want = data.len() - done;
-            if self.chunks.is_empty() {
-                self.next_chunk()?;
-            }
             // A new write starts 8-aligned, unless it continues the last
             // copy gathered (then it extends that copy).
-            let cursor = self.chunks[self.cur].buf.device_addr() + self.used as u64;
+            let (cursor, _) = self.chunk_at(self.used);
             let continues = self.copies.last().is_some_and(|&(d, s, n)| d + n as u64 == dst && s + n as u64 == cursor);
             if !continues {
                 self.used = self.used.next_multiple_of(8).min(CHUNK_BYTES);
@@ -279,27 +264,33 @@ impl StreamCopyQueue {
                 self.next_chunk()?;
             }
             let n = want.min(CHUNK_BYTES - self.used);
-            let (at, chunk) = (self.used, &mut self.chunks[self.cur]);
-            chunk.fence = self.fenced + 1;
-            // SAFETY: at + n <= CHUNK_BYTES, the chunk's length; no queued
-            // copy reads these bytes (the chunk's previous fence has passed,
-            // or they were never handed out since).
-            unsafe { std::ptr::copy_nonoverlapping(data[done..].as_ptr(), chunk.buf.host_ptr().add(at), n) };
-            let src = chunk.buf.device_addr() + at as u64;
+            let (src, host) = self.chunk_at(self.used);
+            self.chunks[self.cur] = self.fenced + 1;
+            // SAFETY: used + n <= CHUNK_BYTES: inside the current chunk; no
+            // queued copy reads these bytes (the chunk's previous fence has
+            // passed, or they were never handed out since).
+            unsafe { std::ptr::copy_nonoverlapping(data[done..].as_ptr(), host, n) };
+            let extend = self.used > 0;
             self.used += n;
-            // SAFETY: the source is our pinned chunk (alive with self, not
+            // SAFETY: the source is our pinned staging (alive with self, not
             // rewritten before the next fence passes); `dst` is the caller's.
-            unsafe { CopyQueue::copy(self, dst + done as u64, src, n as u64) }?;
+            unsafe { self.gather(dst + done as u64, src, n, extend) }?;
             done += n;
         }
         Ok(())
     }
-}
 
-impl CopyQueue for StreamCopyQueue {
-    unsafe fn copy(&mut self, dst: u64, src: u64, bytes: u64) -> GinResult<()> {
+    /// Adds a copy to the gathered batch (handing the batch over first if
+    /// the copy depends on one of it). `extend`: the copy may lengthen the
+    /// last one where both ranges continue it — only for staged copies,
+    /// whose sources are known to lie in one allocation (a copy may not
+    /// span two allocations).
+    ///
+    /// # Safety
+    /// As for [`CopyQueue::copy`].
+    unsafe fn gather(&mut self, dst: u64, src: u64, n: usize, extend: bool) -> GinResult<()> {
         self.submit_writes()?;
-        let n = bytes as usize;
+        let bytes = n as u64;
         let meet = |a: u64, an: u64, b: u64, bn: u64| a < b + bn && b < a + an;
         // Copies of a batch may run in any order: this one may not write
         // what another reads or writes, nor read what another writes.
@@ -310,14 +301,20 @@ impl CopyQueue for StreamCopyQueue {
             self.submit_copies()?;
         }
         match self.copies.last_mut() {
-            // Continues the last copy (both ranges adjacent): one copy.
-            Some((d, s, len)) if *d + *len as u64 == dst && *s + *len as u64 == src => *len += n,
+            Some((d, s, len)) if extend && *d + *len as u64 == dst && *s + *len as u64 == src => *len += n,
             _ => self.copies.push((dst, src, n)),
         }
         if self.copies.len() >= MAX_COPIES {
             self.submit_copies()?;
         }
         Ok(())
+    }
+}
+
+impl CopyQueue for StreamCopyQueue {
+    unsafe fn copy(&mut self, dst: u64, src: u64, bytes: u64) -> GinResult<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.gather(dst, src, bytes as usize, false) }
     }
 
     unsafe fn write(&mut self, dst: u64, data: &[u8]) -> GinResult<()> {
@@ -384,13 +381,52 @@ mod tests {
     use super::*;
     use crate::runtime::RuntimeSelection;
 
+    /// The emulated device, or a GPU with `DEVCOMM_RUNTIME=cuda` (these
+    /// tests then check the real stream operations).
     fn device() -> Device {
-        Device::open(RuntimeSelection::Emulated, 0).unwrap()
+        Device::open(RuntimeSelection::from_env().unwrap(), 0).unwrap()
     }
 
     fn wait(q: &mut StreamCopyQueue, f: u64) {
+        let start = std::time::Instant::now();
         while q.passed().unwrap() < f {
+            assert!(start.elapsed() < std::time::Duration::from_secs(20), "fence {f} did not pass");
             std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn one_staged_write_from_another_thread() {
+        // As the proxy and the TCP receivers use it: created on one thread,
+        // used on another; single staged copies (odd sizes and offsets).
+        let dev = device();
+        let buf = dev.alloc_from(&[0u8; 256]).unwrap();
+        let base = buf.device_addr();
+        let made_here = StreamCopyQueue::new(&dev).unwrap();
+        let d2 = dev.clone();
+        std::thread::scope(|s| {
+            for (k, q) in [Some(made_here), None].into_iter().enumerate() {
+                let d2 = d2.clone();
+                s.spawn(move || {
+                    let mut q = q.unwrap_or_else(|| StreamCopyQueue::new(&d2).unwrap());
+                    for (i, len) in [1usize, 3, 8, 5].into_iter().enumerate() {
+                        let at = base + (k * 128 + i * 16 + 1) as u64;
+                        let data: Vec<u8> = (0..len).map(|j| (k * 100 + i * 10 + j + 1) as u8).collect();
+                        // SAFETY: inside `buf`, alive past the wait.
+                        unsafe { q.write(at, &data).unwrap() };
+                        let f = q.fence().unwrap();
+                        wait(&mut q, f);
+                    }
+                });
+            }
+        });
+        let got = dev.stream().read_vec(&buf).unwrap();
+        for k in 0..2 {
+            for (i, len) in [1usize, 3, 8, 5].into_iter().enumerate() {
+                let at = k * 128 + i * 16 + 1;
+                let want: Vec<u8> = (0..len).map(|j| (k * 100 + i * 10 + j + 1) as u8).collect();
+                assert_eq!(got[at..at + len], want[..], "queue {k}, write {i}");
+            }
         }
     }
 
@@ -483,12 +519,12 @@ mod tests {
             // Empty writes queue nothing.
             q.write(base, &[]).unwrap();
             // More strided odd-sized writes than one chunk holds (8 bytes of
-            // staging each): chunks are added, nothing overwritten.
+            // staging each): the next chunks are used, nothing overwritten.
             for i in 0..n as u64 {
                 q.write(base + 128 + 2 * i, &[(i % 251) as u8]).unwrap();
             }
         }
-        assert!(q.chunks.len() >= 3);
+        assert!(q.cur >= 2, "several chunks used");
         let f = q.fence().unwrap();
         assert_eq!(f, 1);
         wait(&mut q, f);
@@ -515,7 +551,6 @@ mod tests {
         let data = pattern(1, big);
         // SAFETY: inside `a`, alive past the fence wait.
         unsafe { q.write(a.device_addr() + 1, &data[1..]).unwrap() };
-        assert_eq!(q.chunks.len(), MAX_CHUNKS);
         let f = q.fence().unwrap();
         assert_eq!(f, 1);
         wait(&mut q, f);
