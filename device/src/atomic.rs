@@ -227,7 +227,6 @@ mod imp {
         }
     }
 
-
     // One arm per scope; `$ins` is the instruction up to the scope.
     macro_rules! by_scope {
         ($s:expr, |$sc:ident| $body:expr) => {

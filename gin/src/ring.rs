@@ -40,9 +40,7 @@ impl Rings {
         if mem.rings.is_null() || mem.tails.is_null() {
             return bad("null ring or tail pointer");
         }
-        if (mem.rings as usize) % align_of::<GinSlot>() != 0
-            || (mem.tails as usize) % align_of::<QueueTail>() != 0
-        {
+        if (mem.rings as usize) % align_of::<GinSlot>() != 0 || (mem.tails as usize) % align_of::<QueueTail>() != 0 {
             return bad("misaligned rings or tails");
         }
         if (mem.total_signals > 0 && (mem.signals.is_null() || (mem.signals as usize) % 8 != 0))

@@ -45,7 +45,11 @@ fn eight_producers_depth_two() {
                 while let Some(d) = rings.poll(q) {
                     let p = d.src_window as usize;
                     let seq = d.src_offset;
-                    assert_eq!((d.peer as usize, d.dst_offset, d.value), (p, !seq, seq ^ ((p as u64) << 40)), "torn slot");
+                    assert_eq!(
+                        (d.peer as usize, d.dst_offset, d.value),
+                        (p, !seq, seq ^ ((p as u64) << 40)),
+                        "torn slot"
+                    );
                     assert_eq!(p % nrings, q, "descriptor in the wrong ring");
                     assert_eq!(d.src_offset, next[p], "producer {p}: lost, duplicated or reordered");
                     next[p] += 1;
