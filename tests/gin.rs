@@ -27,13 +27,23 @@ const STRESS_PER_BLOCK: u32 = 64;
 /// Runs child `child` in `n` processes, `lsa_size` ranks per emulated node,
 /// same-host peers through the copy-engine transport (the default).
 fn ranks(child: &str, n: usize, lsa_size: usize) {
-    common::run_on_runtime(child, n, &[("DEVCOMM_LSA_SIZE", lsa_size.to_string())]);
+    common::run_on_runtime(child, n, &[("DEVCOMM_LSA_SIZE", lsa_size.to_string()), wait_timeout()]);
 }
 
 /// As [`ranks`], every peer through the TCP transport.
 fn ranks_tcp(child: &str, n: usize, lsa_size: usize) {
-    let env = [("DEVCOMM_LSA_SIZE", lsa_size.to_string()), ("DEVCOMM_GIN_TRANSPORT", "tcp".to_string())];
+    let env =
+        [("DEVCOMM_LSA_SIZE", lsa_size.to_string()), ("DEVCOMM_GIN_TRANSPORT", "tcp".to_string()), wait_timeout()];
     common::run_on_runtime(child, n, &env);
+}
+
+/// Device waits of these cases give up after 30 s instead of the common
+/// 5 s: 8 emulated ranks on a 2-core CI machine (each with 16 posting
+/// "blocks", a proxy and a stream thread) were seen to need more than 5 s
+/// for the depth-2 stress step now and then. Failure detection (a dead
+/// peer) does not rely on this timeout.
+fn wait_timeout() -> (&'static str, String) {
+    ("DEVCOMM_OP_TIMEOUT_MS", "30000".to_string())
 }
 
 fn pattern(rank: usize, len: usize) -> Vec<u8> {
