@@ -106,7 +106,7 @@ fn child_body(comm: &Communicator) {
         stream
             .launch::<gin_put_all>(
                 LaunchConfig::new(1, 64),
-                (dc, win, src_off, SLOT, BYTES, 0u32, n as u64, n as u64, err),
+                (dc, win, src_off, SLOT, BYTES, 0u32, 0u32, n as u64, n as u64, err),
             )
             .unwrap()
     });
@@ -129,11 +129,14 @@ fn child_body(comm: &Communicator) {
         window.write(&stream, 0, &vec![0xCBu8; (n as u64 * SMALL_SLOT) as usize]).unwrap();
         comm.bootstrap_barrier().unwrap();
         let target = n as u64 * (k as u64 + 2); // signal 0 and counter 0 gained n per round since step 1
+                                                // Every other round declares the source released (the host wrote
+                                                // it before the launch): no fence before each put.
+        let released = (k % 2) as u32;
         let e = launch_errors(&stream, &dev, "small puts", |err| unsafe {
             stream
                 .launch::<gin_put_all>(
                     LaunchConfig::new(1, 32),
-                    (dc, win, src_off + shift, SMALL_SLOT, bytes, 0u32, target, target, err),
+                    (dc, win, src_off + shift, SMALL_SLOT, bytes, 0u32, released, target, target, err),
                 )
                 .unwrap()
         });

@@ -5,13 +5,15 @@
 # Correctness first (tests/gin on CUDA: 2-rank cases, each rank its own node),
 # then gin_bench (round
 # trip, put bandwidth next to the copy engine, message rate) with the
-# copy-engine transport (inline values as stream writes, then staged), with
+# copy-engine transport (inline values: stream writes for a few, staged
+# copies for many; then all staged), with
 # TCP, and NCCL point-to-point in the same call; last, the 3/4/8-rank test
 # cases with up to 2 ranks per GPU (SKIP_OVERSUBSCRIBED=1 leaves them out).
-# SKIP_STAGED=1 / SKIP_TCP=1 / SKIP_NCCL=1 leave those benches out;
+# SKIP_STAGED=1 / SKIP_TCP=1 / SKIP_NCCL=1 / SKIP_FLOOR=1 leave those benches
+# out (the floor: plain CUDA C++ landing paths of a proxy, built with nvcc);
 # RATE_SWEEP=1 adds the put_value rate over more grid shapes at queue depths
 # 512 and 8192 (copy engine) and 8192 (TCP).
-# Logs: $OUT/gin.log, $OUT/gin_bench*.log, $OUT/nccl_p2p.log.
+# Logs: $OUT/gin.log, $OUT/gin_bench*.log, $OUT/nccl_p2p.log, $OUT/proxy_floor.log.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 QUICK=${QUICK:-}
@@ -25,6 +27,12 @@ bench() { # name, env...
     nvidia-smi --query-gpu=index,name,driver_version --format=csv
     step env DEVCOMM_RUNTIME=cuda $B/tests/runtime-* --test-threads=1 warp_
     step env DEVCOMM_RUNTIME=cuda $B/tests/gin-* --test-threads=1
+    if [ -z "${SKIP_FLOOR:-}" ]; then
+        # Plain CUDA floors of a proxy's landing paths (no devcomm), built here.
+        echo; echo "== proxy landing floors (benches/gpu/proxy_floor.cu)"
+        PATH=/usr/local/cuda/bin:$PATH nvcc -O2 -arch=sm_90 -o /tmp/proxy_floor benches/gpu/proxy_floor.cu -lcuda \
+            && timeout 150 /tmp/proxy_floor 2>&1 | tee "$OUT/proxy_floor.log" || { echo "!! proxy_floor failed"; status=1; }
+    fi
     bench copy_engine
     [ -z "${SKIP_STAGED:-}" ] && bench copy_engine_staged DEVCOMM_GIN_CE_STAGE_INLINE=1
     [ -z "${SKIP_TCP:-}" ] && bench tcp DEVCOMM_GIN_TRANSPORT=tcp

@@ -114,6 +114,7 @@ impl Proxy {
             retired: 0,
             served,
             unpublished,
+            stats: std::env::var(STATS_ENV).is_ok_and(|v| v.trim() == "1").then(TurnStats::default),
         };
         let thread = std::thread::Builder::new()
             .name(format!("gin-proxy{rank}"))
@@ -184,7 +185,27 @@ struct Worker {
     served: Vec<u64>,
     /// Per ring: tickets completed this turn, not yet stored in its tail.
     unpublished: Vec<u64>,
+    /// Counts for `DEVCOMM_GIN_STATS=1` (logged when the thread ends).
+    stats: Option<TurnStats>,
 }
+
+/// What the proxy thread did, logged at `info` when it ends if
+/// `DEVCOMM_GIN_STATS=1` (see [`STATS_ENV`]).
+#[derive(Default, Debug)]
+struct TurnStats {
+    /// Turns of the loop, and those that served at least one descriptor.
+    turns: u64,
+    busy_turns: u64,
+    /// Descriptors served, and the most in one turn.
+    served: u64,
+    most_in_turn: usize,
+    /// Turns that served nothing while work was in flight (waiting on the transport).
+    waiting_turns: u64,
+}
+
+/// Set to `1` to log what the proxy thread and its copy queue did (turns,
+/// descriptors per turn, driver calls, fence latencies) when they end.
+pub const STATS_ENV: &str = "DEVCOMM_GIN_STATS";
 
 /// Fails every ring if the worker unwinds (a panic in a `LocalMemory` or
 /// transport implementation), so producers do not wait forever.
@@ -202,6 +223,22 @@ impl Drop for PanicGuard {
 
 impl Worker {
     fn run(&mut self) {
+        self.serve_until_stopped();
+        if let Some(st) = &self.stats {
+            tracing::info!(
+                "GIN proxy stats: {} turns, {} served descriptors ({} busy turns, {:.1} per busy turn, at most {}), \
+                 {} turns waiting on work in flight",
+                st.turns,
+                st.served,
+                st.busy_turns,
+                st.served as f64 / st.busy_turns.max(1) as f64,
+                st.most_in_turn,
+                st.waiting_turns
+            );
+        }
+    }
+
+    fn serve_until_stopped(&mut self) {
         let _guard = PanicGuard(self.rings.clone());
         let (mut idle, mut idle_since) = (0u32, None);
         loop {
@@ -214,6 +251,13 @@ impl Worker {
                 return;
             }
             let did = self.sweep();
+            if let Some(st) = &mut self.stats {
+                st.turns += 1;
+                st.served += did as u64;
+                st.busy_turns += (did > 0) as u64;
+                st.most_in_turn = st.most_in_turn.max(did);
+                st.waiting_turns += (did == 0 && !self.pending.is_empty()) as u64;
+            }
             if did > 0 {
                 if let Err(e) = self.transport.flush() {
                     self.transport_failed(e);

@@ -11,7 +11,7 @@
 //! `GIN_BENCH_ONLY=rtt|bw|rate` runs one part; `GIN_BENCH_DEPTH` sets the
 //! queue depth (default 512); `GIN_BENCH_POSTERS` the threads posting the
 //! bandwidth test's puts (1..=32, default 1); with `GIN_BENCH_ONLY=rate` more grid shapes
-//! are measured.
+//! are measured, or those of `GIN_BENCH_SHAPES=BxTxN,...`.
 
 use devcomm::comm::Communicator;
 use devcomm::gin::GinConnectionType;
@@ -24,6 +24,20 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     devcomm_benches::bench_main("gin_bench", 2, bench)
+}
+
+/// Grid shapes of the rate test from `GIN_BENCH_SHAPES`: `BxTxN,...`
+/// (blocks x threads x puts per thread).
+fn parse_shapes(list: &str) -> Result<Vec<(u32, u32, u32)>> {
+    list.split(',')
+        .map(|shape| {
+            let v: Vec<u32> = shape.trim().split('x').filter_map(|n| n.parse().ok()).collect();
+            match v[..] {
+                [b, t, n] if b > 0 && (1..=1024).contains(&t) && n > 0 => Ok((b, t, n)),
+                _ => Err(Error::invalid_argument(format!("GIN_BENCH_SHAPES: {shape:?} is not BxTxN"))),
+            }
+        })
+        .collect()
 }
 
 /// Runs a 2-word-error kernel launch, checks its error word, returns `out[0]`.
@@ -136,11 +150,22 @@ fn bench(quick: bool) -> Result<()> {
         println!();
         println!(
             "# GIN put bandwidth, rank 0 -> rank 1 (GB/s), each put with a signal, {posters} posting thread(s); \
-             ce* = copies into the peer's window"
+             ce* = copies into the peer's window; gin_rel = spread, source declared released \
+             (Gin::with_given_release(Sys): no fence per put)"
         );
         println!(
-            "{:>12} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
-            "bytes", "gin_same", "gin_spr", "ce", "ce_batch", "spr/ce", "spr/ceb", "post_us"
+            "{:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "bytes",
+            "gin_same",
+            "gin_spr",
+            "gin_rel",
+            "ce",
+            "ce_batch",
+            "spr/ce",
+            "rel/ce",
+            "rel/ceb",
+            "post_us",
+            "relp_us"
         );
     }
     let sizes: Vec<u64> =
@@ -148,20 +173,20 @@ fn bench(quick: bool) -> Result<()> {
     for &bytes in &sizes {
         let iters: u32 = if quick { 4 } else { ((1u64 << 30) / bytes).clamp(4, 2000) as u32 };
         let spread = (2 * max / bytes - 1).min(64);
-        let (mut gin, mut post_us) = ([Vec::new(), Vec::new()], Vec::new());
+        let (mut gin, mut post_us) = ([Vec::new(), Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
         for _ in 0..if quick { 1 } else { 3 } {
-            for (k, slots) in [1, spread].into_iter().enumerate() {
+            for (k, (slots, released)) in [(1, 0u32), (spread, 0), (spread, 1)].into_iter().enumerate() {
                 reset(&comm)?;
                 let [ns, posting] = timed_kernel2(&dev, &stream, "gin put bandwidth", |out, err| unsafe {
                     // SAFETY: the window holds 2 * max >= (1 + slots) * bytes; live device communicator.
                     stream.launch::<gin_put_bw>(
                         LaunchConfig::new(1, 32),
-                        (dc, win, bytes, iters, slots, posters, out, err),
+                        (dc, win, bytes, iters, slots, posters, released, out, err),
                     )
                 })?;
                 gin[k].push(bytes as f64 * iters as f64 / ns as f64);
-                if k == 1 {
-                    post_us.push(posting as f64 / iters as f64 / 1e3);
+                if k >= 1 {
+                    post_us[k - 1].push(posting as f64 / iters as f64 / 1e3);
                 }
             }
         }
@@ -196,15 +221,17 @@ fn bench(quick: bool) -> Result<()> {
             ce_batch = timed(true)?;
         }
         if rank == 0 {
-            let (same, spr) = (median(gin[0].clone()), median(gin[1].clone()));
+            let [same, spr, rel] = gin.map(median);
             let ratio = |x: f64, r: f64| if r > 0.0 { x / r } else { 0.0 };
+            let [post, relp] = post_us.map(median);
             println!(
-                "{bytes:>12} {same:>9.2} {spr:>9.2} {ce:>9.1} {ce_batch:>9.1} {:>8.3} {:>8.3} {:>8.2}",
+                "{bytes:>12} {same:>9.2} {spr:>9.2} {rel:>9.2} {ce:>9.1} {ce_batch:>9.1} {:>8.3} {:>8.3} {:>8.3} \
+                 {post:>8.2} {relp:>8.2}",
                 ratio(spr, ce),
-                ratio(spr, ce_batch),
-                median(post_us)
+                ratio(rel, ce),
+                ratio(rel, ce_batch),
             );
-            println!("csv,gin_put,{bytes},{same:.3},{spr:.3},{ce:.3},{ce_batch:.3}");
+            println!("csv,gin_put,{bytes},{same:.3},{spr:.3},{rel:.3},{ce:.3},{ce_batch:.3}");
         }
     }
 
@@ -216,12 +243,15 @@ fn bench(quick: bool) -> Result<()> {
             req.gin_queue_depth
         );
     }
-    let shapes: &[(u32, u32, u32)] = match only.as_str() {
-        "rate" => &[(1, 32, 64), (8, 128, 16), (16, 128, 8), (16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4)],
-        "" => &[(1, 32, 64), (8, 128, 16), (32, 256, 4)],
-        _ => &[],
+    let shapes: Vec<(u32, u32, u32)> = match (only.as_str(), std::env::var("GIN_BENCH_SHAPES")) {
+        ("rate", Ok(list)) => parse_shapes(&list)?,
+        ("rate", _) => {
+            vec![(1, 32, 64), (8, 128, 16), (16, 128, 8), (16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4)]
+        }
+        ("", _) => vec![(1, 32, 64), (8, 128, 16), (32, 256, 4)],
+        _ => vec![],
     };
-    for &(blocks, threads, per_thread) in shapes {
+    for &(blocks, threads, per_thread) in &shapes {
         reset(&comm)?;
         let ns = timed_kernel(&dev, &stream, "put_value rate", |out, err| unsafe {
             // SAFETY: the window holds 8 bytes per (block, thread).

@@ -3,6 +3,7 @@
 //! Errors go to `errors[0]` (first code wins) and their count to `errors[1]`.
 
 use devcomm_device::arch::{block_idx, global_timer_ns, grid_dim, thread_idx};
+use devcomm_device::atomic::Scope;
 use devcomm_device::comm::{DevComm, WindowDesc};
 use devcomm_device::coop::{Coop, Cta, ThreadCoop};
 use devcomm_device::gin::{Gin, GinBarrierSession, GinBarrierTeam, GinError, LocalAction, RemoteAction};
@@ -27,14 +28,17 @@ kernel! {
     /// on context `ctx`, each put followed by `SignalInc` of signal 0 at the
     /// peer and `CounterInc` of counter 0 here. Then: flush, wait for counter
     /// 0 to reach `counter_target` and signal 0 to reach `signal_target`
-    /// (cumulative values the host computes). One block.
+    /// (cumulative values the host computes). `released != 0`: the puts
+    /// declare their source released at system scope (the host wrote it
+    /// before the launch), so they post without a fence. One block.
     ///
     /// # Safety
     /// The window holds `nranks` slots and the source; the device
     /// communicator has GIN with at least one signal and one counter.
-    pub unsafe fn gin_put_all(comm: DevComm, win: WindowDesc, src_off: u64, slot: u64, bytes: u64, ctx: u32, signal_target: u64, counter_target: u64, errors: *mut u32) {
+    pub unsafe fn gin_put_all(comm: DevComm, win: WindowDesc, src_off: u64, slot: u64, bytes: u64, ctx: u32, released: u32, signal_target: u64, counter_target: u64, errors: *mut u32) {
         let cta = Cta::new();
         let Some(gin) = check(errors, Gin::new(&comm, ctx)) else { return };
+        let gin = if released != 0 { gin.with_given_release(Scope::Sys) } else { gin };
         let world = comm.world();
         for peer in 0..comm.nranks {
             let r = gin.put(&cta, &world, peer, &win, comm.rank as u64 * slot, &win, src_off, bytes,
@@ -228,8 +232,11 @@ kernel! {
     /// (thread `t` posts the puts `i ≡ t mod posters`); rank 1 waits for
     /// all of them and answers with one `SignalInc` on rank 0's signal 3.
     /// `out[0]` on rank 0: ns from the first post to the answer; `out[1]`:
-    /// ns thread 0's posting took (credit waits included). Signal 3 must be
-    /// 0 on both ranks.
+    /// ns thread 0's posting took (credit waits included). `released != 0`:
+    /// the puts declare their source released at system scope
+    /// ([`Gin::with_given_release`]; the source was written by the host
+    /// before the launch), so they post without a fence each. Signal 3 must
+    /// be 0 on both ranks.
     ///
     /// # Safety
     /// Two or more ranks; the window holds `(1 + slots) * bytes`; `out` has
@@ -242,6 +249,7 @@ kernel! {
         iters: u32,
         slots: u64,
         posters: u32,
+        released: u32,
         out: *mut u64,
         errors: *mut u32,
     ) {
@@ -251,6 +259,9 @@ kernel! {
             return;
         }
         let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        // released: the source was written before the kernel (by the host),
+        // so the caller may declare it released at system scope.
+        let gin = if released != 0 { gin.with_given_release(Scope::Sys) } else { gin };
         let world = comm.world();
         let me = ThreadCoop;
         let remote = RemoteAction::SignalInc { signal: 3, strong: true };

@@ -1,6 +1,6 @@
 //! The producer side of a GIN proxy ring (see [`super::abi`] for the protocol).
 
-use super::abi::{slot_tag, GinDescriptor, GinOp, GinSlot, GinState, QueueTail, TAIL_STRIDE};
+use super::abi::{slot_tag, GinDescriptor, GinSlot, GinState, QueueTail, TAIL_STRIDE};
 use crate::arch;
 use crate::atomic::{self, Order, Scope};
 use crate::comm::AbortInfo;
@@ -64,10 +64,11 @@ impl QueueError {
 /// the ring is full: a descriptor is never dropped. One thread calls it per
 /// descriptor.
 ///
-/// A put first fences at system scope, so what the caller wrote before
-/// (the put's source) is visible before the proxy can see the descriptor
-/// and read the source; other operations carry everything they need in
-/// the descriptor and post without a fence.
+/// With `release`, it first fences at system scope, so what the caller
+/// wrote before (a put's source) is visible before the proxy can see the
+/// descriptor and read the source; [`super::Gin`] asks for it for puts
+/// whose source the caller has not already released at system scope.
+/// Other operations carry everything they need in the descriptor.
 ///
 /// Lanes of a warp that post to the same ring together are served as a
 /// group (warp aggregation): the lowest takes one ticket per member with a
@@ -84,8 +85,14 @@ impl QueueError {
 /// `g` describes live GIN memory, `ring < contexts * nranks`, and `abort`
 /// belongs to the same device communicator.
 #[inline]
-pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescriptor) -> Result<u64, QueueError> {
-    if body.op == GinOp::Put as u8 {
+pub unsafe fn post(
+    g: &GinState,
+    abort: &AbortInfo,
+    ring: u64,
+    body: &GinDescriptor,
+    release: bool,
+) -> Result<u64, QueueError> {
+    if release {
         atomic::fence_acq_rel(Scope::Sys);
     }
     let depth = g.queue_depth as u64;
@@ -96,12 +103,19 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
     let leader = group.trailing_zeros();
     let rank = (group & ((1u32 << lane) - 1)).count_ones() as u64;
     let count = group.count_ones() as u64;
-    let mut first = 0;
+    let cache = unsafe { (g.tail_cache as *mut u64).add(2 * ring as usize) };
+    let (mut first, mut cached) = (0, 0);
     if lane == leader {
         first = unsafe { atomic::fetch_add(head, count, Order::Relaxed, Scope::Gpu) };
+        // Issued right behind the (relaxed) ticket atomic and independent
+        // of it, so the two trips to L2 overlap. Acquire/release on the
+        // cache: credit taken from a value another producer cached must also
+        // carry that producer's happens-before with the proxy's completion
+        // (it read the tail with acquire). Any value read is a valid lower
+        // bound: the cache only grows.
+        cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
     }
     let first = arch::shfl(group, first, leader);
-    let cache = unsafe { (g.tail_cache as *mut u64).add(2 * ring as usize) };
     let mut start = 0;
     while start < count {
         let end = (start + depth).min(count);
@@ -109,10 +123,10 @@ pub unsafe fn post(g: &GinState, abort: &AbortInfo, ring: u64, body: &GinDescrip
         if lane == leader {
             // Credit for the piece's last ticket covers the piece (completion is in order).
             let last = first + end - 1;
-            // Acquire/release on the cache: credit taken from a value another
-            // producer cached must also carry that producer's happens-before
-            // with the proxy's completion (it read the tail with acquire).
-            let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
+            if start > 0 {
+                // Later pieces: what the previous piece's wait left in the cache.
+                cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
+            }
             if last >= cached + depth {
                 // Credit for `last` once ticket `last - depth` has completed.
                 if let Err(e) = unsafe { wait_completed(g, abort, ring, last + 1 - depth, cache) } {
@@ -154,16 +168,26 @@ unsafe fn write_slot(g: &GinState, ring: u64, ticket: u64, body: &GinDescriptor)
 
 /// Shortest time, in ns, between two reads of a ring's tail by its waiting
 /// producers and flushers together: the tail is host memory, each read
-/// crosses PCIe, and thousands of waiters reading it at once compete with
-/// the descriptors' own PCIe writes and with the proxy's device work
-/// (benches/results/2026-11-22-h200x2-gin-aggregated.md).
-pub const TAIL_READ_INTERVAL_NS: u64 = 500;
+/// crosses PCIe, and the waiters' activity competes with the proxy's device
+/// work. Measured on 2 × H200: with thousands of threads waiting for
+/// credit, a 500 ns interval and naps of at most 1 µs slowed the proxy's
+/// stream work (copies and fences) 1000-fold — 8-byte put-values from
+/// 64 × 128 threads fell to 0.16 M/s — while 4 µs and naps of up to 8 µs
+/// keep 4.5–7.2 M/s on every grid shape
+/// (benches/results/2026-11-23-h200x2-gin-landing.md). A credit seen up to
+/// 4 µs late costs little: a ring that is full holds `depth` operations of
+/// work for the proxy.
+pub const TAIL_READ_INTERVAL_NS: u64 = 4000;
 
 /// The read stamp of a failed ring: every waiter gives up.
 const READ_FAILED: u64 = u64::MAX;
 
 /// Longest nap, in ns, of a waiter between two looks at the tail cache.
-const MAX_NAP_NS: u64 = 1024;
+const MAX_NAP_NS: u64 = 8192;
+
+/// A waiter naps this many ns per ticket it still needs (up to
+/// [`MAX_NAP_NS`]): one ticket away, it looks again soon.
+const NAP_PER_TICKET_NS: u64 = 64;
 
 /// Polls between two looks at the abort flag (host memory) by a waiter.
 const ABORT_CHECK_EVERY: u32 = 16;
@@ -227,7 +251,7 @@ unsafe fn wait_completed(
         if done >= need {
             return Ok(());
         }
-        crate::arch::spin_backoff(((need - done) * 16).min(MAX_NAP_NS) as u32);
+        crate::arch::spin_backoff(((need - done) * NAP_PER_TICKET_NS).min(MAX_NAP_NS) as u32);
         polls = polls.wrapping_add(1);
         if polls % ABORT_CHECK_EVERY == 0 {
             deadline.poll()?;

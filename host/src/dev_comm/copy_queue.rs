@@ -6,12 +6,14 @@
 //!   batch ending early where a copy would overlap one already in it (the
 //!   copies of a batch may run in any order); a copy that continues the
 //!   last one gathered (both ranges adjacent) extends it;
-//! * writes of 8 aligned bytes: 64-bit stream writes
-//!   (`cuStreamBatchMemOp`), batched — consecutive writes cost one driver
-//!   call; writes of any other size, 8-byte writes while copies are being
-//!   gathered, or where the driver refuses stream writes to the
-//!   destination: the bytes go to pinned staging memory, then a copy
-//!   (gathered like the others);
+//! * writes of 8 aligned bytes, up to [`DIRECT_WRITES`] between two fences:
+//!   64-bit stream writes (`cuStreamBatchMemOp`, one driver call for the
+//!   batch) — the quickest way to land a lone value; writes of any other
+//!   size, more 8-byte writes than that (stream writes cost the device a
+//!   memory barrier each), 8-byte writes while copies are being gathered,
+//!   or where the driver refuses stream writes to the destination: the
+//!   bytes go to pinned staging memory, then a copy (gathered like the
+//!   others; adjacent staged writes share one copy);
 //! * fences: a 64-bit stream write *with* a memory barrier of the fence
 //!   number into a host-mapped word, which the proxy reads with a plain
 //!   load. The barrier makes everything queued before visible first.
@@ -41,8 +43,14 @@ const MAX_CHUNKS: usize = 32;
 /// new chunk, unless it is larger than this and this much is left (then it
 /// is split).
 const MIN_SPLIT: usize = 4 << 10;
-/// Stream writes gathered before they are handed to the driver in one call.
-const MAX_BATCH: usize = 128;
+/// Inline values gathered as stream writes before the queue turns to
+/// staging them. A stream write is the quickest way to land one value
+/// (about 4.6 µs to a peer GPU, against 7.1 µs for a copy), but the driver
+/// takes stream writes to device memory only with a memory barrier each,
+/// which costs the device about 0.8–0.9 µs per value, while one copy of 64
+/// adjacent staged values costs 0.11–0.15 µs per value (2 × H200,
+/// benches/gpu/proxy_floor.cu; benches/results/2026-11-23-h200x2-gin-landing.md).
+const DIRECT_WRITES: usize = 4;
 /// Copies gathered before they are handed to the driver in one call.
 const MAX_COPIES: usize = 64;
 /// Unchanged polls of the fence word between two checks of the stream for errors.
@@ -51,6 +59,53 @@ const QUERY_EVERY: u32 = 4096;
 /// Forces inline values through staging copies instead of stream writes
 /// (for comparison, or as a workaround): `DEVCOMM_GIN_CE_STAGE_INLINE=1`.
 pub(crate) const STAGE_INLINE_ENV: &str = "DEVCOMM_GIN_CE_STAGE_INLINE";
+
+/// Logs the queue's statistics (driver calls, fence latencies) at `info`
+/// when it is dropped: `DEVCOMM_GIN_STATS=1`.
+use devcomm_gin::proxy::STATS_ENV;
+
+/// What a queue did, for `DEVCOMM_GIN_STATS=1` (kept only then).
+#[derive(Default)]
+struct Stats {
+    /// Driver calls made, and time spent in them.
+    calls: u64,
+    call_ns: u128,
+    /// Stream writes and copies handed to the driver.
+    writes: u64,
+    copies: u64,
+    /// Fences seen passed; sum and largest time from queued to seen passed.
+    fences: u64,
+    fence_ns: u128,
+    fence_max_ns: u64,
+    /// Fences in flight: (number, when queued).
+    in_flight: std::collections::VecDeque<(u64, std::time::Instant)>,
+}
+
+impl Stats {
+    fn call<T>(stats: &mut Option<Stats>, ops: (u64, u64), f: impl FnOnce() -> T) -> T {
+        let Some(st) = stats else { return f() };
+        let t = std::time::Instant::now();
+        let r = f();
+        st.calls += 1;
+        st.call_ns += t.elapsed().as_nanos();
+        st.writes += ops.0;
+        st.copies += ops.1;
+        r
+    }
+
+    fn passed(&mut self, upto: u64) {
+        while let Some(&(n, at)) = self.in_flight.front() {
+            if n > upto {
+                break;
+            }
+            self.in_flight.pop_front();
+            let ns = at.elapsed().as_nanos() as u64;
+            self.fences += 1;
+            self.fence_ns += ns as u128;
+            self.fence_max_ns = self.fence_max_ns.max(ns);
+        }
+    }
+}
 
 fn sys_err(e: crate::Error) -> GinHostError {
     GinHostError::System(e.to_string())
@@ -82,6 +137,7 @@ pub(crate) struct StreamCopyQueue {
     /// Bytes of `chunks[cur]` taken.
     used: usize,
     unchanged_polls: u32,
+    stats: Option<Stats>,
 }
 
 impl StreamCopyQueue {
@@ -101,7 +157,7 @@ impl StreamCopyQueue {
         Ok(StreamCopyQueue {
             stream,
             host,
-            batch: Vec::with_capacity(MAX_BATCH),
+            batch: Vec::with_capacity(DIRECT_WRITES + 1),
             copies: Vec::with_capacity(MAX_COPIES),
             stage_inline,
             barrier_writes: false,
@@ -112,6 +168,7 @@ impl StreamCopyQueue {
             cur: 0,
             used: 0,
             unchanged_polls: 0,
+            stats: std::env::var(STATS_ENV).is_ok_and(|v| v.trim() == "1").then(Stats::default),
         })
     }
 
@@ -136,14 +193,16 @@ impl StreamCopyQueue {
         // SAFETY: every address is an 8-aligned word of a window mapped for
         // the transport (the `write` contract) or our fence word, alive
         // until a later fence passes (the callers' contracts; Drop syncs).
-        let refused = match unsafe { self.stream.write_values(&batch) } {
-            Ok(()) => {
-                self.batch = batch;
-                self.batch.clear();
-                return Ok(());
-            }
-            Err(e) => e,
-        };
+        let stream = &self.stream;
+        let refused =
+            match Stats::call(&mut self.stats, (batch.len() as u64, 0), || unsafe { stream.write_values(&batch) }) {
+                Ok(()) => {
+                    self.batch = batch;
+                    self.batch.clear();
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
         let fences_only = batch.iter().all(|&(a, _, _)| a == self.host.device_addr());
         if self.stage_inline || fences_only {
             return Err(sys_err(refused));
@@ -183,7 +242,9 @@ impl StreamCopyQueue {
         // SAFETY: each range came through `copy` or `stage`, whose
         // contracts keep it alive until a later fence; no destination
         // overlaps another copy's range (checked when gathered).
-        let r = unsafe { self.stream.memcpy_batch_raw(&self.copies) }.map_err(sys_err);
+        let (stream, copies) = (&self.stream, &self.copies);
+        let r = Stats::call(&mut self.stats, (0, copies.len() as u64), || unsafe { stream.memcpy_batch_raw(copies) })
+            .map_err(sys_err);
         self.copies.clear();
         r
     }
@@ -321,16 +382,22 @@ impl CopyQueue for StreamCopyQueue {
         if data.is_empty() {
             return Ok(());
         }
-        // An aligned word is a stream write, unless copies are being
-        // gathered: then it joins them (staged) rather than ending their batch.
+        // An aligned word is a stream write (the latency path), unless
+        // copies are being gathered (then it joins them rather than ending
+        // their batch) or [`DIRECT_WRITES`] words are gathered already: then
+        // they all go through staging, where adjacent ones share a copy.
         if data.len() == 8 && dst % 8 == 0 && !self.stage_inline && self.copies.is_empty() {
-            let value = u64::from_le_bytes(data.try_into().unwrap_or_default());
-            self.submit_copies()?;
-            self.batch.push((dst, value, self.barrier_writes));
-            if self.batch.len() >= MAX_BATCH {
-                self.submit_writes()?;
+            if self.batch.len() < DIRECT_WRITES {
+                let value = u64::from_le_bytes(data.try_into().unwrap_or_default());
+                self.batch.push((dst, value, self.barrier_writes));
+                return Ok(());
             }
-            return Ok(());
+            // Between fences the batch holds inline values only (a fence is
+            // handed to the driver as soon as it is queued).
+            for (addr, value, _) in std::mem::take(&mut self.batch) {
+                // SAFETY: the address came through `write`, whose contract covers it.
+                unsafe { self.stage(addr, &value.to_le_bytes()) }?;
+            }
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.stage(dst, data) }
@@ -342,6 +409,9 @@ impl CopyQueue for StreamCopyQueue {
         self.batch.push((self.host.device_addr(), n, true));
         self.submit_writes()?;
         self.fenced = n;
+        if let Some(st) = &mut self.stats {
+            st.in_flight.push_back((n, std::time::Instant::now()));
+        }
         Ok(n)
     }
 
@@ -356,6 +426,9 @@ impl CopyQueue for StreamCopyQueue {
         if seen > self.passed {
             self.passed = seen;
             self.unchanged_polls = 0;
+            if let Some(st) = &mut self.stats {
+                st.passed(seen);
+            }
         } else if self.passed < self.fenced {
             self.unchanged_polls += 1;
             if self.unchanged_polls % QUERY_EVERY == 0 {
@@ -372,6 +445,20 @@ impl Drop for StreamCopyQueue {
         // Nothing may still copy into peer mappings that are about to be unmapped.
         if let Err(e) = self.stream.synchronize() {
             tracing::warn!("GIN copy queue: {e}");
+        }
+        if let Some(st) = &self.stats {
+            let per = |x: u128, n: u64| if n == 0 { 0.0 } else { x as f64 / n as f64 / 1e3 };
+            tracing::info!(
+                "GIN copy queue stats: {} driver calls ({:.2} us each; {} stream writes, {} copies), \
+                 {} fences passed ({:.2} us queued -> seen on average, {:.2} us at most)",
+                st.calls,
+                per(st.call_ns, st.calls),
+                st.writes,
+                st.copies,
+                st.fences,
+                per(st.fence_ns, st.fences),
+                st.fence_max_ns as f64 / 1e3
+            );
         }
     }
 }
@@ -459,6 +546,44 @@ mod tests {
             for i in 0..512u64 {
                 assert_eq!(got[1024 + i as usize], i * 3 + 1);
             }
+        }
+    }
+
+    #[test]
+    fn a_few_words_are_stream_writes_more_are_staged_and_merged() {
+        let dev = device();
+        let mut q = StreamCopyQueue::new(&dev).unwrap();
+        let buf = dev.alloc_from(&[0u64; 64]).unwrap();
+        let base = buf.device_addr();
+        let value = |i: u64| 0x5eed_0000_0000 + i * 7;
+        // SAFETY (every write here): inside `buf`, alive past the fence waits.
+        unsafe {
+            for i in 0..DIRECT_WRITES as u64 {
+                q.write(base + 8 * i, &value(i).to_le_bytes()).unwrap();
+            }
+            assert_eq!(q.batch.len(), DIRECT_WRITES, "a few words: stream writes");
+            assert!(q.copies.is_empty());
+            // One more: all of them go through staging, adjacent ones in one copy.
+            q.write(base + 8 * DIRECT_WRITES as u64, &value(DIRECT_WRITES as u64).to_le_bytes()).unwrap();
+            assert!(q.batch.is_empty(), "many words: staged");
+            assert_eq!(q.copies.len(), 1, "adjacent staged words share a copy");
+            assert_eq!(q.copies[0].2, 8 * (DIRECT_WRITES + 1));
+            // A word elsewhere: a copy of its own.
+            q.write(base + 8 * 40, &value(40).to_le_bytes()).unwrap();
+            assert_eq!(q.copies.len(), 2);
+        }
+        let f = q.fence().unwrap();
+        wait(&mut q, f);
+        // After the fence a lone word is a stream write again.
+        // SAFETY: as above.
+        unsafe { q.write(base + 8 * 50, &value(50).to_le_bytes()).unwrap() };
+        assert_eq!(q.batch.len(), 1);
+        let f = q.fence().unwrap();
+        wait(&mut q, f);
+        let got = dev.stream().read_vec(&buf).unwrap();
+        for (i, &v) in got.iter().enumerate() {
+            let want = if i <= DIRECT_WRITES || i == 40 || i == 50 { value(i as u64) } else { 0 };
+            assert_eq!(v, want, "word {i}");
         }
     }
 
