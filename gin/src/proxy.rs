@@ -114,7 +114,7 @@ impl Proxy {
             retired: 0,
             served,
             unpublished,
-            stats: std::env::var(STATS_ENV).is_ok_and(|v| v.trim() == "1").then(TurnStats::default),
+            stats: stats_enabled().then(TurnStats::default),
         };
         let thread = std::thread::Builder::new()
             .name(format!("gin-proxy{rank}"))
@@ -206,6 +206,11 @@ struct TurnStats {
 /// Set to `1` to log what the proxy thread and its copy queue did (turns,
 /// descriptors per turn, driver calls, fence latencies) when they end.
 pub const STATS_ENV: &str = "DEVCOMM_GIN_STATS";
+
+/// Whether [`STATS_ENV`] asks for statistics.
+pub fn stats_enabled() -> bool {
+    std::env::var(STATS_ENV).is_ok_and(|v| v.trim() == "1")
+}
 
 /// Fails every ring if the worker unwinds (a panic in a `LocalMemory` or
 /// transport implementation), so producers do not wait forever.

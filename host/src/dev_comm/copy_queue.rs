@@ -6,7 +6,7 @@
 //!   batch ending early where a copy would overlap one already in it (the
 //!   copies of a batch may run in any order); a copy that continues the
 //!   last one gathered (both ranges adjacent) extends it;
-//! * writes of 8 aligned bytes, up to [`DIRECT_WRITES`] between two fences:
+//! * writes of 8 aligned bytes, up to [`DIRECT_WRITES`] gathered at a time:
 //!   64-bit stream writes (`cuStreamBatchMemOp`, one driver call for the
 //!   batch) — the quickest way to land a lone value; writes of any other
 //!   size, more 8-byte writes than that (stream writes cost the device a
@@ -43,8 +43,8 @@ const MAX_CHUNKS: usize = 32;
 /// new chunk, unless it is larger than this and this much is left (then it
 /// is split).
 const MIN_SPLIT: usize = 4 << 10;
-/// Inline values gathered as stream writes before the queue turns to
-/// staging them. A stream write is the quickest way to land one value
+/// Inline values gathered as stream writes (since the queue last handed
+/// work to the driver) before the queue turns to staging them. A stream write is the quickest way to land one value
 /// (about 4.6 µs to a peer GPU, against 7.1 µs for a copy), but the driver
 /// takes stream writes to device memory only with a memory barrier each,
 /// which costs the device about 0.8–0.9 µs per value, while one copy of 64
@@ -60,11 +60,8 @@ const QUERY_EVERY: u32 = 4096;
 /// (for comparison, or as a workaround): `DEVCOMM_GIN_CE_STAGE_INLINE=1`.
 pub(crate) const STAGE_INLINE_ENV: &str = "DEVCOMM_GIN_CE_STAGE_INLINE";
 
-/// Logs the queue's statistics (driver calls, fence latencies) at `info`
-/// when it is dropped: `DEVCOMM_GIN_STATS=1`.
-use devcomm_gin::proxy::STATS_ENV;
-
-/// What a queue did, for `DEVCOMM_GIN_STATS=1` (kept only then).
+/// What a queue did, for `DEVCOMM_GIN_STATS=1` (kept only then; logged
+/// at `info` when the queue is dropped).
 #[derive(Default)]
 struct Stats {
     /// Driver calls made, and time spent in them.
@@ -168,7 +165,7 @@ impl StreamCopyQueue {
             cur: 0,
             used: 0,
             unchanged_polls: 0,
-            stats: std::env::var(STATS_ENV).is_ok_and(|v| v.trim() == "1").then(Stats::default),
+            stats: devcomm_gin::proxy::stats_enabled().then(Stats::default),
         })
     }
 
