@@ -392,23 +392,16 @@ int main() {
                 break;
             }
             case MEMOP_HOST_SIG:
-                wr(0, (CUdeviceptr)d1_data, val, CU_STREAM_WRITE_VALUE_DEFAULT);
-                wr(1, dev_hsig, val, CU_STREAM_WRITE_VALUE_DEFAULT);
-                CU(cuStreamBatchMemOp((CUstream)s0, 2, ops, 0));
-                tc = now_us() - t0;
-                break;
             case MEMOP_HOST_SIG8:
+            case MEMOP_DEV_SIG: {
+                // The signal: the host word, the writer's slot 3 of 8 host words, or GPU1's word.
+                CUdeviceptr sig = v == MEMOP_DEV_SIG ? (CUdeviceptr)d1_sig : dev_hsig + (v == MEMOP_HOST_SIG8 ? 3 * 8 : 0);
                 wr(0, (CUdeviceptr)d1_data, val, CU_STREAM_WRITE_VALUE_DEFAULT);
-                wr(1, dev_hsig + 3 * 8, val, CU_STREAM_WRITE_VALUE_DEFAULT);
+                wr(1, sig, val, CU_STREAM_WRITE_VALUE_DEFAULT);
                 CU(cuStreamBatchMemOp((CUstream)s0, 2, ops, 0));
                 tc = now_us() - t0;
                 break;
-            case MEMOP_DEV_SIG:
-                wr(0, (CUdeviceptr)d1_data, val, CU_STREAM_WRITE_VALUE_DEFAULT);
-                wr(1, (CUdeviceptr)d1_sig, val, CU_STREAM_WRITE_VALUE_DEFAULT);
-                CU(cuStreamBatchMemOp((CUstream)s0, 2, ops, 0));
-                tc = now_us() - t0;
-                break;
+            }
             case MEMOP_HOST_SIG_NOBAR: {
                 wr(0, (CUdeviceptr)d1_data, val, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
                 wr(1, dev_hsig, val, CU_STREAM_WRITE_VALUE_DEFAULT);

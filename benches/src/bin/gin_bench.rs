@@ -11,7 +11,8 @@
 //! `GIN_BENCH_ONLY=rtt|bw|rate` runs one part; `GIN_BENCH_DEPTH` sets the
 //! queue depth (default 512); `GIN_BENCH_POSTERS` the threads posting the
 //! bandwidth test's puts (1..=32, default 1); with `GIN_BENCH_ONLY=rate` more grid shapes
-//! are measured, or those of `GIN_BENCH_SHAPES=BxTxN,...`.
+//! are measured, or those of `GIN_BENCH_SHAPES=BxTxN,...`; `GIN_BENCH_RTT_SIZES=0,8,...`
+//! sets the round trip's sizes (default 0, 8, 4096).
 
 use devcomm::comm::Communicator;
 use devcomm::gin::GinConnectionType;
@@ -119,7 +120,14 @@ fn bench(quick: bool) -> Result<()> {
         println!("# GIN put + signal round trip, one thread (us)");
         println!("{:>10} {:>10} {:>8}", "bytes", "rtt_us", "iters");
     }
-    for &bytes in if part("rtt") { &[0u64, 8, 4096][..] } else { &[] } {
+    let rtt_sizes: Vec<u64> = match std::env::var("GIN_BENCH_RTT_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .map(|b| b.trim().parse().map_err(|_| Error::invalid_argument(format!("GIN_BENCH_RTT_SIZES: {b:?}"))))
+            .collect::<Result<_>>()?,
+        Err(_) => vec![0, 8, 4096],
+    };
+    for &bytes in if part("rtt") { &rtt_sizes[..] } else { &[] } {
         let iters: u32 = if quick { 20 } else { 2000 };
         let mut samples = Vec::new();
         for _ in 0..if quick { 1 } else { 3 } {
