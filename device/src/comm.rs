@@ -1,7 +1,7 @@
 //! The device communicator and windows: what the host hands a kernel.
 //!
 //! Everything here is `#[repr(C)]`, filled in by the `devcomm` host crate and
-//! passed to kernels by value. This crate owns the layout (DESIGN.md,
+//! passed to kernels by value. This crate owns the layout (docs/design.md,
 //! principle 2); the size/offset tests at the bottom pin it.
 //!
 //! Address arithmetic: every rank maps the windows of all its LSA peers into

@@ -1,16 +1,18 @@
 //! GIN on the host side: which backend a communicator can have, and how to
 //! force one.
 //!
-//! | backend | what it is | available |
+//! | backend | what it is | in devcomm |
 //! |---|---|---|
-//! | [`GinType::Proxy`] | a CPU progress thread serves GPU-posted descriptors (`devcomm-gin`) | always |
-//! | [`GinType::Gdaki`] | GPU threads drive NIC queues (mlx5 + DOCA GPUNetIO) | only with such a NIC |
-//! | [`GinType::Gpi`] | GPI | only with a GPI-capable device |
+//! | [`GinType::Proxy`] | a CPU progress thread serves GPU-posted descriptors (`devcomm-gin`) | implemented; works on every host |
+//! | [`GinType::Gdaki`] | GPUDirect Async Kernel-Initiated: GPU threads drive mlx5 NIC queues (DOCA GPUNetIO) | not implemented yet |
+//! | [`GinType::Gpi`] | GPU-Push Interface: NCCL's experimental GIN type for NVIDIA Spectrum-X Ethernet (NCCL 2.30.6+, through the Spectrum-X network plugin) | not implemented |
 //!
-//! Automatic selection takes the best available (GDAKI, else the proxy).
-//! `DEVCOMM_GIN_TYPE=proxy|gdaki|gpi|none` or [`Config::gin_type`](crate::comm::Config)
-//! forces one; forcing an unavailable backend is an [`Error::InvalidUsage`]
-//! that says why it is unavailable.
+//! Automatic selection ([`GinProbe::auto`]) takes the best backend that
+//! devcomm implements *and* this host supports, so today it is always the
+//! proxy, also on hosts with an mlx5 NIC and DOCA GPUNetIO; [`Communicator::gin_type`]
+//! reports what will be used. `DEVCOMM_GIN_TYPE=proxy|gdaki|gpi|none` or
+//! [`Config::gin_type`](crate::comm::Config) forces one; forcing one that
+//! cannot be used is an [`Error::InvalidUsage`] that says why.
 //!
 //! The proxy backend reaches peers through a *transport* ([`GinTransport`]):
 //! by default the copy engine for same-host peers and TCP across hosts;
@@ -28,6 +30,7 @@
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 /// The environment variable that forces a GIN backend.
@@ -40,13 +43,22 @@ pub enum GinType {
     None,
     /// CPU proxy.
     Proxy,
-    /// GPU-driven NIC queues.
+    /// GPUDirect Async Kernel-Initiated: GPU threads drive NIC queues
+    /// (`NCCL_GIN_TYPE_GDAKI`). Not implemented in devcomm yet.
     Gdaki,
-    /// GPI.
+    /// GPU-Push Interface, NCCL's experimental GIN type for NVIDIA
+    /// Spectrum-X Ethernet networking (`NCCL_GIN_TYPE_GPI`, NCCL 2.30.6+).
+    /// Not implemented in devcomm.
     Gpi,
 }
 
 impl GinType {
+    /// Whether this build of devcomm can run the backend at all (on a host
+    /// that has what it needs).
+    pub fn is_implemented(self) -> bool {
+        matches!(self, GinType::None | GinType::Proxy)
+    }
+
     /// The code kernels see in `GinState::backend`.
     pub fn code(self) -> u32 {
         match self {
@@ -190,28 +202,84 @@ impl GinConnectionType {
     }
 }
 
-/// Why GDAKI is not available here, if it is not: it needs an mlx5 NIC
-/// (listed under `/sys/class/infiniband`) and DOCA GPUNetIO's library.
-pub fn gdaki_unavailable_reason() -> Option<String> {
-    let nics: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    if !nics.iter().any(|n| n.starts_with("mlx5")) {
-        return Some("no mlx5 NIC found under /sys/class/infiniband (GDAKI drives mlx5 queues from the GPU)".into());
-    }
-    let doca = ["libdoca_gpunetio.so", "libdoca_gpunetio.so.2"];
-    let found = ["/opt/mellanox/doca/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
-        .iter()
-        .any(|dir| doca.iter().any(|l| std::path::Path::new(dir).join(l).exists()));
-    if !found {
-        return Some("an mlx5 NIC is present but DOCA GPUNetIO (libdoca_gpunetio) is not installed".into());
-    }
-    None
+/// What this host offers the GIN backends: the probe behind automatic
+/// selection and behind the errors for forced backends. Made from the
+/// system with [`GinProbe::of_this_host`]; tests build one by hand to
+/// simulate other hosts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GinProbe {
+    /// RDMA devices listed under `/sys/class/infiniband` (`mlx5_0`, ...).
+    pub rdma_devices: Vec<String>,
+    /// DOCA GPUNetIO's library (GDAKI's host side), where found.
+    pub doca_gpunetio: Option<PathBuf>,
 }
 
-/// Why GPI is not available here (it never is on the machines devcomm targets today).
-pub fn gpi_unavailable_reason() -> Option<String> {
-    Some("no GPI-capable device or library (libGPI2) was found".into())
+impl GinProbe {
+    /// Where DOCA GPUNetIO's library is looked for.
+    const DOCA_DIRS: [&'static str; 3] =
+        ["/opt/mellanox/doca/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"];
+
+    /// Probes this host.
+    pub fn of_this_host() -> GinProbe {
+        let mut rdma_devices: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        rdma_devices.sort();
+        let doca_gpunetio = Self::DOCA_DIRS
+            .iter()
+            .flat_map(|dir| ["libdoca_gpunetio.so", "libdoca_gpunetio.so.2"].map(|l| Path::new(dir).join(l)))
+            .find(|p| p.exists());
+        GinProbe { rdma_devices, doca_gpunetio }
+    }
+
+    /// Why `t` cannot be used on this host by this build, or `None` when it can.
+    pub fn unavailable_reason(&self, t: GinType) -> Option<String> {
+        match t {
+            GinType::None | GinType::Proxy => None,
+            GinType::Gdaki => {
+                let mlx5: Vec<&str> =
+                    self.rdma_devices.iter().map(String::as_str).filter(|n| n.starts_with("mlx5")).collect();
+                let host = match (mlx5.is_empty(), &self.doca_gpunetio) {
+                    (true, _) => "this host has no mlx5 NIC either (none under /sys/class/infiniband)".to_string(),
+                    (false, None) => {
+                        format!("this host has {} but no DOCA GPUNetIO (libdoca_gpunetio) either", mlx5.join(", "))
+                    }
+                    (false, Some(doca)) => {
+                        format!("this host has what it would need ({} and {})", mlx5.join(", "), doca.display())
+                    }
+                };
+                Some(format!(
+                    "devcomm does not implement GDAKI (GPU threads driving mlx5 NIC queues through DOCA \
+                     GPUNetIO) yet, and {host}; the proxy backend (DEVCOMM_GIN_TYPE=proxy, the default) \
+                     serves GIN on every host"
+                ))
+            }
+            GinType::Gpi => Some(
+                "GPI (GPU-Push Interface) is NCCL's experimental GIN type for NVIDIA Spectrum-X Ethernet \
+                 networking (NCCL 2.30.6 and later, through the Spectrum-X network plugin); devcomm does not \
+                 implement it: the proxy backend (DEVCOMM_GIN_TYPE=proxy, the default) serves GIN on every host"
+                    .into(),
+            ),
+        }
+    }
+
+    /// What automatic selection picks: the best backend devcomm implements
+    /// and this host supports (GDAKI, then GPI, then the proxy), so never one
+    /// that cannot run.
+    pub fn auto(&self) -> GinType {
+        [GinType::Gdaki, GinType::Gpi]
+            .into_iter()
+            .find(|&t| t.is_implemented() && self.unavailable_reason(t).is_none())
+            .unwrap_or(GinType::Proxy)
+    }
+
+    /// `t` if it can be used here, else [`Error::InvalidUsage`] saying why.
+    pub fn check(&self, t: GinType) -> Result<GinType> {
+        match self.unavailable_reason(t) {
+            None => Ok(t),
+            Some(r) => Err(Error::invalid_usage(format!("GIN backend {t} was asked for but cannot be used: {r}"))),
+        }
+    }
 }
 
 fn forced(comm: &Communicator) -> Result<Option<GinType>> {
@@ -226,28 +294,20 @@ fn forced(comm: &Communicator) -> Result<Option<GinType>> {
     }
 }
 
-fn check_available(t: GinType) -> Result<GinType> {
-    let reason = match t {
-        GinType::None | GinType::Proxy => None,
-        GinType::Gdaki => gdaki_unavailable_reason(),
-        GinType::Gpi => gpi_unavailable_reason(),
-    };
-    match reason {
-        None => Ok(t),
-        Some(r) => Err(Error::invalid_usage(format!("GIN backend {t} was forced but is not available: {r}"))),
-    }
-}
-
 impl Communicator {
     /// The GIN backend device communicators of this communicator get with a
-    /// full connection: the forced one (config, then `DEVCOMM_GIN_TYPE`),
-    /// else the best available.
+    /// full connection (`ncclCommQueryProperties`' `ginType`): the forced
+    /// one (config, then `DEVCOMM_GIN_TYPE`), else [`GinProbe::auto`] —
+    /// what will actually be used.
     ///
-    /// Errors: [`Error::InvalidUsage`] when the forced backend is not available.
+    /// Errors: [`Error::InvalidUsage`] when the forced backend cannot be used
+    /// here, saying why.
+    #[doc(alias = "ginType")]
     pub fn gin_type(&self) -> Result<GinType> {
+        let probe = GinProbe::of_this_host();
         match forced(self)? {
-            Some(t) => check_available(t),
-            None => Ok(if gdaki_unavailable_reason().is_none() { GinType::Gdaki } else { GinType::Proxy }),
+            Some(t) => probe.check(t),
+            None => Ok(probe.auto()),
         }
     }
 
@@ -290,11 +350,37 @@ mod tests {
 
     #[test]
     fn forcing_an_absent_backend_says_why() {
-        assert!(check_available(GinType::Proxy).is_ok());
-        let e = check_available(GinType::Gpi).unwrap_err();
-        assert!(matches!(e, Error::InvalidUsage(ref m) if m.contains("gpi") && m.contains("not available")), "{e}");
-        if gdaki_unavailable_reason().is_some() {
-            assert!(matches!(check_available(GinType::Gdaki), Err(Error::InvalidUsage(_))));
+        let here = GinProbe::of_this_host();
+        assert!(here.check(GinType::Proxy).is_ok());
+        let e = here.check(GinType::Gpi).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidUsage(ref m) if m.contains("gpi") && m.contains("Spectrum-X") && m.contains("NCCL")),
+            "{e}"
+        );
+        let e = here.check(GinType::Gdaki).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(ref m) if m.contains("does not implement GDAKI")), "{e}");
+    }
+
+    #[test]
+    fn auto_never_picks_a_backend_devcomm_cannot_run() {
+        let bare = GinProbe::default();
+        // A DGX-class host: mlx5 NICs and DOCA GPUNetIO installed.
+        let dgx = GinProbe {
+            rdma_devices: vec!["mlx5_0".into(), "mlx5_1".into()],
+            doca_gpunetio: Some("/opt/mellanox/doca/lib/x86_64-linux-gnu/libdoca_gpunetio.so".into()),
+        };
+        let nic_only = GinProbe { rdma_devices: vec!["mlx5_0".into()], doca_gpunetio: None };
+        for probe in [&bare, &dgx, &nic_only] {
+            let t = probe.auto();
+            assert_eq!(t, GinType::Proxy, "{probe:?}");
+            assert!(t.is_implemented() && probe.check(t).is_ok());
         }
+        // Asked for explicitly, GDAKI still says it is not implemented, and what the host has.
+        let m = dgx.check(GinType::Gdaki).unwrap_err().to_string();
+        assert!(m.contains("does not implement GDAKI") && m.contains("mlx5_0, mlx5_1") && m.contains("libdoca"), "{m}");
+        let m = nic_only.check(GinType::Gdaki).unwrap_err().to_string();
+        assert!(m.contains("no DOCA GPUNetIO"), "{m}");
+        let m = bare.check(GinType::Gdaki).unwrap_err().to_string();
+        assert!(m.contains("no mlx5 NIC"), "{m}");
     }
 }

@@ -1,9 +1,13 @@
 //! The PTX of devcomm's own kernels (`devcomm-kernels`).
 //!
-//! `build.rs` compiles the kernels to PTX on every build of this crate and
-//! embeds the result. When that was impossible (no nightly toolchain or no
-//! `rust-src`, or `DEVCOMM_SKIP_PTX=1`), the embedded module is empty and a
-//! PTX file can still be supplied at run time through `DEVCOMM_PTX_PATH`.
+//! The PTX ships with the crate: it is committed under `host/ptx/` (made by
+//! `cargo xtask ptx --update` with a nightly toolchain, with a hash of the
+//! sources it came from), and `build.rs` embeds it, so an ordinary stable
+//! build has working GPU kernels. When the kernel sources have changed since
+//! it was made, `build.rs` rebuilds them from source (nightly + `rust-src`)
+//! or fails saying what to run. Only `DEVCOMM_SKIP_PTX=1` builds the crate
+//! without kernels (emulated runtime only). A PTX file can also be given at
+//! run time through `DEVCOMM_PTX_PATH`.
 
 use std::borrow::Cow;
 
@@ -12,16 +16,34 @@ use crate::Error;
 /// The environment variable naming a PTX file to use instead of the embedded one.
 pub const PTX_PATH_ENV: &str = "DEVCOMM_PTX_PATH";
 
+/// What `build.rs` wrote: a marker line (`// devcomm-embedded-ptx
+/// sha256:<hash of the rest>`, or `... none (why)`), then the PTX. The
+/// marker is what `cargo xtask bundle` looks for in binaries.
 static EMBEDDED: &str = include_str!(concat!(env!("OUT_DIR"), "/devcomm_kernels.ptx"));
 
+/// The marker line and the PTX after it.
+fn split_embedded() -> (&'static str, &'static str) {
+    EMBEDDED.split_once('\n').unwrap_or((EMBEDDED, ""))
+}
+
 /// The kernels' PTX embedded at build time, or `None` when the crate was
-/// built without it.
+/// built without it (`DEVCOMM_SKIP_PTX=1`).
 pub fn embedded_kernels_ptx() -> Option<&'static str> {
-    if EMBEDDED.trim().is_empty() {
+    let (_, ptx) = split_embedded();
+    if ptx.trim().is_empty() {
         None
     } else {
-        Some(EMBEDDED)
+        Some(ptx)
     }
+}
+
+/// The label of the embedded PTX: `sha256:<hex>` of [`embedded_kernels_ptx`],
+/// or `none (why)`.
+pub fn embedded_kernels_label() -> &'static str {
+    // Not written as one literal: `cargo xtask bundle` searches binaries for
+    // the marker, and this function's text must not look like one.
+    let (marker, _) = split_embedded();
+    marker.splitn(3, ' ').nth(2).unwrap_or(marker)
 }
 
 /// The kernels' PTX to load: the file named by `DEVCOMM_PTX_PATH` if set,
@@ -48,10 +70,9 @@ pub fn kernels_ptx() -> Result<Cow<'static, str>, Error> {
     }
     embedded_kernels_ptx().map(Cow::Borrowed).ok_or_else(|| {
         Error::CudaError(
-            "devcomm was built without its PTX (the nightly toolchain or its rust-src component \
-             was missing, or DEVCOMM_SKIP_PTX was set): run \
-             `rustup toolchain install nightly --component rust-src` and rebuild, or build it \
-             with `cargo xtask ptx` and set DEVCOMM_PTX_PATH=target/ptx/devcomm_kernels.ptx"
+            "devcomm was built without its GPU kernels (DEVCOMM_SKIP_PTX was set at build time): \
+             rebuild without DEVCOMM_SKIP_PTX, or set DEVCOMM_PTX_PATH to a PTX file of the kernels \
+             (`cargo xtask ptx` writes one to target/ptx/devcomm_kernels.ptx)"
                 .into(),
         )
     })
@@ -70,6 +91,8 @@ mod tests {
             assert!(entries.iter().any(|e| e == k), "no entry {k} in {entries:?}");
         }
         assert!(ptx.contains(".target sm_"));
+        let label = embedded_kernels_label();
+        assert_eq!(label, devcomm_build::committed::sha256_label(ptx), "the marker names the PTX after it");
     }
 
     #[cfg(devcomm_no_ptx)]
@@ -85,7 +108,7 @@ mod tests {
         }
         match (kernels_ptx(), embedded_kernels_ptx()) {
             (Ok(p), Some(e)) => assert_eq!(p, e),
-            (Err(Error::CudaError(m)), None) => assert!(m.contains("rustup toolchain install")),
+            (Err(Error::CudaError(m)), None) => assert!(m.contains("DEVCOMM_SKIP_PTX")),
             (r, e) => panic!("kernels_ptx {r:?} vs embedded {:?}", e.map(str::len)),
         }
     }

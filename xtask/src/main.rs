@@ -1,16 +1,26 @@
 //! `cargo xtask`: project chores.
 //!
-//! - `cargo xtask ptx [--arch sm_90] [--toolchain nightly] [--out PATH]`: builds
-//!   `devcomm-kernels` to PTX and copies it to `target/ptx/devcomm_kernels.ptx`
-//!   (or `PATH`).
+//! - `cargo xtask ptx --update [--arch sm_90]`: builds `devcomm-kernels` to
+//!   PTX with the nightly toolchain and writes the committed file
+//!   `host/ptx/devcomm_kernels.<arch>.ptx` with its header (toolchain,
+//!   recipe, inputs hash). Run it after changing the device or kernel crates.
+//! - `cargo xtask ptx --check`: fails when the committed PTX is stale (its
+//!   inputs hash does not match the tree); where the toolchain it records is
+//!   installed with `rust-src`, also rebuilds it and compares the bytes. CI
+//!   runs this.
+//! - `cargo xtask ptx [--out PATH]`: builds the PTX from source to
+//!   `target/ptx/devcomm_kernels.ptx` (or `PATH`), e.g. for
+//!   `DEVCOMM_PTX_PATH`.
 //! - `cargo xtask bundle [--dir .device]`: builds the release test binaries,
-//!   the examples and `devcomm-run` (when it exists), and copies them with the
-//!   PTX into `.device/` for a GPU machine.
+//!   the examples, `devcomm-run` and the benchmarks, and copies them with the
+//!   PTX into `.device/` for a GPU machine. It refuses binaries whose
+//!   embedded PTX is missing or differs from the bundle's.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use clap::{Parser, Subcommand};
+use devcomm_build::committed::{self, Freshness, Origin, LIBRARY_KERNELS};
 use devcomm_build::{PtxArtifact, PtxBuilder};
 
 /// Largest bundle the device machine accepts.
@@ -25,13 +35,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Build the kernels (`devcomm-kernels`) to one PTX module.
+    /// Build the kernels (`devcomm-kernels`) to one PTX module; refresh or check the committed one.
     Ptx {
         #[command(flatten)]
         ptx: PtxArgs,
         /// Where to copy the PTX (default: `<target dir>/ptx/devcomm_kernels.ptx`).
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["update", "check"])]
         out: Option<PathBuf>,
+        /// Write the committed PTX (`host/ptx/devcomm_kernels.<arch>.ptx`) with its header.
+        #[arg(long, conflicts_with = "check")]
+        update: bool,
+        /// Fail unless the committed PTX is fresh (inputs hash; a byte-for-byte rebuild where its toolchain is installed).
+        #[arg(long)]
+        check: bool,
     },
     /// Prepare a folder of release test binaries, examples and the PTX for a GPU machine.
     Bundle {
@@ -61,7 +77,9 @@ type Result<T, E = String> = std::result::Result<T, E>;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Ptx { ptx, out } => cmd_ptx(&ptx, out),
+        Cmd::Ptx { ptx, update: true, .. } => cmd_ptx_update(&ptx),
+        Cmd::Ptx { ptx, check: true, .. } => cmd_ptx_check(&ptx),
+        Cmd::Ptx { ptx, out, .. } => cmd_ptx(&ptx, out),
         Cmd::Bundle { ptx, dir, no_strip } => cmd_bundle(&ptx, &dir, !no_strip),
     };
     match res {
@@ -107,16 +125,74 @@ fn cargo_metadata() -> Result<serde_json::Value> {
     serde_json::from_slice(&out.stdout).map_err(|e| format!("parsing cargo metadata: {e}"))
 }
 
-fn build_ptx(args: &PtxArgs) -> Result<PtxArtifact> {
+fn builder(args: &PtxArgs) -> Result<PtxBuilder> {
     let target = target_dir()?;
-    PtxBuilder::new("devcomm-kernels")
+    Ok(PtxBuilder::new(LIBRARY_KERNELS.package)
         .manifest_dir(workspace_root())
         .target_dir(target.join(devcomm_build::PTX_TARGET_SUBDIR))
         .arch(&args.arch)
         .toolchain(&args.toolchain)
-        .stream_output(true)
-        .build()
-        .map_err(|e| e.to_string())
+        .stream_output(true))
+}
+
+fn build_ptx(args: &PtxArgs) -> Result<PtxArtifact> {
+    builder(args)?.build().map_err(|e| e.to_string())
+}
+
+fn cmd_ptx_update(args: &PtxArgs) -> Result<()> {
+    let root = workspace_root();
+    let ptx = committed::build_committed(&LIBRARY_KERNELS, &root, &builder(args)?).map_err(|e| e.to_string())?;
+    let path = LIBRARY_KERNELS.committed_path(&root, &args.arch);
+    devcomm_build::write_if_changed(&path, &ptx.render()).map_err(|e| e.to_string())?;
+    println!(
+        "{}: {} kernels, built by {}, inputs {}",
+        path.display(),
+        devcomm_build::check_ptx(&ptx.body).map_err(|e| e.to_string())?.len(),
+        ptx.toolchain,
+        ptx.inputs
+    );
+    Ok(())
+}
+
+fn cmd_ptx_check(args: &PtxArgs) -> Result<()> {
+    let root = workspace_root();
+    let b = builder(args)?;
+    let path = LIBRARY_KERNELS.committed_path(&root, &args.arch);
+    let refresh = "refresh it with `cargo xtask ptx --update` (needs `rustup toolchain install nightly --component rust-src`) and commit it";
+    let committed = match committed::freshness(&LIBRARY_KERNELS, &root, &b).map_err(|e| e.to_string())? {
+        Freshness::Fresh(c) => c,
+        Freshness::Stale { committed, expected } => {
+            return Err(format!(
+                "{} is stale: it was built from inputs {}, the tree's are {expected} (a kernel or device source, \
+                 their manifests or Cargo.lock entries, or the recipe changed); {refresh}",
+                path.display(),
+                committed.inputs
+            ))
+        }
+        Freshness::Missing => return Err(format!("{} does not exist; {refresh}", path.display())),
+    };
+    println!("{}: inputs hash matches the tree ({})", path.display(), committed.inputs);
+    // Byte-for-byte: only with the very toolchain it records.
+    let local = b.toolchain_version().ok();
+    if local.as_deref() != Some(committed.toolchain.as_str()) || b.check_toolchain().is_err() {
+        println!(
+            "not rebuilt to compare bytes: it was made by `{}`, toolchain `{}` here is {}",
+            committed.toolchain,
+            args.toolchain,
+            local.map_or_else(|| "not installed (or lacks rust-src)".to_string(), |v| format!("`{v}`"))
+        );
+        return Ok(());
+    }
+    let rebuilt = committed::build_committed(&LIBRARY_KERNELS, &root, &b).map_err(|e| e.to_string())?;
+    if rebuilt != committed {
+        return Err(format!(
+            "{} differs from what `{}` builds from these sources (edited by hand?); {refresh}",
+            path.display(),
+            committed.toolchain
+        ));
+    }
+    println!("rebuilt with `{}`: identical", committed.toolchain);
+    Ok(())
 }
 
 fn cmd_ptx(args: &PtxArgs, out: Option<PathBuf>) -> Result<()> {
@@ -135,7 +211,15 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
     let root = workspace_root();
     let dir = if dir.is_absolute() { dir.to_path_buf() } else { root.join(dir) };
 
-    let ptx = build_ptx(args)?;
+    // The PTX the binaries embed: the committed file when it is fresh, else
+    // rebuilt from source (what devcomm's build script does too).
+    let (ptx, origin) = committed::resolve(&LIBRARY_KERNELS, &root, &builder(args)?).map_err(|e| e.to_string())?;
+    if origin != Origin::Committed {
+        eprintln!("xtask: warning: the committed PTX is stale or missing; bundling kernels built from source");
+    }
+    let ptx_text = ptx.render();
+    let label = committed::sha256_label(&ptx_text);
+    let entries = devcomm_build::check_ptx(&ptx.body).map_err(|e| e.to_string())?;
 
     // Test binaries of every member but xtask.
     let mut tests = cargo_executables(&["test", "--workspace", "--exclude", "xtask", "--release", "--no-run"])?;
@@ -158,10 +242,30 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
         bins.extend(cargo_executables(&["build", "--release", "-p", "devcomm-benches", "--bins"])?);
     }
 
+    // Every binary that carries devcomm's kernels must carry these.
+    let mut carrying = 0;
+    for exe in tests.iter().chain(&examples).chain(&bins) {
+        let labels = embedded_ptx_labels(exe)?;
+        for l in &labels {
+            if *l != label {
+                return Err(format!(
+                    "{} embeds devcomm kernels labelled `{l}`, not the bundle's `{label}`: {}",
+                    exe.display(),
+                    if l.starts_with("none") {
+                        "it was built without PTX (unset DEVCOMM_SKIP_PTX and rebuild)".to_string()
+                    } else {
+                        "a stale build of devcomm? run `cargo clean -p devcomm --release` and bundle again".to_string()
+                    }
+                ));
+            }
+        }
+        carrying += usize::from(!labels.is_empty());
+    }
+
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
     }
-    ptx.copy_to(dir.join("devcomm_kernels.ptx")).map_err(|e| e.to_string())?;
+    devcomm_build::write_if_changed(&dir.join("devcomm_kernels.ptx"), &ptx_text).map_err(|e| e.to_string())?;
     let have_strip = strip && Command::new("strip").arg("--version").output().is_ok();
     for (sub, files) in [("tests", &tests), ("examples", &examples), ("bin", &bins)] {
         for src in files {
@@ -179,12 +283,13 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
 
     let total = dir_size(&dir)?;
     println!(
-        "{}: {} test binaries, {} examples, {} other binaries, PTX with {} kernels; {:.1} MiB",
+        "{}: {} test binaries, {} examples, {} other binaries ({carrying} of them embed the kernels, all \
+         {label}), PTX with {} kernels; {:.1} MiB",
         dir.display(),
         tests.len(),
         examples.len(),
         bins.len(),
-        ptx.entries.len(),
+        entries.len(),
         total as f64 / (1024.0 * 1024.0)
     );
     if total > BUNDLE_LIMIT {
@@ -234,6 +339,30 @@ fn cargo_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(exes)
+}
+
+/// The labels of devcomm's embedded PTX in a binary (the text after each
+/// `// devcomm-embedded-ptx ` marker, up to the end of its line).
+fn embedded_ptx_labels(exe: &Path) -> Result<Vec<String>> {
+    const MARKER: &[u8] = b"// devcomm-embedded-ptx ";
+    let bytes = std::fs::read(exe).map_err(|e| format!("reading {}: {e}", exe.display()))?;
+    let mut labels = Vec::new();
+    let mut at = 0;
+    while let Some(i) = bytes[at..].windows(MARKER.len()).position(|w| w == MARKER) {
+        let start = at + i + MARKER.len();
+        let end = bytes[start..].iter().position(|&b| b == b'\n').map_or(bytes.len(), |n| start + n);
+        let label = String::from_utf8_lossy(&bytes[start..end]).into_owned();
+        // Labels are `sha256:<64 hex digits>` or `none (why)`; anything else
+        // is a string that merely starts like the marker.
+        let well_formed =
+            label.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+                || label.starts_with("none (");
+        if well_formed && !labels.contains(&label) {
+            labels.push(label);
+        }
+        at = end;
+    }
+    Ok(labels)
 }
 
 fn copy_file(src: &Path, dst: &Path) -> Result<()> {

@@ -54,6 +54,8 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod committed;
+
 use std::ffi::OsString;
 use std::fmt;
 use std::io;
@@ -210,6 +212,23 @@ pub enum BuildError {
         /// The I/O error.
         #[source]
         source: io::Error,
+    },
+    /// The committed PTX is stale (or missing) and the toolchain that would
+    /// rebuild it is not installed.
+    #[error(
+        "{} {}, and it cannot be rebuilt here: {cause}. Either install the toolchain \
+         (`rustup toolchain install nightly --component rust-src`) and build again, or, in a \
+         checkout of devcomm, refresh the committed PTX with `cargo xtask ptx --update`",
+        path.display(),
+        if *missing { "does not exist" } else { "is stale (the kernel sources changed since it was generated)" }
+    )]
+    StalePtx {
+        /// The committed PTX file.
+        path: PathBuf,
+        /// True when there is no such file at all.
+        missing: bool,
+        /// Why the toolchain cannot build it.
+        cause: String,
     },
     /// The PTX module has no `.entry` (kernel) at all.
     #[error(
@@ -420,6 +439,60 @@ impl PtxBuilder {
         self
     }
 
+    /// The GPU architecture this builder targets (`sm_90`).
+    pub fn arch_name(&self) -> &str {
+        &self.arch
+    }
+
+    /// How this builder turns sources into PTX, without paths: the rustc
+    /// flags, the profile settings and the cargo options that change the
+    /// output. Part of a committed PTX file's inputs hash.
+    pub fn recipe(&self) -> String {
+        let mut parts = vec![format!("-Ctarget-cpu={}", self.arch)];
+        if let Some(isa) = &self.ptx_isa {
+            parts.push(format!("-Ctarget-feature=+{isa}"));
+        }
+        parts.extend(self.rustflags.iter().cloned());
+        parts.push(format!(
+            "--profile {} (inherits release; panic abort; lto fat; codegen-units 1) -Zbuild-std=core \
+             --crate-type cdylib --emit=asm",
+            self.profile
+        ));
+        if !self.features.is_empty() {
+            parts.push(format!("--features {}", self.features.join(",")));
+        }
+        if self.no_default_features {
+            parts.push("--no-default-features".into());
+        }
+        parts.join(" ")
+    }
+
+    /// The toolchain's sysroot (whether or not it has `rust-src`).
+    pub fn sysroot(&self) -> Result<PathBuf, BuildError> {
+        Ok(PathBuf::from(self.rustc_output(&["--print", "sysroot"])?))
+    }
+
+    fn rustc_output(&self, args: &[&str]) -> Result<String, BuildError> {
+        let tc = &self.toolchain;
+        let out = self
+            .rustup_command()
+            .args([tc.as_str(), "rustc"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| BuildError::RustupNotFound { toolchain: tc.clone(), source })?;
+        if !out.status.success() {
+            return Err(BuildError::ToolchainMissing { toolchain: tc.clone() });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// The toolchain's version as `rustc --version` prints it (e.g.
+    /// `rustc 1.97.0-nightly (e50aa6fba 2026-05-19)`).
+    pub fn toolchain_version(&self) -> Result<String, BuildError> {
+        self.rustc_output(&["--version"])
+    }
+
     /// The directory holding the manifest the build starts from.
     pub fn resolved_manifest_dir(&self) -> PathBuf {
         match &self.manifest_dir {
@@ -466,16 +539,7 @@ impl PtxBuilder {
     /// there, without building anything.
     pub fn check_toolchain(&self) -> Result<ToolchainInfo, BuildError> {
         let tc = &self.toolchain;
-        let mut cmd = self.rustup_command();
-        cmd.args([tc.as_str(), "rustc", "--print", "sysroot"]);
-        let out = cmd
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| BuildError::RustupNotFound { toolchain: tc.clone(), source })?;
-        if !out.status.success() {
-            return Err(BuildError::ToolchainMissing { toolchain: tc.clone() });
-        }
-        let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        let sysroot = self.sysroot()?;
         let core = sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml");
         if !core.is_file() {
             return Err(BuildError::RustSrcMissing { toolchain: tc.clone() });

@@ -157,8 +157,9 @@ impl DevCommRequirements {
         let gin = self.gin_connection_type != crate::gin::GinConnectionType::None;
         if self.barrier_count > 0 && lsa_size < nranks {
             return Err(Error::invalid_usage(format!(
-                "{} world barriers requested, but the LSA team ({lsa_size}) is not the world ({nranks}): world \
-                 barriers across nodes need GIN (not yet available)",
+                "{} world barriers requested (barrier_count), but the LSA team ({lsa_size}) is not the world \
+                 ({nranks}): these are LSA barriers; across nodes ask for world_gin_barrier_count instead (GIN \
+                 barriers, with gin_connection_type Full)",
                 self.barrier_count
             )));
         }
@@ -192,7 +193,8 @@ impl DevCommRequirements {
             if beyond_lsa {
                 return Err(Error::invalid_usage(format!(
                     "the {kind:?} team reaches beyond the LSA team ({lsa_size} of {nranks} ranks): that needs GIN \
-                     (not yet available)"
+                     (gin_connection_type {})",
+                    if kind == TeamKind::World { "Full" } else { "Rail or Full" }
                 )));
             }
         }

@@ -12,7 +12,7 @@
 //!   `spin_backoff`, so a block with hundreds of threads costs no OS context
 //!   switches. Thread switches happen only at those points, which is what
 //!   makes emulated runs deterministic per block; memory-ordering bugs are
-//!   for the GPU runs to find (DESIGN.md, principle 1).
+//!   for the GPU runs to find (docs/design.md, principle 1).
 //! * Intrinsics find their thread through the thread-local [`ThreadCtx`] the
 //!   scheduler sets before resuming a coroutine.
 //!
