@@ -6,6 +6,7 @@
 # GPU), then the same binaries on the emulator. Log: $OUT/foundation.log.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+exec > >(tee "$OUT/foundation.log") 2>&1
 {
     date -u
     nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
@@ -21,5 +22,5 @@ source "$(dirname "$0")/common.sh"
     step $B/tests/devcomm-* ptx
     echo
     echo "foundation: overall status $status"
-} 2>&1 | tee "$OUT/foundation.log"
+}
 exit $status

@@ -22,6 +22,7 @@ bench() { # name, env...
     echo; echo "== gin_bench ($name), CUDA, 2 GPUs"
     env "$@" DEVCOMM_RUNTIME=cuda timeout 240 $B/bin/devcomm-run -n 2 $B/bin/gin_bench $QUICK 2>&1 | tee "$OUT/gin_bench_$name.log" || { echo "!! gin_bench ($name) failed"; status=1; }
 }
+exec > >(tee "$OUT/gin.log") 2>&1
 {
     date -u
     nvidia-smi --query-gpu=index,name,driver_version --format=csv
@@ -53,5 +54,5 @@ bench() { # name, env...
     fi
     echo
     echo "gin: overall status $status"
-} 2>&1 | tee "$OUT/gin.log"
+}
 exit $status

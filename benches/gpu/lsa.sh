@@ -8,6 +8,7 @@
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 QUICK=${QUICK:-}
+exec > >(tee "$OUT/lsa.log") 2>&1
 {
     date -u
     nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv
@@ -22,5 +23,5 @@ QUICK=${QUICK:-}
     fi
     echo
     echo "lsa: overall status $status"
-} 2>&1 | tee "$OUT/lsa.log"
+}
 exit $status

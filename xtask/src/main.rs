@@ -23,6 +23,10 @@ use clap::{Parser, Subcommand};
 use devcomm_build::committed::{self, Freshness, Origin, LIBRARY_KERNELS};
 use devcomm_build::{PtxArtifact, PtxBuilder};
 
+/// Test targets that test the build itself (they run cargo or read the
+/// source tree), left out of bundles.
+const BUILD_ONLY_TESTS: &[&str] = &["committed_ptx", "committed"];
+
 /// Largest bundle the device machine accepts.
 const BUNDLE_LIMIT: u64 = 64 * 1024 * 1024;
 
@@ -225,6 +229,16 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
     let mut tests = cargo_executables(&["test", "--workspace", "--exclude", "xtask", "--release", "--no-run"])?;
     tests.sort();
     tests.dedup();
+    // Tests of the build itself run cargo and read the source tree: they
+    // belong where the build happens, not on the GPU machine.
+    tests.retain(|t| {
+        let name = t.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let build_only = BUILD_ONLY_TESTS.iter().any(|b| name.strip_prefix(b).is_some_and(|rest| rest.starts_with('-')));
+        if build_only {
+            eprintln!("xtask: not bundling {name}: it tests the build (runs cargo, reads the source tree)");
+        }
+        !build_only
+    });
 
     // Examples, and devcomm-run when the devcomm crate has it.
     let meta = cargo_metadata()?;
