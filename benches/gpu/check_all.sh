@@ -19,7 +19,7 @@ test_binary() {
     name=$(basename "$t")
     log=/tmp/check_all_$name.log
     echo; echo "== $name"
-    timeout 900 env DEVCOMM_RUNTIME=cuda "$t" --test-threads=1 >"$log" 2>&1
+    timeout ${CHECK_ALL_TEST_TIMEOUT:-240} env DEVCOMM_RUNTIME=cuda "$t" --test-threads=1 >"$log" 2>&1
     rc=$?
     cat "$log"
     result=$(grep -E '^test result' "$log" | tail -n 1)
