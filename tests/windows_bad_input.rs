@@ -163,6 +163,7 @@ fn bad_inputs_multi_node(comm: &Communicator) {
 }
 
 #[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
 fn child_bad_inputs() {
     if !is_child("child_bad_inputs") {
         return;
@@ -209,6 +210,7 @@ fn bad_inputs_threads() {
 
 /// A bad LSA size override is refused (single rank: nothing to agree with).
 #[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
 fn child_bad_lsa_override() {
     if !is_child("child_bad_lsa_override") {
         return;

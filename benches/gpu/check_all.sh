@@ -3,8 +3,8 @@
 # through devcomm-run, then (unless CHECK_ALL_BENCH=0) the GIN benchmark.
 # From the repository root after `cargo xtask bundle`:
 #   run(kind: nvidia-h200-x2, carry: [".device"], command: "bash benches/gpu/check_all.sh")
-# Multi-rank cases run with up to DEVCOMM_TEST_RANKS_PER_GPU ranks per GPU
-# (default 4 here, so that 8-rank cases run on 2 GPUs rather than skip).
+# Multi-rank cases share the GPUs (rank r on GPU r % gpus); DEVCOMM_TEST_RANKS_PER_GPU caps the ranks per GPU
+# (4 here: the 8-rank cases on 2 GPUs).
 # Logs: $OUT/check_all.log, $OUT/summary.txt (per binary: exit status, the
 # harness's result line, and how many cases said they skipped), $OUT/gin_bench.log.
 set -uo pipefail

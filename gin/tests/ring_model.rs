@@ -235,7 +235,7 @@ fn four_producers_depth_two() {
 }
 
 #[test]
-#[should_panic]
+#[should_panic(expected = "written without credit")]
 fn catches_missing_credit() {
     Model { depth: 2, each: 2, cached: true, credit: false, lap_tags: true }.check(2);
 }

@@ -1,6 +1,7 @@
 //! Helpers for multi-rank tests: ranks are separate processes that re-run
-//! this test binary with `--exact <child test>`; the child test does nothing
-//! unless [`ROLE_ENV`] names it.
+//! this test binary with `--exact <child test> --include-ignored`. Child
+//! tests are `#[ignore]`d (a plain run lists them as ignored, not passed) and
+//! do nothing unless [`ROLE_ENV`] names them.
 #![allow(dead_code)]
 
 use devcomm::comm::Config;
@@ -25,7 +26,7 @@ pub fn is_child(name: &str) -> bool {
 pub fn child_job(child: &str, n: usize) -> LaunchOptions {
     let exe = std::env::current_exe().expect("current test binary");
     LaunchOptions::new(n, exe)
-        .args([child, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .args([child, "--exact", "--include-ignored", "--nocapture", "--test-threads=1", "-q"])
         .env(ROLE_ENV, child)
         .env("DEVCOMM_RUNTIME", "emulated")
         .env("DEVCOMM_BOOTSTRAP_TIMEOUT_MS", TIMEOUT.as_millis().to_string())
@@ -63,19 +64,23 @@ pub fn runtime() -> String {
 }
 
 /// Runs child test `child` in `n` processes on the parent's runtime, with
-/// `env` added, and asserts every rank succeeded. On CUDA it skips (saying
-/// so) when the machine has fewer than `n` GPUs, unless
-/// `DEVCOMM_TEST_RANKS_PER_GPU=k` allows up to `k` ranks per GPU (rank `r`
-/// on GPU `r % gpus`; their kernels then time-share the GPU).
+/// `env` added, and asserts every rank succeeded. On CUDA, ranks share the
+/// GPUs there are (rank `r` on GPU `r % gpus`, their kernels time-sharing a
+/// GPU), so every case runs on any machine with a GPU; none is skipped.
+/// `DEVCOMM_TEST_RANKS_PER_GPU=k` caps the ranks per GPU: a case that needs
+/// more fails saying so.
 pub fn run_on_runtime(child: &str, n: usize, env: &[(&str, String)]) {
     let rt = runtime();
     if rt == "cuda" {
         let gpus = devcomm::runtime::device_count(RuntimeSelection::Cuda).map(|x| x.1).unwrap_or(0);
-        let per_gpu: usize =
-            std::env::var("DEVCOMM_TEST_RANKS_PER_GPU").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(1);
-        if gpus * per_gpu.max(1) < n {
-            eprintln!("skipped: {n} ranks need {n} GPUs, this machine has {gpus}");
-            return;
+        assert!(gpus > 0, "{child}: DEVCOMM_RUNTIME=cuda but no CUDA device was found");
+        if let Some(cap) = std::env::var("DEVCOMM_TEST_RANKS_PER_GPU").ok().and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            assert!(
+                n <= gpus * cap.max(1),
+                "{child}: {n} ranks on {gpus} GPUs need {} per GPU, DEVCOMM_TEST_RANKS_PER_GPU allows {cap}",
+                n.div_ceil(gpus)
+            );
         }
     }
     let mut opts = child_job(child, n).env("DEVCOMM_RUNTIME", rt).timeout(Some(Duration::from_secs(120)));

@@ -233,7 +233,8 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
     // belong where the build happens, not on the GPU machine.
     tests.retain(|t| {
         let name = t.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let build_only = BUILD_ONLY_TESTS.iter().any(|b| name.strip_prefix(b).is_some_and(|rest| rest.starts_with('-')));
+        let build_only =
+            BUILD_ONLY_TESTS.iter().any(|b| name.strip_prefix(b).is_some_and(|rest| rest.starts_with('-')));
         if build_only {
             eprintln!("xtask: not bundling {name}: it tests the build (runs cargo, reads the source tree)");
         }
@@ -257,24 +258,7 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
     }
 
     // Every binary that carries devcomm's kernels must carry these.
-    let mut carrying = 0;
-    for exe in tests.iter().chain(&examples).chain(&bins) {
-        let labels = embedded_ptx_labels(exe)?;
-        for l in &labels {
-            if *l != label {
-                return Err(format!(
-                    "{} embeds devcomm kernels labelled `{l}`, not the bundle's `{label}`: {}",
-                    exe.display(),
-                    if l.starts_with("none") {
-                        "it was built without PTX (unset DEVCOMM_SKIP_PTX and rebuild)".to_string()
-                    } else {
-                        "a stale build of devcomm? run `cargo clean -p devcomm --release` and bundle again".to_string()
-                    }
-                ));
-            }
-        }
-        carrying += usize::from(!labels.is_empty());
-    }
+    let carrying = check_embedded(tests.iter().chain(&examples).chain(&bins), &label)?;
 
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
@@ -345,7 +329,10 @@ fn cargo_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
             continue;
         }
         let is_build_script = msg["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "custom-build"));
-        if is_build_script {
+        // `cargo test --no-run` also reports the binaries that integration
+        // tests run (devcomm-run, examples): only test harnesses are tests.
+        let is_test_harness = msg["profile"]["test"] == true;
+        if is_build_script || (args.first() == Some(&"test") && !is_test_harness) {
             continue;
         }
         if let Some(exe) = msg["executable"].as_str() {
@@ -353,6 +340,30 @@ fn cargo_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(exes)
+}
+
+/// Checks that every binary that embeds devcomm's kernels embeds the ones
+/// labelled `label`; returns how many embed them.
+fn check_embedded<'a>(exes: impl Iterator<Item = &'a PathBuf>, label: &str) -> Result<usize> {
+    let mut carrying = 0;
+    for exe in exes {
+        let labels = embedded_ptx_labels(exe)?;
+        for l in &labels {
+            if l != label {
+                return Err(format!(
+                    "{} embeds devcomm kernels labelled `{l}`, not the bundle's `{label}`: {}",
+                    exe.display(),
+                    if l.starts_with("none") {
+                        "it was built without PTX (unset DEVCOMM_SKIP_PTX and rebuild)"
+                    } else {
+                        "a stale build of devcomm? run `cargo clean -p devcomm --release` and bundle again"
+                    }
+                ));
+            }
+        }
+        carrying += usize::from(!labels.is_empty());
+    }
+    Ok(carrying)
 }
 
 /// The labels of devcomm's embedded PTX in a binary (the text after each
@@ -395,4 +406,37 @@ fn dir_size(dir: &Path) -> Result<u64> {
         total += if meta.is_dir() { dir_size(&entry.path())? } else { meta.len() };
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundling_refuses_binaries_with_other_or_no_kernels() {
+        let dir = std::env::temp_dir().join(format!("xtask-embedded-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = format!("sha256:{}", "ab".repeat(32));
+        let other = format!("sha256:{}", "cd".repeat(32));
+        let exe = |name: &str, body: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, body).unwrap();
+            p
+        };
+        let marker =
+            |label: &str| format!("\0\x7fELF...// devcomm-embedded-ptx {label}\n.version 8.0\n...").into_bytes();
+        let carrying = exe("carrying", &marker(&good));
+        let plain = exe("plain", b"\0\x7fELF no kernels here");
+        // A string that starts like the marker but is no label (as code that mentions it).
+        let mention = exe("mention", b"...// devcomm-embedded-ptx \x01\x02garbage\n...");
+        assert_eq!(check_embedded([&carrying, &plain, &mention].into_iter(), &good).unwrap(), 1);
+
+        let stale = exe("stale", &marker(&other));
+        let e = check_embedded([&carrying, &stale].into_iter(), &good).unwrap_err();
+        assert!(e.contains("stale") && e.contains(&other), "{e}");
+        let none = exe("none", &marker("none (DEVCOMM_SKIP_PTX)"));
+        let e = check_embedded([&none].into_iter(), &good).unwrap_err();
+        assert!(e.contains("without PTX"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
