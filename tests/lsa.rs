@@ -191,7 +191,9 @@ fn reductions(s: &Setup) {
     reduce_case!(s, lsa_reduce_u8, u8, |r: &mut rand::rngs::StdRng| r.gen::<u8>(), check_int::<u8>);
 }
 
-fn barrier_rounds(s: &Setup, index: u32, rounds: u32, order: u32, timeout_ns: u64) -> u32 {
+/// Runs `lsa_barrier_rounds` on one block of 64 threads; returns the first
+/// error code and how many threads reported an error.
+fn barrier_rounds_counted(s: &Setup, index: u32, rounds: u32, order: u32, timeout_ns: u64) -> (u32, u32) {
     let errors = s.comm.device().alloc_from(&[0u32; 2]).unwrap();
     // SAFETY: the device communicator is live.
     unsafe {
@@ -202,20 +204,29 @@ fn barrier_rounds(s: &Setup, index: u32, rounds: u32, order: u32, timeout_ns: u6
             )
             .unwrap();
     }
-    check_errors(&s.stream, &errors, "barrier")
+    let code = check_errors(&s.stream, &errors, "barrier");
+    (code, s.stream.read_vec(&errors).unwrap()[1])
+}
+
+fn barrier_rounds(s: &Setup, index: u32, rounds: u32, order: u32, timeout_ns: u64) -> u32 {
+    barrier_rounds_counted(s, index, rounds, order, timeout_ns).0
 }
 
 fn barriers(s: &Setup) {
     for order in 0..4 {
         assert_eq!(barrier_rounds(s, 0, 25, order, 0), 0, "order {order}");
     }
-    // More barriers than requested: an error on the device, not a fault.
-    assert_eq!(barrier_rounds(s, 2, 1, 3, 0), 16);
+    // More barriers than requested: an error on the device, not a fault,
+    // seen by every thread of the coop.
+    assert_eq!(barrier_rounds_counted(s, 2, 1, 3, 0), (16, 64));
     s.comm.bootstrap_barrier().unwrap();
-    // Only rank 0 enters barrier 1: it times out instead of hanging.
+    // Only rank 0 enters barrier 1: it times out instead of hanging, and all
+    // 64 threads of the CTA get the timeout, not only those that watched
+    // the missing peers.
     if s.comm.rank() == 0 {
         let t = Instant::now();
-        assert_eq!(barrier_rounds(s, 1, 1, 3, 50_000_000), 1, "timeout code");
+        let (code, threads) = barrier_rounds_counted(s, 1, 1, 3, 50_000_000);
+        assert_eq!((code, threads), (1, 64), "timeout code, threads that saw it");
         assert!(t.elapsed() < Duration::from_secs(10), "timeout took {:?}", t.elapsed());
     }
     s.comm.bootstrap_barrier().unwrap();

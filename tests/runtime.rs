@@ -4,7 +4,7 @@
 
 use devcomm::runtime::LaunchConfig;
 use devcomm::Error;
-use devcomm_kernels::selftest::{axpy_f32, block_sum_u64, geometry, trap_at};
+use devcomm_kernels::selftest::{axpy_f32, block_sum_u64, coop_sync_max, geometry, trap_at};
 use devcomm_tests::test_device;
 
 mod common;
@@ -274,6 +274,71 @@ fn lsa_copy_handles_every_alignment_and_tail() {
                         "{what}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Every thread of a coop gets the same answer from a reducing barrier and
+/// the same error from `Coop::agree`, for every coop kind.
+#[test]
+fn every_thread_of_a_coop_sees_the_same_max_and_the_same_error() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let threads = 160u32;
+    // Groups of threads per coop kind: which threads form one coop.
+    let group_of = |kind: u32, t: u32| -> Option<u32> {
+        match kind {
+            0 => Some(t),
+            1 => Some(t / 32),
+            2 => Some(t / 8),
+            3 => (0x0f0f_0f0fu32 & (1 << (t % 32)) != 0).then_some(t / 32),
+            4 => (32..96).contains(&t).then_some(0),
+            _ => Some(0),
+        }
+    };
+    for kind in 0..6u32 {
+        for trial in 0..4 {
+            // Mostly zeros and small values (the fast path), some large, some errors.
+            let values: Vec<u32> = (0..threads)
+                .map(|_| match rng.gen_range(0..10) {
+                    0..=5 => 0,
+                    6..=8 => rng.gen_range(1..100),
+                    _ => rng.gen(),
+                })
+                .map(|v: u32| if trial == 0 { (v / 77).wrapping_mul(77) } else { v }) // trial 0: no errors (multiples of 77)
+                .collect();
+            let d_values = dev.alloc_from(&values).unwrap();
+            let poison = vec![0xDEAD_BEEFu32; threads as usize];
+            let d_max = dev.alloc_from(&poison).unwrap();
+            let d_agreed = dev.alloc_from(&poison).unwrap();
+            // SAFETY: one block; the buffers hold `threads` elements.
+            unsafe {
+                s.launch::<coop_sync_max>(
+                    LaunchConfig::new(1, threads),
+                    (kind, d_values.as_ptr(), d_max.as_mut_ptr(), d_agreed.as_mut_ptr()),
+                )
+            }
+            .unwrap();
+            let (max, agreed) = (s.read_vec(&d_max).unwrap(), s.read_vec(&d_agreed).unwrap());
+            for t in 0..threads {
+                let (ti, what) = (t as usize, format!("kind {kind} trial {trial} thread {t}"));
+                let Some(g) = group_of(kind, t) else {
+                    assert_eq!((max[ti], agreed[ti]), (0xDEAD_BEEF, 0xDEAD_BEEF), "{what}: sat out");
+                    continue;
+                };
+                let members: Vec<u32> =
+                    (0..threads).filter(|&u| group_of(kind, u) == Some(g)).map(|u| values[u as usize]).collect();
+                assert_eq!(max[ti], *members.iter().max().unwrap(), "{what}: max");
+                let want = if members.iter().any(|v| v % 11 == 5) {
+                    2
+                } else if members.iter().any(|v| v % 7 == 3) {
+                    1
+                } else {
+                    values[ti]
+                };
+                assert_eq!(agreed[ti], want, "{what}: agreed result");
             }
         }
     }

@@ -32,10 +32,31 @@ pub trait Coop {
     /// Barrier among the coop's threads, ordering their memory accesses
     /// (as `__syncthreads` does for a block).
     fn sync(&self);
+    /// [`Coop::sync`] that also returns the largest `value` any thread of
+    /// the coop brought, to every thread. The basis of [`Coop::agree`].
+    fn sync_max(&self, value: u32) -> u32;
     /// Whether the caller is the coop's first thread.
     #[inline(always)]
     fn is_leader(&self) -> bool {
         self.thread_rank() == 0
+    }
+
+    /// Joins the coop and gives every thread the same outcome: the error
+    /// with the largest code that any thread had (see
+    /// [`crate::error::ErrorCode`]), else each thread's own `Ok` value.
+    /// Every coop-wide device-API call ends with this, so that no thread
+    /// carries on as if an operation succeeded that failed for another.
+    #[inline(always)]
+    fn agree<T, E: crate::error::ErrorCode>(&self, r: Result<T, E>) -> Result<T, E> {
+        let mine = match &r {
+            Ok(_) => 0,
+            Err(e) => e.code(),
+        };
+        match self.sync_max(mine) {
+            0 => r,
+            code if code == mine => r,
+            code => Err(E::from_code(code)),
+        }
     }
 }
 
@@ -54,6 +75,10 @@ impl Coop for ThreadCoop {
     }
     #[inline(always)]
     fn sync(&self) {}
+    #[inline(always)]
+    fn sync_max(&self, value: u32) -> u32 {
+        value
+    }
 }
 
 /// The calling thread's warp (all 32 lanes must take part).
@@ -80,6 +105,10 @@ impl Coop for Warp {
     #[inline(always)]
     fn sync(&self) {
         arch::sync_warp(u32::MAX)
+    }
+    #[inline(always)]
+    fn sync_max(&self, value: u32) -> u32 {
+        arch::sync_warp_max(u32::MAX, value)
     }
 }
 
@@ -121,6 +150,10 @@ impl<const N: u32> Coop for Tile<N> {
     fn sync(&self) {
         arch::sync_warp(self.mask())
     }
+    #[inline(always)]
+    fn sync_max(&self, value: u32) -> u32 {
+        arch::sync_warp_max(self.mask(), value)
+    }
 }
 
 /// The lanes of `mask` in the caller's warp (the caller must be one of them).
@@ -157,6 +190,10 @@ impl Coop for Lanes {
     #[inline(always)]
     fn sync(&self) {
         arch::sync_warp(self.mask)
+    }
+    #[inline(always)]
+    fn sync_max(&self, value: u32) -> u32 {
+        arch::sync_warp_max(self.mask, value)
     }
 }
 
@@ -209,6 +246,10 @@ impl Coop for WarpSpan {
     fn sync(&self) {
         arch::named_barrier(self.id, self.nwarps * WARP_SIZE)
     }
+    #[inline(always)]
+    fn sync_max(&self, value: u32) -> u32 {
+        arch::named_barrier_max(self.id, self.nwarps * WARP_SIZE, self.warp0 * WARP_SIZE, value)
+    }
 }
 
 /// The whole block (CTA).
@@ -235,5 +276,9 @@ impl Coop for Cta {
     #[inline(always)]
     fn sync(&self) {
         arch::sync_threads()
+    }
+    #[inline(always)]
+    fn sync_max(&self, value: u32) -> u32 {
+        arch::sync_threads_max(value)
     }
 }

@@ -21,6 +21,28 @@ pub struct Geometry {
     pub grid_dim: Dim3,
 }
 
+/// Which threads a reducing barrier ([`EmuHooks::barrier_max`]) joins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmuBarrier {
+    /// Every live thread of the block (`bar.sync 0`).
+    Block,
+    /// The lanes of `mask` in the caller's warp.
+    Warp {
+        /// Lane mask.
+        mask: u32,
+    },
+    /// Named barrier `id` of `threads` threads, which are the block's
+    /// threads `first .. first + threads`.
+    Named {
+        /// Barrier id.
+        id: u32,
+        /// Thread count.
+        threads: u32,
+        /// First participating thread (linear index in the block).
+        first: u32,
+    },
+}
+
 /// The emulated runtime's answers to device intrinsics, for the calling thread.
 pub struct EmuHooks {
     /// Geometry of the calling thread.
@@ -35,6 +57,9 @@ pub struct EmuHooks {
     pub warp_exchange: fn(mask: u32, value: u64) -> [u64; 32],
     /// Named barrier `id` (1..16) of `nthreads` threads of the block (`bar.sync id, n`).
     pub named_barrier: fn(id: u32, nthreads: u32),
+    /// A barrier that also hands every participant the largest `value` any
+    /// participant brought (`bar.red` / `redux.sync` on a GPU).
+    pub barrier_max: fn(barrier: EmuBarrier, value: u32) -> u32,
     /// Base and size of the calling block's dynamic shared memory.
     pub dynamic_shared: fn() -> (*mut u8, u32),
     /// Global nanosecond clock.

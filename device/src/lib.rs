@@ -21,6 +21,7 @@ pub mod comm;
 pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
+pub mod error;
 pub mod gin;
 pub mod kernel;
 pub mod lsa;

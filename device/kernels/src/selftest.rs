@@ -223,3 +223,59 @@ kernel! {
         *out.add(3 * t + 2) = odd | (held as u64) << 32;
     }
 }
+
+kernel! {
+    /// Every thread of the block brings `values[t]` (`t` its linear thread
+    /// rank) to coop `kind` (0 thread, 1 warp, 2 `Tile<8>`, 3 `Lanes` of
+    /// mask `0x0f0f0f0f`, 4 `WarpSpan` of warps 1 and 2 with barrier 1,
+    /// 5 CTA; threads outside the coop sit out) and writes what
+    /// `Coop::sync_max` gave it to `max[t]`, then what `Coop::agree` gave it
+    /// for a result that is `Err(Aborted)` when `values[t] % 11 == 5`, else
+    /// `Err(Timeout)` when `values[t] % 7 == 3`, else `Ok(values[t])` to
+    /// `agreed[t]` (the error's code, or the `Ok` value). Sitting-out threads
+    /// leave both untouched.
+    ///
+    /// # Safety
+    /// One block of at most 1024 threads (96 or more for kind 4); the
+    /// buffers hold `blockDim.x` elements.
+    pub unsafe fn coop_sync_max(kind: u32, values: *const u32, max: *mut u32, agreed: *mut u32) {
+        use devcomm_device::arch::{lane_id, thread_rank_in_block, warp_id};
+        use devcomm_device::coop::{Coop, Cta, Lanes, ThreadCoop, Tile, Warp, WarpSpan};
+        use devcomm_device::error::ErrorCode;
+        use devcomm_device::wait::WaitError;
+        let t = thread_rank_in_block() as usize;
+        let v = *values.add(t);
+        let mine: Result<u32, WaitError> = if v % 11 == 5 {
+            Err(WaitError::Aborted)
+        } else if v % 7 == 3 {
+            Err(WaitError::Timeout)
+        } else {
+            Ok(v)
+        };
+        unsafe fn run<C: Coop>(c: &C, v: u32, mine: Result<u32, WaitError>, max: *mut u32, agreed: *mut u32) {
+            *max = c.sync_max(v);
+            *agreed = match c.agree(mine) {
+                Ok(x) => x,
+                Err(e) => ErrorCode::code(e),
+            };
+        }
+        let (m, a) = (max.add(t), agreed.add(t));
+        match kind {
+            0 => run(&ThreadCoop, v, mine, m, a),
+            1 => run(&Warp::new(), v, mine, m, a),
+            2 => run(&Tile::<8>::new(), v, mine, m, a),
+            3 => {
+                let lanes = Lanes::new(0x0f0f_0f0f);
+                if lanes.mask() & (1 << lane_id()) != 0 {
+                    run(&lanes, v, mine, m, a)
+                }
+            }
+            4 => {
+                if (1..=2).contains(&warp_id()) {
+                    run(&WarpSpan::new(1, 2, 1), v, mine, m, a)
+                }
+            }
+            _ => run(&Cta::new(), v, mine, m, a),
+        }
+    }
+}

@@ -72,6 +72,24 @@ pub fn named_barrier(id: u32, nthreads: u32) {
 }
 
 #[inline]
+pub fn sync_threads_max(value: u32) -> u32 {
+    (hooks().barrier_max)(crate::emu::EmuBarrier::Block, value)
+}
+
+#[inline]
+pub fn sync_warp_max(mask: u32, value: u32) -> u32 {
+    if mask == 1 << lane_id() {
+        return value;
+    }
+    (hooks().barrier_max)(crate::emu::EmuBarrier::Warp { mask }, value)
+}
+
+#[inline]
+pub fn named_barrier_max(id: u32, nthreads: u32, first_thread: u32, value: u32) -> u32 {
+    (hooks().barrier_max)(crate::emu::EmuBarrier::Named { id, threads: nthreads, first: first_thread }, value)
+}
+
+#[inline]
 pub fn dynamic_shared() -> *mut u8 {
     (hooks().dynamic_shared)().0
 }

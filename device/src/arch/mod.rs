@@ -165,6 +165,28 @@ pub fn named_barrier(id: u32, nthreads: u32) {
     imp::named_barrier(id, nthreads)
 }
 
+/// [`sync_threads`] that also returns the largest `value` any thread of the
+/// block brought, to every thread (`bar.red.or` over the value's bits; one
+/// reducing barrier when every value is 0).
+#[inline(always)]
+pub fn sync_threads_max(value: u32) -> u32 {
+    imp::sync_threads_max(value)
+}
+
+/// [`sync_warp`] that also returns the largest `value` of the lanes of
+/// `mask` (`redux.sync.max.u32`).
+#[inline(always)]
+pub fn sync_warp_max(mask: u32, value: u32) -> u32 {
+    imp::sync_warp_max(mask, value)
+}
+
+/// [`named_barrier`] that also returns the largest `value` of its threads,
+/// which are the block's threads `first_thread .. first_thread + nthreads`.
+#[inline(always)]
+pub fn named_barrier_max(id: u32, nthreads: u32, first_thread: u32, value: u32) -> u32 {
+    imp::named_barrier_max(id, nthreads, first_thread, value)
+}
+
 /// Base of the block's dynamic shared memory (the `shared_mem_bytes` of the
 /// launch), 16-byte aligned. Valid for the block's lifetime; its size is
 /// [`dynamic_shared_size`].

@@ -83,6 +83,74 @@ pub fn shfl(mask: u32, value: u64, src: u32) -> u64 {
     (lo as u64) | ((hi as u64) << 32)
 }
 
+/// `bar.red.or.pred` on barrier `id` of `nthreads` threads (0: the block):
+/// a barrier that returns whether `pred` held for any participant.
+#[inline(always)]
+fn barrier_any(id: u32, nthreads: u32, pred: bool) -> bool {
+    let any: u32;
+    // SAFETY: a barrier instruction with register operands; every
+    // participant executes it (the callers' contract, as for bar.sync).
+    unsafe {
+        if nthreads == 0 {
+            asm!(
+                "{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; bar.red.or.pred q, {id}, p; selp.u32 {any}, 1, 0, q; }}",
+                v = in(reg32) pred as u32, id = in(reg32) id, any = out(reg32) any, options(nostack)
+            );
+        } else {
+            asm!(
+                "{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; bar.red.or.pred q, {id}, {n}, p; selp.u32 {any}, 1, 0, q; }}",
+                v = in(reg32) pred as u32, id = in(reg32) id, n = in(reg32) nthreads, any = out(reg32) any,
+                options(nostack)
+            );
+        }
+    }
+    any != 0
+}
+
+/// The largest `value` of a barrier's participants: one reducing barrier
+/// when every value is 0 (the common case), else a bit-by-bit search from
+/// the top bit, one reducing barrier per bit; every participant takes the
+/// same branches because every barrier hands all of them the same answer.
+#[inline(always)]
+fn barrier_max(id: u32, nthreads: u32, value: u32) -> u32 {
+    if !barrier_any(id, nthreads, value != 0) {
+        return 0;
+    }
+    let mut max = 0u32;
+    let mut bit = 32;
+    while bit > 0 {
+        bit -= 1;
+        // Does anyone have the bits found so far, and this one set?
+        let want = (max >> bit) | 1;
+        if barrier_any(id, nthreads, value >> bit == want) {
+            max |= 1 << bit;
+        }
+    }
+    max
+}
+
+#[inline(always)]
+pub fn sync_threads_max(value: u32) -> u32 {
+    barrier_max(0, 0, value)
+}
+
+#[inline(always)]
+pub fn named_barrier_max(id: u32, nthreads: u32, _first_thread: u32, value: u32) -> u32 {
+    barrier_max(id, nthreads, value)
+}
+
+#[inline(always)]
+pub fn sync_warp_max(mask: u32, value: u32) -> u32 {
+    let max: u32;
+    // SAFETY: `redux.sync` (sm_80+) with the caller's lane in `mask`, which
+    // every lane of `mask` executes (the callers' contract, as for bar.warp.sync).
+    unsafe {
+        asm!("redux.sync.max.u32 {d}, {v}, {m};", d = out(reg32) max, v = in(reg32) value, m = in(reg32) mask,
+             options(nostack));
+    }
+    max
+}
+
 #[inline(always)]
 pub fn named_barrier(id: u32, nthreads: u32) {
     unsafe {

@@ -55,7 +55,7 @@ impl<'g, 'a> GinBarrierSession<'g, 'a> {
     }
 
     /// Signals every other member, then waits for all of them; joins the coop
-    /// before and after. The leader reports errors (the others get `Ok`).
+    /// before and after. Every thread of the coop gets the same result.
     ///
     /// # Safety
     /// As for [`GinBarrierSession::new`].
@@ -75,13 +75,13 @@ impl<'g, 'a> GinBarrierSession<'g, 'a> {
             }
             k += coop.size();
         }
-        coop.sync();
+        // Every thread learns whether any signal failed before the leader waits.
+        r = coop.agree(r);
         if r.is_ok() && coop.is_leader() {
             let want = self.epoch.wrapping_mul(n.saturating_sub(1) as u64);
             r = self.gin.wait_signal_any(self.signal, want).map(|_| ());
         }
-        coop.sync();
-        r
+        coop.agree(r)
     }
 }
 

@@ -140,22 +140,25 @@ impl From<WaitError> for GinError {
 }
 
 impl GinError {
-    /// A non-zero code for an error word the host reads: wait errors keep
-    /// [`WaitError::code`] (1 timeout, 2 aborted); the others are 32 + n.
+    /// The non-zero code of [`crate::error::DeviceError`] for an error word
+    /// the host reads: wait errors keep [`WaitError::code`] (1 timeout,
+    /// 2 aborted), a failed ring is 3, the others are 32 + n.
     pub const fn code(self) -> u32 {
-        match self {
-            GinError::Queue(QueueError::Wait(w)) => w.code(),
-            GinError::Queue(QueueError::RingFailed) => 3,
-            GinError::NoGin => 32,
-            GinError::ContextOutOfRange => 33,
-            GinError::PeerNotInTeam => 34,
-            GinError::PeerNotConnected => 35,
-            GinError::SignalOutOfRange => 36,
-            GinError::CounterOutOfRange => 37,
-            GinError::OutOfWindow => 38,
-            GinError::ValueTooWide => 39,
-            GinError::BarrierOutOfRange => 40,
-        }
+        use crate::error::DeviceError as D;
+        (match self {
+            GinError::Queue(QueueError::Wait(WaitError::Timeout)) => D::Timeout,
+            GinError::Queue(QueueError::Wait(WaitError::Aborted)) => D::Aborted,
+            GinError::Queue(QueueError::RingFailed) => D::RingFailed,
+            GinError::NoGin => D::NoGin,
+            GinError::ContextOutOfRange => D::ContextOutOfRange,
+            GinError::PeerNotInTeam => D::PeerNotInTeam,
+            GinError::PeerNotConnected => D::PeerNotConnected,
+            GinError::SignalOutOfRange => D::SignalOutOfRange,
+            GinError::CounterOutOfRange => D::CounterOutOfRange,
+            GinError::OutOfWindow => D::OutOfWindow,
+            GinError::ValueTooWide => D::ValueTooWide,
+            GinError::BarrierOutOfRange => D::GinBarrierOutOfRange,
+        }) as u32
     }
 }
 
@@ -320,9 +323,30 @@ impl<'a> Gin<'a> {
         local: LocalAction,
     ) -> Result<(), GinError> {
         coop.sync();
-        if !coop.is_leader() {
-            return Ok(());
-        }
+        let r = if coop.is_leader() {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.put_leader(team, peer, dst, dst_offset, src, src_offset, bytes, remote, local) }
+        } else {
+            Ok(())
+        };
+        coop.agree(r)
+    }
+
+    /// The part of [`Gin::put`] the coop's leader does.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn put_leader(
+        &self,
+        team: &Team,
+        peer: u32,
+        dst: &WindowDesc,
+        dst_offset: u64,
+        src: &WindowDesc,
+        src_offset: u64,
+        bytes: u64,
+        remote: RemoteAction,
+        local: LocalAction,
+    ) -> Result<(), GinError> {
         let w = self.world_peer(team, peer)?;
         let end = |off: u64, win: &WindowDesc| off.checked_add(bytes).is_some_and(|e| e <= win.size);
         if !end(dst_offset, dst) || !end(src_offset, src) {
@@ -455,8 +479,7 @@ impl<'a> Gin<'a> {
             r = unsafe { queue::flush_ring(self.state(), &self.comm.abort, ring) }.map_err(GinError::from);
             peer += coop.size();
         }
-        coop.sync();
-        r
+        coop.agree(r)
     }
 
     fn signal_ptr(&self, id: u32) -> *mut u64 {
@@ -482,12 +505,11 @@ impl<'a> Gin<'a> {
 
     /// Waits (the coop's leader polls) until signal `id` has reached `least`
     /// (rolling), then joins the coop. Returns the value seen (to the leader;
-    /// the others get `least`).
+    /// the others get `least`); an error reaches every thread of the coop.
     pub fn wait_signal<C: Coop>(&self, coop: &C, id: u32, least: u64) -> Result<u64, GinError> {
         self.check_signal(id)?;
         let r = if coop.is_leader() { self.wait_signal_any(id, least) } else { Ok(least) };
-        coop.sync();
-        r
+        coop.agree(r)
     }
 
     /// Address of signal `id`'s shadow (device memory, the caller's own).
@@ -542,7 +564,8 @@ impl<'a> Gin<'a> {
         Ok(unsafe { atomic::load_acquire(self.counter_ptr(id), Scope::Sys) })
     }
 
-    /// Waits (the leader polls) until counter `id` has reached `least`, then joins the coop.
+    /// Waits (the leader polls) until counter `id` has reached `least`, then
+    /// joins the coop; an error reaches every thread of the coop.
     pub fn wait_counter<C: Coop>(&self, coop: &C, id: u32, least: u64) -> Result<u64, GinError> {
         self.check_counter(id)?;
         let r = if coop.is_leader() {
@@ -552,8 +575,7 @@ impl<'a> Gin<'a> {
         } else {
             Ok(least)
         };
-        coop.sync();
-        r
+        coop.agree(r)
     }
 
     /// Sets counter `id` to 0 (only when no operation that counts on it is in flight).

@@ -110,9 +110,9 @@ impl<'a> LsaBarrierSession<'a> {
         }
     }
 
-    /// Waits until every LSA peer has arrived at the current epoch. Each
-    /// thread reports the error of the peers it watched; the coop is joined
-    /// either way.
+    /// Waits until every LSA peer has arrived at the current epoch (the coop's
+    /// threads watch the peers between them), then joins the coop; every
+    /// thread gets the same result, the error of any peer's wait included.
     ///
     /// # Safety
     /// As for [`LsaBarrierSession::arrive`].
@@ -135,8 +135,7 @@ impl<'a> LsaBarrierSession<'a> {
             result = r.map(|_| ()).map_err(BarrierError::from);
             src += coop.size();
         }
-        coop.sync();
-        result
+        coop.agree(result)
     }
 
     /// `arrive` then `wait`.

@@ -68,8 +68,8 @@ pub unsafe fn put<C: Coop>(coop: &C, slot: *mut u64, src: *const u8, bytes: usiz
 
 /// Waits until every word of the caller's LL slot at `slot` carries `flag`,
 /// copies the payload to `dst`, and joins the coop. Gives up on the abort
-/// flag or timeout of `abort` (each thread reports on the words it watched;
-/// the coop is joined either way).
+/// flag or timeout of `abort`; every thread of the coop gets the same result
+/// (the coop is joined either way).
 ///
 /// # Safety
 /// As for [`put`], with `dst` valid for `bytes`.
@@ -100,6 +100,5 @@ pub unsafe fn wait<C: Coop>(
         }
         w += coop.size() as usize;
     }
-    coop.sync();
-    result
+    coop.agree(result)
 }

@@ -27,7 +27,7 @@ use super::pool;
 use crate::error::{Error, Result};
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
-use devcomm_device::emu::{EmuHooks, Geometry};
+use devcomm_device::emu::{EmuBarrier, EmuHooks, Geometry};
 use devcomm_device::{Dim3, KernelArgs};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -89,6 +89,8 @@ struct BlockState {
     poisoned: Cell<bool>,
     /// One word per thread for [`hook_warp_exchange`].
     exchange: Box<[Cell<u64>]>,
+    /// One word per thread for [`hook_barrier_max`], 0 between uses.
+    reduce: Box<[Cell<u32>]>,
 }
 
 struct LaunchState {
@@ -197,6 +199,35 @@ fn hook_warp_exchange(mask: u32, value: u64) -> [u64; 32] {
     out
 }
 
+fn hook_barrier_max(barrier: EmuBarrier, value: u32) -> u32 {
+    let g = slot().geometry;
+    let me = linear_thread(&g);
+    let nthreads = g.block_dim.x * g.block_dim.y * g.block_dim.z;
+    let (key, first, count, mask) = match barrier {
+        EmuBarrier::Block => (BarrierKey::Block, 0, nthreads, u32::MAX),
+        EmuBarrier::Warp { mask } => (BarrierKey::Warp { warp: me / 32, mask }, me / 32 * 32, 32, mask),
+        EmuBarrier::Named { id, threads, first } => (BarrierKey::Named { id, threads }, first, threads, u32::MAX),
+    };
+    if me < first || me >= first + count || mask & (1 << ((me - first) % 32)) == 0 {
+        launch().fail(format!("thread {me} joined a reducing barrier it is not part of ({barrier:?})"));
+        block().poisoned.set(true);
+        resume_unwind(Box::new(LaunchAborted));
+    }
+    let words = &block().reduce;
+    words[me as usize].set(value);
+    // Everyone has written; everyone reads; then each clears its own word
+    // (threads that left the kernel keep 0 and count as 0).
+    suspend(Suspend::Barrier(key));
+    let max = (first..(first + count).min(words.len() as u32))
+        .filter(|t| mask & (1 << ((t - first) % 32)) != 0)
+        .map(|t| words[t as usize].get())
+        .max()
+        .unwrap_or(0);
+    suspend(Suspend::Barrier(key));
+    words[me as usize].set(0);
+    max
+}
+
 fn hook_named_barrier(id: u32, threads: u32) {
     suspend(Suspend::Barrier(BarrierKey::Named { id, threads }));
 }
@@ -231,6 +262,7 @@ static HOOKS: EmuHooks = EmuHooks {
     sync_warp: hook_sync_warp,
     warp_exchange: hook_warp_exchange,
     named_barrier: hook_named_barrier,
+    barrier_max: hook_barrier_max,
     dynamic_shared: hook_dynamic_shared,
     global_timer_ns: hook_global_timer_ns,
     yield_now: hook_yield,
@@ -338,6 +370,7 @@ impl<A: KernelArgs> BlockTask<A> {
             shared_bytes: cfg.shared_mem_bytes,
             poisoned: Cell::new(false),
             exchange: (0..nthreads).map(|_| Cell::new(0)).collect(),
+            reduce: (0..nthreads).map(|_| Cell::new(0)).collect(),
         };
         let block_idx = index_of(self.block, cfg.grid);
         let slots: Vec<Slot> = (0..nthreads as u64)
