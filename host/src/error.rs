@@ -60,6 +60,28 @@ pub enum ErrorCode {
 }
 
 impl Error {
+    /// The error a kernel reported as device error `code`
+    /// ([`devcomm_device::error::DeviceError`]), while doing `what`: a
+    /// timeout is [`Error::Timeout`], an abort or a failed GIN operation
+    /// [`Error::RemoteError`], a bad argument [`Error::InvalidArgument`];
+    /// the message names the code and what it means. `None` for 0 (no error).
+    pub fn from_device_code(code: u32, what: &str) -> Option<Error> {
+        use devcomm_device::error::DeviceError as D;
+        if code == 0 {
+            return None;
+        }
+        let Some(d) = D::from_code(code) else {
+            return Some(Error::InternalError(format!("{what}: unknown device error code {code}")));
+        };
+        let msg = format!("{what}: {} (device error {code}, {d:?})", d.message());
+        Some(match d {
+            D::Timeout => Error::Timeout(msg),
+            D::Aborted | D::RingFailed => Error::RemoteError(msg),
+            D::NoGin => Error::InvalidUsage(msg),
+            _ => Error::InvalidArgument(msg),
+        })
+    }
+
     /// The NCCL-style code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -132,5 +154,27 @@ impl Error {
 impl From<cudarc::driver::DriverError> for Error {
     fn from(e: cudarc::driver::DriverError) -> Self {
         Error::CudaError(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_codes_become_typed_errors_that_say_what_happened() {
+        use devcomm_device::error::DeviceError;
+        assert_eq!(Error::from_device_code(0, "x"), None);
+        for d in DeviceError::ALL {
+            let e = Error::from_device_code(d.code(), "my kernel").unwrap();
+            let m = e.to_string();
+            assert!(m.contains("my kernel") && m.contains(d.message()) && m.contains(&d.code().to_string()), "{m}");
+        }
+        assert!(matches!(Error::from_device_code(1, "w"), Some(Error::Timeout(_))));
+        assert!(matches!(Error::from_device_code(2, "w"), Some(Error::RemoteError(_))));
+        assert!(
+            matches!(Error::from_device_code(38, "w"), Some(Error::InvalidArgument(ref m)) if m.contains("window"))
+        );
+        assert!(matches!(Error::from_device_code(999, "w"), Some(Error::InternalError(_))));
     }
 }

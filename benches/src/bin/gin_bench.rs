@@ -62,8 +62,8 @@ fn timed_kernel2(
     let errors = dev.alloc_from(&[0u32; 2])?;
     launch(out.as_mut_ptr(), errors.as_mut_ptr())?;
     let e = stream.read_vec(&errors)?;
-    if e[0] != 0 {
-        return Err(Error::internal(format!("{what}: device error code {}", e[0])));
+    if let Some(err) = Error::from_device_code(e[0], what) {
+        return Err(err);
     }
     let v = stream.read_vec(&out)?;
     Ok([v[0], v[1]])

@@ -390,11 +390,8 @@ fn bench(quick: bool) -> Result<()> {
                     }
                 }
                 let errs = ctx.stream.read_vec(&errors)?;
-                if errs[0] != 0 {
-                    return Err(Error::internal(format!(
-                        "ping-pong of {bytes} B failed with device error {}",
-                        errs[0]
-                    )));
+                if let Some(err) = Error::from_device_code(errs[0], &format!("ping-pong of {bytes} B")) {
+                    return Err(err);
                 }
                 let ns = ctx.stream.read_vec(&out)?[0];
                 if rep > 0 || quick {
@@ -430,8 +427,8 @@ fn bench(quick: bool) -> Result<()> {
                 )?;
             }
             let errs = ctx.stream.read_vec(&errors)?;
-            if errs[0] != 0 {
-                return Err(Error::internal(format!("barrier bench failed with device error {}", errs[0])));
+            if let Some(err) = Error::from_device_code(errs[0], "barrier bench") {
+                return Err(err);
             }
             if rep > 0 || quick {
                 samples.push(ctx.stream.read_vec(&out)?[0] as f64 / rounds as f64 / 1e3);
