@@ -49,7 +49,7 @@ struct Setup<'c> {
 }
 
 fn poison_slots(s: &Setup) {
-    let lsa = s.win.lsa_size as u64;
+    let lsa = s.win.lsa_size() as u64;
     s.window.write(&s.stream, 0, &vec![0xCBu8; (lsa * SLOT) as usize]).unwrap();
 }
 
@@ -70,8 +70,8 @@ fn put_all(s: &Setup) {
             .unwrap();
     }
     assert_eq!(check_errors(&s.stream, &errors, "put_all"), 0);
-    let lsa_world0 = me - s.win.lsa_rank as usize;
-    for p in 0..s.win.lsa_size as usize {
+    let lsa_world0 = me - s.win.lsa_rank() as usize;
+    for p in 0..s.win.lsa_size() as usize {
         let mut got = vec![0u8; SLOT as usize];
         s.window.read(&s.stream, p * SLOT as usize, &mut got).unwrap();
         assert_eq!(&got[..BYTES as usize], &pattern(lsa_world0 + p, BYTES as usize)[..], "slot of LSA rank {p}");
@@ -93,7 +93,7 @@ fn put_values(s: &Setup) {
             .unwrap();
     }
     assert_eq!(check_errors(&s.stream, &errors, "put_values"), 0);
-    for p in 0..s.win.lsa_size as u64 {
+    for p in 0..s.win.lsa_size() as u64 {
         let mut got = [0u64; 5];
         s.window.read(&s.stream, (p * SLOT) as usize, &mut got).unwrap();
         let want: Vec<u64> = (0..5).map(|k| base + p * 1000 + k).collect();
@@ -108,7 +108,7 @@ macro_rules! reduce_case {
         let s: &Setup = $s;
         let dev = s.comm.device();
         let me = s.comm.rank();
-        let lsa_world0 = me - s.win.lsa_rank as usize;
+        let lsa_world0 = me - s.win.lsa_rank() as usize;
         let data = |rank: usize| -> Vec<$t> {
             let mut rng = rand::rngs::StdRng::seed_from_u64(SEED ^ 0x5151 ^ rank as u64);
             (0..RED_COUNT).map(|_| $gen(&mut rng)).collect()
@@ -128,7 +128,7 @@ macro_rules! reduce_case {
                     .unwrap();
             }
             let got = s.stream.read_vec(&dst).unwrap();
-            let inputs: Vec<Vec<$t>> = (0..s.win.lsa_size as usize).map(|p| data(lsa_world0 + p)).collect();
+            let inputs: Vec<Vec<$t>> = (0..s.win.lsa_size() as usize).map(|p| data(lsa_world0 + p)).collect();
             for i in 0..RED_COUNT {
                 let column: Vec<$t> = inputs.iter().map(|v| v[i]).collect();
                 $check(op, &column, got[i], stringify!($t), i);
@@ -264,10 +264,10 @@ fn wait_signal(s: &Setup, sig_off: u64, least: u64, timeout_ns: u64) -> (u32, u6
 /// all of them, then waits for one more that never comes and times out.
 fn signals(s: &Setup) {
     let sig_off = s.red_off + 16 * 1024;
-    let lsa = s.win.lsa_size as u64;
+    let lsa = s.win.lsa_size() as u64;
     s.window.write(&s.stream, sig_off as usize, &[0u64]).unwrap();
     s.comm.bootstrap_barrier().unwrap();
-    if s.win.lsa_rank != 0 {
+    if s.win.lsa_rank() != 0 {
         // SAFETY: sig_off is inside the window; peer 0 exists.
         unsafe { s.stream.launch::<lsa_signal>(LaunchConfig::new(1, 32), (s.win, 0u32, sig_off, 1u64)).unwrap() };
         s.stream.synchronize().unwrap();
@@ -288,8 +288,8 @@ fn ll_ring(s: &Setup) {
     let dev = s.comm.device();
     let (src_off, dst_off, slot_off) = (s.red_off + 32 * 1024, s.red_off + 40 * 1024, s.red_off + 48 * 1024);
     let me = s.comm.rank();
-    let lsa = s.win.lsa_size as usize;
-    let prev_world = me - s.win.lsa_rank as usize + (s.win.lsa_rank as usize + lsa - 1) % lsa;
+    let lsa = s.win.lsa_size() as usize;
+    let prev_world = me - s.win.lsa_rank() as usize + (s.win.lsa_rank() as usize + lsa - 1) % lsa;
     s.window.write(&s.stream, slot_off as usize, &vec![0u8; 8 * 1024]).unwrap();
     let mut flag = 0u32;
     for &bytes in &[1usize, 13, 4099] {
@@ -330,7 +330,7 @@ fn child_body(comm: &Communicator) {
     req.use_window(&window);
     let handle = comm.create_dev_comm(&req).unwrap();
     let s = Setup { comm, stream, win: window.desc(), dc: handle.dev_comm(), window, red_off };
-    assert_eq!(s.win.lsa_size as u64, lsa);
+    assert_eq!(s.win.lsa_size() as u64, lsa);
     put_all(&s);
     put_values(&s);
     reductions(&s);

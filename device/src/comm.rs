@@ -11,26 +11,94 @@
 use crate::team::Team;
 
 /// A registered symmetric window, as seen from one rank.
+///
+/// Made by the host crate (`devcomm::Window::desc`); its fields are private
+/// so that safe code cannot point one at memory that is not a window (the
+/// device API's safe functions rely on that), and readable through the
+/// accessors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct WindowDesc {
     /// Address (in this process) where LSA peer 0's window is mapped.
-    pub lsa_base: u64,
+    pub(crate) lsa_base: u64,
     /// Distance between consecutive LSA peers' mappings.
-    pub stride: u64,
+    pub(crate) stride: u64,
     /// Usable bytes of the window (the same on every rank).
-    pub size: u64,
+    pub(crate) size: u64,
     /// The caller's index in the LSA team.
-    pub lsa_rank: u32,
+    pub(crate) lsa_rank: u32,
     /// Number of LSA peers mapped.
-    pub lsa_size: u32,
+    pub(crate) lsa_size: u32,
     /// Registration flags (see `devcomm::WindowFlags`).
-    pub flags: u32,
+    pub(crate) flags: u32,
     /// Identifier of the window within its communicator.
-    pub id: u32,
+    pub(crate) id: u32,
 }
 
 impl WindowDesc {
+    /// A window descriptor from its parts.
+    ///
+    /// # Safety
+    /// For every `i < lsa_size`, `size` bytes at `lsa_base + i * stride` are
+    /// memory the kernels given this descriptor may read and write (peer
+    /// `i`'s window, mapped into this process) for as long as they run;
+    /// `lsa_rank < lsa_size`; `id` names the window in its communicator's
+    /// GIN window table when the window is used with GIN.
+    #[allow(clippy::too_many_arguments)]
+    pub const unsafe fn from_raw_parts(
+        lsa_base: u64,
+        stride: u64,
+        size: u64,
+        lsa_rank: u32,
+        lsa_size: u32,
+        flags: u32,
+        id: u32,
+    ) -> Self {
+        WindowDesc { lsa_base, stride, size, lsa_rank, lsa_size, flags, id }
+    }
+
+    /// Address (in this process) where LSA peer 0's window is mapped.
+    #[inline(always)]
+    pub const fn lsa_base(&self) -> u64 {
+        self.lsa_base
+    }
+
+    /// Distance between consecutive LSA peers' mappings.
+    #[inline(always)]
+    pub const fn stride(&self) -> u64 {
+        self.stride
+    }
+
+    /// Usable bytes of the window (the same on every rank).
+    #[inline(always)]
+    pub const fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The caller's index in the LSA team.
+    #[inline(always)]
+    pub const fn lsa_rank(&self) -> u32 {
+        self.lsa_rank
+    }
+
+    /// Number of LSA peers mapped.
+    #[inline(always)]
+    pub const fn lsa_size(&self) -> u32 {
+        self.lsa_size
+    }
+
+    /// Registration flags (see `devcomm::WindowFlags`).
+    #[inline(always)]
+    pub const fn flags(&self) -> u32 {
+        self.flags
+    }
+
+    /// Identifier of the window within its communicator.
+    #[inline(always)]
+    pub const fn id(&self) -> u32 {
+        self.id
+    }
+
     /// Address of byte `offset` of LSA peer `peer`'s window, or null if the
     /// peer or the offset is out of range.
     #[inline(always)]
@@ -109,40 +177,191 @@ impl<T> SymPtr<T> {
 #[repr(C)]
 pub struct AbortInfo {
     /// Host-mapped word the host sets non-zero on `abort()`; every spin loop reads it.
-    pub flag: u64,
+    pub(crate) flag: u64,
     /// Default wait timeout in nanoseconds (0 = wait forever, still abortable).
-    pub timeout_ns: u64,
+    pub(crate) timeout_ns: u64,
 }
 
-/// The device communicator: one rank's view, passed to kernels by value.
+impl AbortInfo {
+    /// Abort word `flag` (0: none) and default wait timeout `timeout_ns`
+    /// (0: none).
+    ///
+    /// # Safety
+    /// `flag` is 0 or the address of a 4-byte-aligned `u32` that stays
+    /// readable from the device (host-mapped) while kernels use this.
+    pub const unsafe fn new(flag: u64, timeout_ns: u64) -> Self {
+        AbortInfo { flag, timeout_ns }
+    }
+
+    /// No abort word and no timeout: waits end only when they succeed.
+    pub const fn none() -> Self {
+        AbortInfo { flag: 0, timeout_ns: 0 }
+    }
+
+    /// The abort word's address (0: none).
+    #[inline(always)]
+    pub const fn flag(&self) -> u64 {
+        self.flag
+    }
+
+    /// The default wait timeout in nanoseconds (0: none).
+    #[inline(always)]
+    pub const fn timeout_ns(&self) -> u64 {
+        self.timeout_ns
+    }
+
+    /// The same with another default timeout (0: none).
+    #[inline(always)]
+    pub const fn with_timeout_ns(mut self, timeout_ns: u64) -> Self {
+        self.timeout_ns = timeout_ns;
+        self
+    }
+}
+
+/// The device communicator (`ncclDevComm`): one rank's view, passed to
+/// kernels by value. Made by the host crate
+/// (`devcomm::DevCommHandle::dev_comm`); its fields are private so that
+/// safe code cannot make one that points at the wrong memory, and readable
+/// through the accessors.
+#[doc(alias = "ncclDevComm")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct DevComm {
     /// World rank.
-    pub rank: u32,
+    pub(crate) rank: u32,
     /// World size.
-    pub nranks: u32,
+    pub(crate) nranks: u32,
     /// Index in the LSA team.
-    pub lsa_rank: u32,
+    pub(crate) lsa_rank: u32,
     /// Size of the LSA team.
-    pub lsa_size: u32,
+    pub(crate) lsa_size: u32,
     /// Number of LSA barriers the resources hold.
-    pub lsa_barrier_count: u32,
+    pub(crate) lsa_barrier_count: u32,
     /// Reserved, zero.
-    pub reserved0: u32,
+    pub(crate) reserved0: u32,
     /// The resource window (barrier state and user-requested resource buffers).
-    pub resources: WindowDesc,
+    pub(crate) resources: WindowDesc,
     /// Offset of the LSA barrier inboxes in `resources`.
-    pub lsa_barrier_offset: u64,
+    pub(crate) lsa_barrier_offset: u64,
     /// Offset of this rank's private barrier epochs in `resources`.
-    pub lsa_epoch_offset: u64,
+    pub(crate) lsa_epoch_offset: u64,
     /// Abort flag and default timeout.
-    pub abort: AbortInfo,
+    pub(crate) abort: AbortInfo,
     /// GIN backend state (all zero without GIN).
-    pub gin: crate::gin::GinState,
+    pub(crate) gin: crate::gin::GinState,
 }
 
 impl DevComm {
+    /// A device communicator without GIN (add it with [`DevComm::with_gin`]).
+    /// The LSA rank and size are the resource window's.
+    ///
+    /// # Safety
+    /// `rank < nranks`; `resources` is the communicator's resource window,
+    /// which holds `lsa_barrier_count` LSA barriers' inboxes
+    /// (`lsa_barrier_count * lsa_size` `u32`s) at `lsa_barrier_offset` and
+    /// their epochs (`lsa_barrier_count` `u32`s) at `lsa_epoch_offset` on
+    /// every LSA peer; `abort` as [`AbortInfo::new`] requires.
+    pub const unsafe fn from_raw_parts(
+        rank: u32,
+        nranks: u32,
+        resources: WindowDesc,
+        lsa_barrier_count: u32,
+        lsa_barrier_offset: u64,
+        lsa_epoch_offset: u64,
+        abort: AbortInfo,
+    ) -> Self {
+        DevComm {
+            rank,
+            nranks,
+            lsa_rank: resources.lsa_rank,
+            lsa_size: resources.lsa_size,
+            lsa_barrier_count,
+            reserved0: 0,
+            resources,
+            lsa_barrier_offset,
+            lsa_epoch_offset,
+            abort,
+            gin: crate::gin::GinState::NONE,
+        }
+    }
+
+    /// The same with GIN state `gin`.
+    ///
+    /// # Safety
+    /// `gin` describes the live GIN memory of this communicator (see
+    /// [`crate::gin::GinState::from_parts`]).
+    pub const unsafe fn with_gin(mut self, gin: crate::gin::GinState) -> Self {
+        self.gin = gin;
+        self
+    }
+
+    /// The same with another default wait timeout (0: none).
+    #[inline(always)]
+    pub const fn with_timeout_ns(mut self, timeout_ns: u64) -> Self {
+        self.abort = self.abort.with_timeout_ns(timeout_ns);
+        self
+    }
+
+    /// World rank.
+    #[inline(always)]
+    pub const fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// World size.
+    #[inline(always)]
+    pub const fn nranks(&self) -> u32 {
+        self.nranks
+    }
+
+    /// Index in the LSA team.
+    #[inline(always)]
+    pub const fn lsa_rank(&self) -> u32 {
+        self.lsa_rank
+    }
+
+    /// Size of the LSA team.
+    #[inline(always)]
+    pub const fn lsa_size(&self) -> u32 {
+        self.lsa_size
+    }
+
+    /// Number of LSA barriers.
+    #[inline(always)]
+    pub const fn lsa_barrier_count(&self) -> u32 {
+        self.lsa_barrier_count
+    }
+
+    /// The resource window (barrier state and user-requested resource buffers).
+    #[inline(always)]
+    pub const fn resources(&self) -> WindowDesc {
+        self.resources
+    }
+
+    /// Offset of the LSA barrier inboxes in the resource window.
+    #[inline(always)]
+    pub const fn lsa_barrier_offset(&self) -> u64 {
+        self.lsa_barrier_offset
+    }
+
+    /// Offset of this rank's LSA barrier epochs in the resource window.
+    #[inline(always)]
+    pub const fn lsa_epoch_offset(&self) -> u64 {
+        self.lsa_epoch_offset
+    }
+
+    /// Abort flag and default timeout.
+    #[inline(always)]
+    pub const fn abort(&self) -> AbortInfo {
+        self.abort
+    }
+
+    /// GIN backend state (all zero without GIN).
+    #[inline(always)]
+    pub const fn gin(&self) -> &crate::gin::GinState {
+        &self.gin
+    }
+
     /// The world team.
     #[inline(always)]
     pub const fn world(&self) -> Team {

@@ -199,7 +199,7 @@ fn bench(quick: bool) -> Result<()> {
             }
         }
         let (mut ce, mut ce_batch) = (0.0, 0.0);
-        if rank == 0 && win.lsa_size >= 2 {
+        if rank == 0 && win.lsa_size() >= 2 {
             let src = win.local_ptr::<u8>(0) as u64;
             let copies: Vec<(u64, u64, usize)> = (0..iters as u64)
                 .map(|i| (win.lsa_ptr::<u8>(bytes * (1 + i % spread), 1) as u64, src, bytes as usize))

@@ -64,7 +64,7 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn peer(&self) -> u32 {
-        1 - self.win.lsa_rank
+        1 - self.win.lsa_rank()
     }
     fn src(&self) -> u64 {
         self.win.local_ptr::<u8>(0) as u64
@@ -105,7 +105,7 @@ impl Ctx<'_> {
     /// Runs `put` once on fresh random data and checks what landed in the
     /// peer's window (read back through our mapping of it).
     fn verify(&self, what: &str, bytes: u64, put: impl Fn(&Self, u64) -> Result<()>) -> Result<()> {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(bytes ^ self.win.lsa_rank as u64);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(bytes ^ self.win.lsa_rank() as u64);
         let data: Vec<u8> = (0..bytes).map(|_| rng.gen()).collect();
         let peer = self.peer() as usize;
         self.window.write(&self.stream, 0, &data)?;
@@ -134,7 +134,7 @@ fn bench(quick: bool) -> Result<()> {
     req.use_window(&window);
     let dc = comm.create_dev_comm(&req)?;
     let win = window.desc();
-    if win.lsa_size < 2 {
+    if win.lsa_size() < 2 {
         return Err(Error::invalid_usage("lsa_bench needs two ranks in one LSA team"));
     }
     let ctx = Ctx {

@@ -40,8 +40,8 @@ kernel! {
         let Some(gin) = check(errors, Gin::new(&comm, ctx)) else { return };
         let gin = if released != 0 { gin.with_given_release(Scope::Sys) } else { gin };
         let world = comm.world();
-        for peer in 0..comm.nranks {
-            let r = gin.put(&cta, &world, peer, &win, comm.rank as u64 * slot, &win, src_off, bytes,
+        for peer in 0..comm.nranks() {
+            let r = gin.put(&cta, &world, peer, &win, comm.rank() as u64 * slot, &win, src_off, bytes,
                 RemoteAction::SignalInc { signal: 0, strong: true }, LocalAction::CounterInc { counter: 0 });
             check(errors, r);
         }
@@ -61,15 +61,15 @@ kernel! {
         let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
         if thread_idx().x == 0 {
             let world = comm.world();
-            for peer in 0..comm.nranks {
+            for peer in 0..comm.nranks() {
                 for k in 0..values {
                     let remote = if k + 1 == values {
                         RemoteAction::SignalAdd { signal: 1, value: values as u64, strong: true }
                     } else {
                         RemoteAction::None
                     };
-                    let v = base + comm.rank as u64 * 1000 + k as u64;
-                    check(errors, gin.put_value(&world, peer, &win, comm.rank as u64 * slot + k as u64 * 8, v, remote, LocalAction::None));
+                    let v = base + comm.rank() as u64 * 1000 + k as u64;
+                    check(errors, gin.put_value(&world, peer, &win, comm.rank() as u64 * slot + k as u64 * 8, v, remote, LocalAction::None));
                 }
             }
         }
@@ -87,7 +87,7 @@ kernel! {
         let t = if team == 1 { comm.rail() } else { comm.world() };
         if thread_idx().x == 0 {
             for peer in 0..t.nranks {
-                check(errors, gin.signal(&t, peer, RemoteAction::SignalAdd { signal: 1, value: comm.rank as u64 + 1, strong: false }));
+                check(errors, gin.signal(&t, peer, RemoteAction::SignalAdd { signal: 1, value: comm.rank() as u64 + 1, strong: false }));
             }
         }
         check(errors, gin.wait_signal(&ThreadCoop, 1, signal_target));
@@ -122,9 +122,9 @@ kernel! {
         let b = block_idx().x as u64;
         if thread_idx().x == 0 {
             let world = comm.world();
-            let peer = (comm.rank + 1) % comm.nranks;
+            let peer = (comm.rank() + 1) % comm.nranks();
             for i in 0..per_block as u64 {
-                let v = ((comm.rank as u64) << 40) | (b << 20) | i;
+                let v = ((comm.rank() as u64) << 40) | (b << 20) | i;
                 let off = base_off + (b * per_block as u64 + i) * 8;
                 check(errors, gin.put_value(&world, peer, &win, off, v, RemoteAction::SignalInc { signal: 2, strong: true }, LocalAction::None));
             }
@@ -154,9 +154,9 @@ kernel! {
         let me = ThreadCoop;
         *codes.add(0) = code(gin.signal(&world, 0, RemoteAction::SignalInc { signal: u32::MAX, strong: true }));
         *codes.add(1) = code(gin.put_value(&world, 0, &win, 0, 1u64, RemoteAction::None, LocalAction::CounterInc { counter: u32::MAX }));
-        *codes.add(2) = code(gin.put(&me, &world, 0, &win, win.size - 8, &win, 0, 16, RemoteAction::None, LocalAction::None));
-        *codes.add(3) = code(gin.signal(&world, comm.nranks, RemoteAction::None));
-        *codes.add(4) = match Gin::new(&comm, comm.gin.contexts) { Ok(_) => 0, Err(e) => e.code() };
+        *codes.add(2) = code(gin.put(&me, &world, 0, &win, win.size() - 8, &win, 0, 16, RemoteAction::None, LocalAction::None));
+        *codes.add(3) = code(gin.signal(&world, comm.nranks(), RemoteAction::None));
+        *codes.add(4) = match Gin::new(&comm, comm.gin().contexts()) { Ok(_) => 0, Err(e) => e.code() };
         *codes.add(5) = code(gin.put_value(&world, rail_probe, &win, 0, 7u64, RemoteAction::None, LocalAction::None));
         let _ = gin.flush(&me);
     }
@@ -168,17 +168,17 @@ kernel! {
     /// # Safety
     /// Two or more ranks; the window holds `bytes` at offsets 0 and `bytes`.
     pub unsafe fn gin_pingpong(comm: DevComm, win: WindowDesc, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
-        if comm.rank > 1 || thread_idx().x != 0 {
+        if comm.rank() > 1 || thread_idx().x != 0 {
             return;
         }
         let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
         let world = comm.world();
-        let peer = 1 - comm.rank;
+        let peer = 1 - comm.rank();
         let me = ThreadCoop;
         let base = 0;
         let t0 = global_timer_ns();
         for round in 1..=iters as u64 {
-            if comm.rank == 1 && check(errors, gin.wait_signal(&me, 3, base + round)).is_none() {
+            if comm.rank() == 1 && check(errors, gin.wait_signal(&me, 3, base + round)).is_none() {
                 break;
             }
             let remote = RemoteAction::SignalInc { signal: 3, strong: true };
@@ -192,7 +192,7 @@ kernel! {
             if check(errors, r).is_none() {
                 break;
             }
-            if comm.rank == 0 && check(errors, gin.wait_signal(&me, 3, base + round)).is_none() {
+            if comm.rank() == 0 && check(errors, gin.wait_signal(&me, 3, base + round)).is_none() {
                 break;
             }
         }
@@ -209,7 +209,7 @@ kernel! {
         let cta = Cta::new();
         let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
         let world = comm.world();
-        let peer = (comm.rank + 1) % comm.nranks;
+        let peer = (comm.rank() + 1) % comm.nranks();
         let slot = (block_idx().x * cta.size() + cta.thread_rank()) as u64 * 8;
         let t0 = global_timer_ns();
         for i in 0..per_thread as u64 {
@@ -254,8 +254,8 @@ kernel! {
         errors: *mut u32,
     ) {
         let t = thread_idx().x;
-        let posting = comm.rank == 0 && t < posters.max(1);
-        if comm.rank > 1 || (t != 0 && !posting) {
+        let posting = comm.rank() == 0 && t < posters.max(1);
+        if comm.rank() > 1 || (t != 0 && !posting) {
             return;
         }
         let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
@@ -266,7 +266,7 @@ kernel! {
         let me = ThreadCoop;
         let remote = RemoteAction::SignalInc { signal: 3, strong: true };
         let t0 = global_timer_ns();
-        if comm.rank == 0 {
+        if comm.rank() == 0 {
             let mut i = t as u64;
             while i < iters as u64 {
                 let dst = bytes * (1 + i % slots.max(1));

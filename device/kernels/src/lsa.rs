@@ -55,7 +55,7 @@ kernel! {
     /// `win` holds `lsa_size` slots of `slot >= bytes` bytes; `src` has `bytes`.
     pub unsafe fn lsa_put_all(comm: DevComm, win: WindowDesc, src: *const u8, bytes: u64, slot: u64, errors: *mut u32) {
         let cta = Cta::new();
-        lsa::copy_to_all(&cta, &win, win.lsa_rank as u64 * slot, src, bytes as usize);
+        lsa::copy_to_all(&cta, &win, win.lsa_rank() as u64 * slot, src, bytes as usize);
         barrier0_acq_rel(&comm, &cta, errors);
     }
 
@@ -69,10 +69,10 @@ kernel! {
     pub unsafe fn lsa_put_values(comm: DevComm, win: WindowDesc, values: u32, slot: u64, value_base: u64, errors: *mut u32) {
         let cta = Cta::new();
         let t = thread_idx().x;
-        if t < comm.lsa_size * values {
+        if t < comm.lsa_size() * values {
             let (peer, k) = (t / values, t % values);
-            let dst = win.lsa_ptr::<u64>(win.lsa_rank as u64 * slot + k as u64 * 8, peer);
-            lsa::put_value(dst, value_base + comm.lsa_rank as u64 * 1000 + k as u64);
+            let dst = win.lsa_ptr::<u64>(win.lsa_rank() as u64 * slot + k as u64 * 8, peer);
+            lsa::put_value(dst, value_base + comm.lsa_rank() as u64 * 1000 + k as u64);
         }
         barrier0_acq_rel(&comm, &cta, errors);
     }
@@ -85,10 +85,7 @@ kernel! {
     /// # Safety
     /// `comm` is live.
     pub unsafe fn lsa_barrier_rounds(comm: DevComm, index: u32, rounds: u32, order: u32, timeout_ns: u64, errors: *mut u32) {
-        let mut comm = comm;
-        if timeout_ns > 0 {
-            comm.abort.timeout_ns = timeout_ns;
-        }
+        let comm = if timeout_ns > 0 { comm.with_timeout_ns(timeout_ns) } else { comm };
         barrier_rounds(&comm, &Cta::new(), index, rounds, order_of(order), errors);
     }
 
@@ -99,8 +96,7 @@ kernel! {
     /// # Safety
     /// `sig_off` is an 8-aligned offset inside `win`.
     pub unsafe fn lsa_wait_signal(comm: DevComm, win: WindowDesc, sig_off: u64, least: u64, timeout_ns: u64, seen: *mut u64, errors: *mut u32) {
-        let mut abort = comm.abort;
-        abort.timeout_ns = timeout_ns;
+        let abort = comm.abort().with_timeout_ns(timeout_ns);
         match lsa::wait_signal(win.local_ptr::<u64>(sig_off), least, &abort) {
             Ok(v) => *seen = v,
             Err(e) => report(errors, e.code()),
@@ -192,7 +188,7 @@ kernel! {
     /// # Safety
     /// Offsets inside the window; `lsa_size >= 2`; ranks other than 0 and 1 return.
     pub unsafe fn lsa_pingpong(comm: DevComm, win: WindowDesc, src_off: u64, dst_off: u64, sig_off: u64, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
-        let me = comm.lsa_rank;
+        let me = comm.lsa_rank();
         if me > 1 {
             return;
         }
@@ -203,7 +199,7 @@ kernel! {
         for round in 1..=iters as u64 {
             if me == 1 {
                 if leader {
-                    if let Err(e) = lsa::wait_signal(win.local_ptr::<u64>(sig_off), round, &comm.abort) {
+                    if let Err(e) = lsa::wait_signal(win.local_ptr::<u64>(sig_off), round, &comm.abort()) {
                         report(errors, e.code());
                     }
                 }
@@ -216,7 +212,7 @@ kernel! {
             }
             if me == 0 {
                 if leader {
-                    if let Err(e) = lsa::wait_signal(win.local_ptr::<u64>(sig_off), round, &comm.abort) {
+                    if let Err(e) = lsa::wait_signal(win.local_ptr::<u64>(sig_off), round, &comm.abort()) {
                         report(errors, e.code());
                     }
                 }
@@ -242,7 +238,7 @@ kernel! {
     /// Offsets inside the window, the slot `ll::slot_bytes(bytes)` long and
     /// 8-aligned; `lsa_size >= 2`; other ranks return.
     pub unsafe fn lsa_pingpong_ll(comm: DevComm, win: WindowDesc, src_off: u64, dst_off: u64, slot_off: u64, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
-        let me = comm.lsa_rank;
+        let me = comm.lsa_rank();
         if me > 1 {
             return;
         }
@@ -258,14 +254,14 @@ kernel! {
         let t0 = global_timer_ns();
         for round in 1..=iters {
             if me == 1 {
-                if let Err(e) = lsa::ll::wait(&warp, mine, dst, bytes as usize, round, &comm.abort) {
+                if let Err(e) = lsa::ll::wait(&warp, mine, dst, bytes as usize, round, &comm.abort()) {
                     report(errors, e.code());
                     break;
                 }
             }
             lsa::ll::put(&warp, theirs, src, bytes as usize, round);
             if me == 0 {
-                if let Err(e) = lsa::ll::wait(&warp, mine, dst, bytes as usize, round, &comm.abort) {
+                if let Err(e) = lsa::ll::wait(&warp, mine, dst, bytes as usize, round, &comm.abort()) {
                     report(errors, e.code());
                     break;
                 }
@@ -284,9 +280,9 @@ kernel! {
     /// As for [`lsa_pingpong_ll`]; one warp.
     pub unsafe fn lsa_ll_ring(comm: DevComm, win: WindowDesc, src_off: u64, dst_off: u64, slot_off: u64, bytes: u64, flag: u32, errors: *mut u32) {
         let warp = devcomm_device::coop::Warp::new();
-        let next = (comm.lsa_rank + 1) % comm.lsa_size;
+        let next = (comm.lsa_rank() + 1) % comm.lsa_size();
         lsa::ll::put(&warp, win.lsa_ptr::<u64>(slot_off, next), win.local_ptr::<u8>(src_off), bytes as usize, flag);
-        if let Err(e) = lsa::ll::wait(&warp, win.local_ptr::<u64>(slot_off), win.local_ptr::<u8>(dst_off), bytes as usize, flag, &comm.abort) {
+        if let Err(e) = lsa::ll::wait(&warp, win.local_ptr::<u64>(slot_off), win.local_ptr::<u8>(dst_off), bytes as usize, flag, &comm.abort()) {
             report(errors, e.code());
         }
     }

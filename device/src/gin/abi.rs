@@ -275,9 +275,48 @@ pub enum GinBackend {
 
 /// What a kernel needs to issue GIN operations: addresses of the memory in
 /// the module docs' table, and the sizes. Part of [`crate::comm::DevComm`].
+/// Made by the host crate from [`GinStateParts`] ([`GinState::from_parts`]);
+/// private fields, so that safe code cannot aim GIN at the wrong memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct GinState {
+    /// [`GinBackend`] as a number (0: no GIN).
+    pub(crate) backend: u32,
+    /// 0 none, 1 full (every peer), 2 rail (the rail team only).
+    pub(crate) connection: u32,
+    /// Contexts (rings per peer).
+    pub(crate) contexts: u32,
+    /// Descriptors per ring, a power of two.
+    pub(crate) queue_depth: u32,
+    /// Signals available to the user (ids `0..signal_count`); barrier signals follow.
+    pub(crate) signal_count: u32,
+    /// Counters (ids `0..counter_count`).
+    pub(crate) counter_count: u32,
+    /// Rail GIN barriers (their signals follow the user's).
+    pub(crate) rail_barrier_count: u32,
+    /// World GIN barriers (their signals follow the rail barriers').
+    pub(crate) world_barrier_count: u32,
+    /// Rings, `[context][peer][depth]` [`GinSlot`]s.
+    pub(crate) rings: u64,
+    /// Tails, `[context][peer]` at [`TAIL_STRIDE`].
+    pub(crate) tails: u64,
+    /// Producer tickets, `[context][peer]` u64s (device memory).
+    pub(crate) heads: u64,
+    /// Tail caches, `[context][peer]` pairs of u64s (device memory): the
+    /// highest tail a producer has read, and when (`%globaltimer`) one last
+    /// went to read it ([`crate::gin::queue`] elects one reader at a time).
+    pub(crate) tail_cache: u64,
+    /// This rank's signals (`signal_count + barrier signals` u64s).
+    pub(crate) signals: u64,
+    /// This rank's counters.
+    pub(crate) counters: u64,
+    /// This rank's signal shadows (device memory, one per signal).
+    pub(crate) shadows: u64,
+}
+
+/// The fields of a [`GinState`], for the host crate that builds one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GinStateParts {
     /// [`GinBackend`] as a number (0: no GIN).
     pub backend: u32,
     /// 0 none, 1 full (every peer), 2 rail (the rail team only).
@@ -313,6 +352,83 @@ pub struct GinState {
 }
 
 impl GinState {
+    /// No GIN (`backend` 0): every GIN call returns `GinError::NoGin`.
+    pub const NONE: GinState = GinState {
+        backend: 0,
+        connection: 0,
+        contexts: 0,
+        queue_depth: 0,
+        signal_count: 0,
+        counter_count: 0,
+        rail_barrier_count: 0,
+        world_barrier_count: 0,
+        rings: 0,
+        tails: 0,
+        heads: 0,
+        tail_cache: 0,
+        signals: 0,
+        counters: 0,
+        shadows: 0,
+    };
+
+    /// The GIN state with these parts.
+    ///
+    /// # Safety
+    /// The addresses are this rank's live GIN memory as the module docs lay
+    /// it out, sized by the counts (`contexts * nranks` rings of
+    /// `queue_depth` slots, tails, heads, tail caches, `total_signals()`
+    /// signals and shadows, `counter_count` counters), valid while kernels
+    /// use it, and served by a proxy that follows the ring protocol.
+    pub const unsafe fn from_parts(p: GinStateParts) -> GinState {
+        GinState {
+            backend: p.backend,
+            connection: p.connection,
+            contexts: p.contexts,
+            queue_depth: p.queue_depth,
+            signal_count: p.signal_count,
+            counter_count: p.counter_count,
+            rail_barrier_count: p.rail_barrier_count,
+            world_barrier_count: p.world_barrier_count,
+            rings: p.rings,
+            tails: p.tails,
+            heads: p.heads,
+            tail_cache: p.tail_cache,
+            signals: p.signals,
+            counters: p.counters,
+            shadows: p.shadows,
+        }
+    }
+
+    /// [`GinBackend`] as a number (0: no GIN).
+    #[inline(always)]
+    pub const fn backend(&self) -> u32 {
+        self.backend
+    }
+
+    /// Contexts (rings per peer).
+    #[inline(always)]
+    pub const fn contexts(&self) -> u32 {
+        self.contexts
+    }
+
+    /// Signals available to the user.
+    #[inline(always)]
+    pub const fn signal_count(&self) -> u32 {
+        self.signal_count
+    }
+
+    /// Counters.
+    #[inline(always)]
+    pub const fn counter_count(&self) -> u32 {
+        self.counter_count
+    }
+
+    /// Descriptors per ring.
+    #[inline(always)]
+    pub const fn queue_depth(&self) -> u32 {
+        self.queue_depth
+    }
+
     /// Total signals: the user's plus one per GIN barrier.
     pub const fn total_signals(&self) -> u32 {
         self.signal_count + self.rail_barrier_count + self.world_barrier_count

@@ -27,7 +27,7 @@ pub mod abi;
 mod barrier;
 pub mod queue;
 
-pub use abi::{GinBackend, GinDescriptor, GinOp, GinState, LocalActionKind, RemoteActionKind};
+pub use abi::{GinBackend, GinDescriptor, GinOp, GinState, GinStateParts, LocalActionKind, RemoteActionKind};
 
 pub use barrier::{GinBarrierSession, GinBarrierTeam};
 

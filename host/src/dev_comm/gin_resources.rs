@@ -15,7 +15,7 @@ use crate::runtime::{
     AddressRange, Device, DeviceBuffer, HostMappedBuffer, SharedHostBuffer, SharedHostMapping, Stream,
 };
 use crate::window::{allgather_outcome, fd_passing};
-use devcomm_device::gin::abi::{GinSlot, GinState, QueueTail, SLOT_BYTES, TAIL_STRIDE};
+use devcomm_device::gin::abi::{GinSlot, GinState, GinStateParts, QueueTail, SLOT_BYTES, TAIL_STRIDE};
 use devcomm_gin::transport::copy_engine::{CopyEngineTransport, SameHostPeer};
 use devcomm_gin::{Bootstrap, CopyQueue, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::collections::HashMap;
@@ -243,9 +243,9 @@ fn map_same_host_peers(
     // Windows: where each rank's window sits in its allocation, then the allocations.
     let mut mine = Vec::new();
     for w in &windows {
-        mine.extend_from_slice(&w.desc.id.to_le_bytes());
+        mine.extend_from_slice(&w.desc.id().to_le_bytes());
         mine.extend_from_slice(&w.offset_in_alloc().to_le_bytes());
-        mine.extend_from_slice(&w.desc.size.to_le_bytes());
+        mine.extend_from_slice(&w.desc.size().to_le_bytes());
     }
     let layouts = comm.bootstrap_allgather(&mine)?;
     for (k, w) in windows.iter().enumerate() {
@@ -324,7 +324,7 @@ impl GinResources {
         dev.stream().synchronize()?;
         let h = host.host_ptr();
         let d = host.device_addr();
-        let state = GinState {
+        let parts = GinStateParts {
             backend: backend.code(),
             connection: req.gin_connection_type.code(),
             contexts,
@@ -341,6 +341,11 @@ impl GinResources {
             counters: d + lay.counters as u64,
             shadows: dev_mem.device_addr() + 3 * rings as u64 * 8,
         };
+        // SAFETY: the addresses are this rank's GIN memory just allocated
+        // (host-mapped rings/tails/counters, device heads/caches/shadows,
+        // shared signals), sized by the counts, owned by `GinResources`
+        // together with the proxy that serves the rings.
+        let state = unsafe { GinState::from_parts(parts) };
         // SAFETY: offsets inside the live host buffer, which outlives the proxy
         // (field order of GinResources).
         let mem = unsafe {

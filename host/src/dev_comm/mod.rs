@@ -148,7 +148,7 @@ impl Communicator {
             .map_err(|e| e.context("creating the resource window"))?;
         let desc = win.desc();
         // A peer-access fallback may have shrunk the LSA team during registration.
-        let revalidated = req.validate(self.count(), desc.lsa_size as usize, window::comm_key(self));
+        let revalidated = req.validate(self.count(), desc.lsa_size() as usize, window::comm_key(self));
         let word = (|| -> Result<Arc<HostMappedWord>> {
             revalidated?;
             let stream = self.device().stream();
@@ -165,21 +165,20 @@ impl Communicator {
         agree(self, what, word.as_ref().map(|_| ()).map_err(Clone::clone))?;
         let word = word?;
         self.ext.abort_sinks.add(&word);
-        let dev_comm = DevComm {
-            rank: self.rank() as u32,
-            nranks: self.count() as u32,
-            lsa_rank: desc.lsa_rank,
-            lsa_size: desc.lsa_size,
-            lsa_barrier_count: req.lsa_barrier_count + req.barrier_count,
-            reserved0: 0,
-            resources: desc,
-            lsa_barrier_offset: lay.barrier_offset,
-            lsa_epoch_offset: lay.epoch_offset,
-            abort: AbortInfo {
-                flag: word.device_addr(),
-                timeout_ns: u64::try_from(self.config().op_timeout.as_nanos()).unwrap_or(u64::MAX),
-            },
-            gin: devcomm_device::gin::GinState::default(),
+        let timeout_ns = u64::try_from(self.config().op_timeout.as_nanos()).unwrap_or(u64::MAX);
+        // SAFETY: `desc` is the resource window just registered, laid out by
+        // `lay` with `lsa_barrier_count + barrier_count` barriers; the abort
+        // word is host-mapped and lives as long as the handle (`abort_word`).
+        let dev_comm = unsafe {
+            DevComm::from_raw_parts(
+                self.rank() as u32,
+                self.count() as u32,
+                desc,
+                req.lsa_barrier_count + req.barrier_count,
+                lay.barrier_offset,
+                lay.epoch_offset,
+                AbortInfo::new(word.device_addr(), timeout_ns),
+            )
         };
         let mut dev_comm = dev_comm;
         let gin = self.create_gin(req)?;
@@ -189,7 +188,9 @@ impl Communicator {
             w.users.fetch_add(1, Ordering::SeqCst);
         }
         if let Some(g) = &gin {
-            dev_comm.gin = g.state;
+            // SAFETY: the GIN resources' state, whose memory and proxy live
+            // as long as the handle (`gin`).
+            dev_comm = unsafe { dev_comm.with_gin(g.state) };
         }
         tracing::debug!(rank = self.rank(), ?dev_comm, "device communicator created");
         Ok(DevCommHandle {
@@ -236,7 +237,7 @@ impl<'c> DevCommHandle<'c> {
 
     /// The resource window's descriptor (also `dev_comm().resources`).
     pub fn resource_window(&self) -> WindowDesc {
-        self.dev_comm.resources
+        self.dev_comm.resources()
     }
 
     /// Offset in the resource window of a buffer asked for with

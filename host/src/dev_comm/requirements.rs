@@ -86,7 +86,7 @@ impl std::fmt::Debug for DevCommRequirements {
             .field("barrier_count", &self.barrier_count)
             .field("resources", &self.resources)
             .field("teams", &self.teams)
-            .field("windows", &self.windows.iter().filter_map(|w| w.upgrade().map(|w| w.desc.id)).collect::<Vec<_>>())
+            .field("windows", &self.windows.iter().filter_map(|w| w.upgrade().map(|w| w.desc.id())).collect::<Vec<_>>())
             .finish()
     }
 }
@@ -202,7 +202,7 @@ impl DevCommRequirements {
             if w.comm_key != comm_key {
                 return Err(Error::invalid_argument(format!(
                     "window {} is registered on another communicator",
-                    w.desc.id
+                    w.desc.id()
                 )));
             }
         }
@@ -298,7 +298,7 @@ impl DevCommRequirements {
             b.push(k);
             b.push(m as u8);
         }
-        let mut ids: Vec<u32> = self.windows.iter().map(|w| w.upgrade().map_or(u32::MAX, |w| w.desc.id)).collect();
+        let mut ids: Vec<u32> = self.windows.iter().map(|w| w.upgrade().map_or(u32::MAX, |w| w.desc.id())).collect();
         ids.sort_unstable();
         ids.dedup();
         for id in ids {

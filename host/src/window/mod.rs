@@ -100,7 +100,7 @@ impl Drop for WindowShared {
     fn drop(&mut self) {
         let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         regions.retain(|r| *r != self.region);
-        self.table.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.desc.id);
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.desc.id());
     }
 }
 
@@ -312,14 +312,20 @@ pub(crate) fn register<'c>(
     let mapping = mapped?;
 
     let id = comm.ext.next_window_id.fetch_add(1, Ordering::SeqCst);
-    let desc = WindowDesc {
-        lsa_base: mapping.range.base() + offset as u64,
-        stride: mapping.stride,
-        size,
-        lsa_rank: lsa_rank as u32,
-        lsa_size: lsa_size as u32,
-        flags: flags.bits(),
-        id,
+    // SAFETY: every LSA peer's window is mapped at `base + i * stride`
+    // (`map_peers`), `size` bytes each, for as long as the Window (and the
+    // device communicators that pin it) live; `id` is entered in the window
+    // table below.
+    let desc = unsafe {
+        WindowDesc::from_raw_parts(
+            mapping.range.base() + offset as u64,
+            mapping.stride,
+            size,
+            lsa_rank as u32,
+            lsa_size as u32,
+            flags.bits(),
+            id,
+        )
     };
     let region = (mem.id, offset, offset + len, id);
     comm.ext.regions.lock().unwrap_or_else(|p| p.into_inner()).push(region);
@@ -351,7 +357,7 @@ impl<'c> Window<'c> {
 
     /// The window's identifier within its communicator.
     pub fn id(&self) -> u32 {
-        self.shared.desc.id
+        self.shared.desc.id()
     }
 
     /// The registered buffer's own device address (in the original allocation).
@@ -361,7 +367,7 @@ impl<'c> Window<'c> {
 
     /// Usable bytes (the smallest registered size among the ranks).
     pub fn size(&self) -> usize {
-        self.shared.desc.size as usize
+        self.shared.desc.size() as usize
     }
 
     /// The communicator it is registered on.
@@ -375,16 +381,16 @@ impl<'c> Window<'c> {
     /// Errors: [`Error::InvalidArgument`] for `offset >= size()` or `lsa_rank >= lsa_size`.
     pub fn lsa_pointer(&self, offset: usize, lsa_rank: usize) -> Result<u64> {
         let d = &self.shared.desc;
-        if lsa_rank >= d.lsa_size as usize {
+        if lsa_rank >= d.lsa_size() as usize {
             return Err(Error::invalid_argument(format!(
                 "LSA rank {lsa_rank} is out of range for an LSA team of {}",
-                d.lsa_size
+                d.lsa_size()
             )));
         }
-        if offset as u64 >= d.size {
-            return Err(Error::invalid_argument(format!("offset {offset} is past the window's {} bytes", d.size)));
+        if offset as u64 >= d.size() {
+            return Err(Error::invalid_argument(format!("offset {offset} is past the window's {} bytes", d.size())));
         }
-        Ok(d.lsa_base + lsa_rank as u64 * d.stride + offset as u64)
+        Ok(d.lsa_base() + lsa_rank as u64 * d.stride() + offset as u64)
     }
 
     /// Device address of byte `offset` of member `peer` of `team` (a team
@@ -397,34 +403,34 @@ impl<'c> Window<'c> {
         if peer >= team.nranks as usize {
             return Err(Error::invalid_argument(format!("peer {peer} is out of range for a team of {}", team.nranks)));
         }
-        let lsa = Team::lsa(d.lsa_size, d.lsa_rank);
+        let lsa = Team::lsa(d.lsa_size(), d.lsa_rank());
         match team.rank_to_team(&lsa, self.shared.world_rank, peer as u32) {
             Some(l) => self.lsa_pointer(offset, l as usize),
             None => Err(Error::invalid_argument(format!(
                 "team member {peer} (world rank {}) is not in this rank's LSA team of {}: it cannot be loaded from \
                  or stored to directly",
                 team.rank_to_world(self.shared.world_rank, peer as u32),
-                d.lsa_size
+                d.lsa_size()
             ))),
         }
     }
 
     /// A typed symmetric pointer at byte `offset` (checked against the size).
     pub fn sym_ptr<T>(&self, offset: usize) -> Result<SymPtr<T>> {
-        if offset as u64 >= self.shared.desc.size {
+        if offset as u64 >= self.shared.desc.size() {
             return Err(Error::invalid_argument(format!(
                 "offset {offset} is past the window's {} bytes",
-                self.shared.desc.size
+                self.shared.desc.size()
             )));
         }
         Ok(SymPtr::new(self.shared.desc, offset as u64))
     }
 
     fn span(&self, lsa_rank: usize, offset: usize, bytes: usize) -> Result<u64> {
-        if offset.checked_add(bytes).is_none_or(|end| end as u64 > self.shared.desc.size) {
+        if offset.checked_add(bytes).is_none_or(|end| end as u64 > self.shared.desc.size()) {
             return Err(Error::invalid_argument(format!(
                 "access of {bytes} bytes at offset {offset} is outside the window's {} bytes",
-                self.shared.desc.size
+                self.shared.desc.size()
             )));
         }
         if bytes == 0 {
@@ -457,12 +463,12 @@ impl<'c> Window<'c> {
 
     /// Copies `data` to byte `offset` of this rank's own window and waits.
     pub fn write<T: Pod>(&self, stream: &Stream, offset: usize, data: &[T]) -> Result<()> {
-        self.write_lsa(stream, self.shared.desc.lsa_rank as usize, offset, data)
+        self.write_lsa(stream, self.shared.desc.lsa_rank() as usize, offset, data)
     }
 
     /// Copies from byte `offset` of this rank's own window into `out` and waits.
     pub fn read<T: Pod>(&self, stream: &Stream, offset: usize, out: &mut [T]) -> Result<()> {
-        self.read_lsa(stream, self.shared.desc.lsa_rank as usize, offset, out)
+        self.read_lsa(stream, self.shared.desc.lsa_rank() as usize, offset, out)
     }
 
     /// Collective release (`ncclCommWindowDeregister`): every rank calls it
@@ -478,7 +484,7 @@ impl<'c> Window<'c> {
         let local = if users > 0 {
             Err(Error::invalid_usage(format!(
                 "window {} is used by {users} live device communicator(s): destroy them first",
-                self.shared.desc.id
+                self.shared.desc.id()
             )))
         } else {
             Ok(())
