@@ -15,6 +15,7 @@
 #![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
 #![warn(missing_docs)]
 
+pub mod abi;
 pub mod arch;
 pub mod atomic;
 pub mod comm;

@@ -8,7 +8,7 @@
 //! rank that owns the window.
 
 use crate::{GinDescriptor, GinHostError, GinOp, GinResult, LocalActionKind, RemoteActionKind};
-use devcomm_device::gin::abi::FLAG_STRONG;
+use devcomm_device::abi::gin::FLAG_STRONG;
 
 /// A remote action: `(signal id, increment)` applied on the destination
 /// rank after the data of the operation has landed there.

@@ -1,7 +1,7 @@
 //! `devcomm-gin`: the host side of GIN, devcomm's GPU-initiated networking.
 //!
 //! GPU kernels post [`GinDescriptor`]s into rings in host memory (see
-//! `devcomm_device::gin::abi` for the memory layout and the protocol). This
+//! `devcomm_device::abi::gin` for the memory layout and the protocol). This
 //! crate serves them:
 //!
 //! * [`proxy`]: one progress thread per device communicator drains the rings
@@ -34,7 +34,7 @@ pub use ring::Rings;
 pub use transport::tcp::{TcpConfig, TcpTransport};
 pub use transport::{Landing, PeerFailure, Transport};
 
-pub use devcomm_device::gin::abi::{
+pub use devcomm_device::abi::gin::{
     slot_tag, GinDescriptor, GinOp, GinSlot, GinState, LocalActionKind, QueueTail, RemoteActionKind,
 };
 

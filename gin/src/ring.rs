@@ -1,5 +1,5 @@
 //! The consumer side of the descriptor rings (the producer is
-//! `devcomm_device::gin::queue::post`; `devcomm_device::gin::abi` has the
+//! `devcomm_device::gin::queue::post`; `devcomm_device::abi::gin` has the
 //! protocol).
 //!
 //! Ring `q` (`q = context * nranks + peer`) holds `depth` slots. The

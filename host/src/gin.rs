@@ -192,13 +192,15 @@ pub enum GinConnectionType {
 }
 
 impl GinConnectionType {
-    /// The code kernels see in `GinState::connection`.
+    /// The code kernels see in `GinState::connection`
+    /// ([`devcomm_device::abi::gin::GinConnection`]).
     pub fn code(self) -> u32 {
-        match self {
-            GinConnectionType::None => 0,
-            GinConnectionType::Full => 1,
-            GinConnectionType::Rail => 2,
-        }
+        use devcomm_device::abi::gin::GinConnection;
+        (match self {
+            GinConnectionType::None => GinConnection::None,
+            GinConnectionType::Full => GinConnection::Full,
+            GinConnectionType::Rail => GinConnection::Rail,
+        }) as u32
     }
 }
 

@@ -3,7 +3,7 @@
 //! A kernel issues puts, inline puts and signals through a [`Gin`] handle;
 //! the device communicator's backend carries them out. With the proxy
 //! backend each operation becomes a [`GinDescriptor`] in a ring per
-//! (context, peer) that a CPU progress thread drains ([`abi`] has the
+//! (context, peer) that a CPU progress thread drains ([`crate::abi::gin`] has the
 //! protocol). The contract, as NCCL's:
 //!
 //! * operations on one context to one peer complete in order, so a signal
@@ -23,20 +23,20 @@
 //! gin.wait_signal(&cta, 0, expected)?; // on rank 3
 //! ```
 
-pub mod abi;
 mod barrier;
 pub mod queue;
 
-pub use abi::{GinBackend, GinDescriptor, GinOp, GinState, GinStateParts, LocalActionKind, RemoteActionKind};
+pub use crate::abi::gin::{GinBackend, GinConnection, GinState};
 
 pub use barrier::{GinBarrierSession, GinBarrierTeam};
 
+use crate::abi::gin::{self as abi, GinDescriptor, GinOp, LocalActionKind, RemoteActionKind};
 use crate::atomic::{self, Order, Scope};
 use crate::comm::{DevComm, SymPtr, WindowDesc};
 use crate::coop::Coop;
 use crate::team::Team;
 use crate::wait::{self, Deadline, WaitError};
-use queue::QueueError;
+pub use queue::QueueError;
 
 /// Puts of at most this many bytes are posted inline (as a put-value of the
 /// source's bytes, read by the posting thread).
@@ -225,7 +225,7 @@ impl<'a> Gin<'a> {
         if w >= c.nranks {
             return Err(GinError::PeerNotInTeam);
         }
-        if self.state().connection == 2 && !c.rail().contains_world(c.rank, w) {
+        if self.state().connection == GinConnection::Rail as u32 && !c.rail().contains_world(c.rank, w) {
             return Err(GinError::PeerNotConnected);
         }
         Ok(w)

@@ -1,6 +1,6 @@
-//! The producer side of a GIN proxy ring (see [`super::abi`] for the protocol).
+//! The producer side of a GIN proxy ring (see [`crate::abi::gin`] for the protocol).
 
-use super::abi::{slot_tag, GinDescriptor, GinSlot, GinState, QueueTail, TAIL_STRIDE};
+use crate::abi::gin::{slot_tag, GinDescriptor, GinSlot, GinState, QueueTail, TAIL_STRIDE};
 use crate::arch;
 use crate::atomic::{self, Order, Scope};
 use crate::comm::AbortInfo;

@@ -1,7 +1,7 @@
 //! The GIN part of a device communicator: memory shared by the GPU and the
 //! proxy, the proxy itself, and the adapters `devcomm-gin` needs.
 //!
-//! Memory (see `devcomm_device::gin::abi` for who writes what):
+//! Memory (see `devcomm_device::abi::gin` for who writes what):
 //!
 //! * host memory the GPU can read and write ([`HostMappedBuffer`]): rings,
 //!   tails, signals, counters — each region 4096-byte aligned;
@@ -15,7 +15,7 @@ use crate::runtime::{
     AddressRange, Device, DeviceBuffer, HostMappedBuffer, SharedHostBuffer, SharedHostMapping, Stream,
 };
 use crate::window::{allgather_outcome, fd_passing};
-use devcomm_device::gin::abi::{GinSlot, GinState, GinStateParts, QueueTail, SLOT_BYTES, TAIL_STRIDE};
+use devcomm_device::abi::gin::{GinSlot, GinState, GinStateParts, QueueTail, SLOT_BYTES, TAIL_STRIDE};
 use devcomm_gin::transport::copy_engine::{CopyEngineTransport, SameHostPeer};
 use devcomm_gin::{Bootstrap, CopyQueue, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::collections::HashMap;

@@ -273,6 +273,20 @@ pub enum GinBackend {
     Gpi = 3,
 }
 
+/// Which peers a device communicator's GIN reaches (`ncclGinConnectionType`),
+/// as [`GinState`] carries it; the host's `devcomm::gin::GinConnectionType`
+/// converts to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum GinConnection {
+    /// No GIN.
+    None = 0,
+    /// Every rank.
+    Full = 1,
+    /// The rail team only (same LSA index on every node).
+    Rail = 2,
+}
+
 /// What a kernel needs to issue GIN operations: addresses of the memory in
 /// the module docs' table, and the sizes. Part of [`crate::comm::DevComm`].
 /// Made by the host crate from [`GinStateParts`] ([`GinState::from_parts`]);
@@ -282,7 +296,7 @@ pub enum GinBackend {
 pub struct GinState {
     /// [`GinBackend`] as a number (0: no GIN).
     pub(crate) backend: u32,
-    /// 0 none, 1 full (every peer), 2 rail (the rail team only).
+    /// [`GinConnection`] as a number.
     pub(crate) connection: u32,
     /// Contexts (rings per peer).
     pub(crate) contexts: u32,
@@ -319,7 +333,7 @@ pub struct GinState {
 pub struct GinStateParts {
     /// [`GinBackend`] as a number (0: no GIN).
     pub backend: u32,
-    /// 0 none, 1 full (every peer), 2 rail (the rail team only).
+    /// [`GinConnection`] as a number.
     pub connection: u32,
     /// Contexts (rings per peer).
     pub contexts: u32,
