@@ -12,6 +12,7 @@
 pub use crate::abi::{AbortInfo, DevComm, WindowDesc};
 
 /// A typed pointer into a window: the same `offset` on every rank.
+#[doc(alias = "ncclSymPtr")]
 #[derive(Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct SymPtr<T> {

@@ -61,6 +61,7 @@ pub trait Coop {
 }
 
 /// The calling thread alone.
+#[doc(alias = "ncclCoopThread")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadCoop;
 
@@ -82,6 +83,7 @@ impl Coop for ThreadCoop {
 }
 
 /// The calling thread's warp (all 32 lanes must take part).
+#[doc(alias = "ncclCoopWarp")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Warp;
 
@@ -114,6 +116,7 @@ impl Coop for Warp {
 
 /// `N` consecutive lanes of a warp, `N` a power of two from 1 to 32; lane `l`
 /// belongs to tile `l / N`.
+#[doc(alias = "ncclCoopTile")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Tile<const N: u32>;
 
@@ -157,6 +160,7 @@ impl<const N: u32> Coop for Tile<N> {
 }
 
 /// The lanes of `mask` in the caller's warp (the caller must be one of them).
+#[doc(alias = "ncclCoopLanes")]
 #[derive(Clone, Copy, Debug)]
 pub struct Lanes {
     mask: u32,
@@ -200,6 +204,7 @@ impl Coop for Lanes {
 /// `nwarps` consecutive warps of the block starting at warp `warp0`,
 /// synchronised with named barrier `id` (1..=15, distinct for spans that
 /// run concurrently).
+#[doc(alias = "ncclCoopWarpSpan")]
 #[derive(Clone, Copy, Debug)]
 pub struct WarpSpan {
     warp0: u32,
@@ -253,6 +258,7 @@ impl Coop for WarpSpan {
 }
 
 /// The whole block (CTA).
+#[doc(alias = "ncclCoopCta")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cta;
 

@@ -28,6 +28,7 @@
 //! ```
 
 /// A strided subset of the world's ranks, seen from one member.
+#[doc(alias = "ncclTeam")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(C)]
 pub struct Team {
@@ -41,17 +42,20 @@ pub struct Team {
 
 impl Team {
     /// The world team of a communicator of `nranks` seen from `rank`.
+    #[doc(alias = "ncclTeamWorld")]
     pub const fn world(nranks: u32, rank: u32) -> Team {
         Team { nranks, rank, stride: 1 }
     }
 
     /// The LSA team: `lsa_size` consecutive world ranks, we are `lsa_rank`.
+    #[doc(alias = "ncclTeamLsa")]
     pub const fn lsa(lsa_size: u32, lsa_rank: u32) -> Team {
         Team { nranks: lsa_size, rank: lsa_rank, stride: 1 }
     }
 
     /// The rail team of world rank `rank` in a world of `nranks` split into
     /// nodes of `lsa_size` (which must divide `nranks`).
+    #[doc(alias = "ncclTeamRail")]
     pub const fn rail(nranks: u32, lsa_size: u32, rank: u32) -> Team {
         let lsa = if lsa_size == 0 { 1 } else { lsa_size };
         Team { nranks: nranks / lsa, rank: rank / lsa, stride: lsa }
@@ -64,6 +68,7 @@ impl Team {
     }
 
     /// World rank of member `peer` (`peer < nranks`), given the caller's world rank.
+    #[doc(alias = "ncclTeamRankToWorld")]
     #[inline]
     pub const fn rank_to_world(&self, my_world_rank: u32, peer: u32) -> u32 {
         (self.world_base(my_world_rank) + peer as i64 * self.stride as i64) as u32
@@ -89,6 +94,7 @@ impl Team {
 
     /// Member `peer` of `self`, as an index in `other` (both seen from the
     /// caller, world rank `my_world_rank`), if it is a member of `other`.
+    #[doc(alias = "ncclTeamRankToTeam")]
     #[inline]
     pub const fn rank_to_team(&self, other: &Team, my_world_rank: u32, peer: u32) -> Option<u32> {
         if peer >= self.nranks {
@@ -103,23 +109,25 @@ impl Team {
         self.rank_to_team(other, my_world_rank, peer).is_some()
     }
 
-    /// How many members of `self` one member of `inner` stands for when
-    /// `inner` tiles `self` contiguously (e.g. world ÷ LSA = 1 … the inner
-    /// team's size): `inner.nranks` if `inner` is a contiguous sub-team of
-    /// `self`, else 1.
+    /// The team of `inner_size` consecutive members of `self` that holds
+    /// the caller (`ncclTeamInnerFactor`): world and the node size give the
+    /// LSA team. `inner_size` must divide `self.nranks` (0 is taken as 1).
+    #[doc(alias = "ncclTeamInnerFactor")]
     #[inline]
-    pub const fn inner_factor(&self, inner: &Team) -> u32 {
-        if inner.stride == self.stride && inner.nranks > 0 && self.nranks % inner.nranks == 0 {
-            inner.nranks
-        } else {
-            1
-        }
+    pub const fn inner_factor(&self, inner_size: u32) -> Team {
+        let k = if inner_size == 0 { 1 } else { inner_size };
+        Team { nranks: k, rank: self.rank % k, stride: self.stride }
     }
 
-    /// Number of copies of `inner` that tile `self`: `self.nranks / inner_factor`.
+    /// The members of `self` that hold the caller's index within their
+    /// block of `inner_size` consecutive members (`ncclTeamOuterFactor`):
+    /// world and the node size give the rail team. `inner_size` must divide
+    /// `self.nranks` (0 is taken as 1).
+    #[doc(alias = "ncclTeamOuterFactor")]
     #[inline]
-    pub const fn outer_factor(&self, inner: &Team) -> u32 {
-        self.nranks / self.inner_factor(inner)
+    pub const fn outer_factor(&self, inner_size: u32) -> Team {
+        let k = if inner_size == 0 { 1 } else { inner_size };
+        Team { nranks: self.nranks / k, rank: self.rank / k, stride: self.stride * k }
     }
 
     /// The `index`-th member of `self` (in team order) that is *not* a member
@@ -152,8 +160,8 @@ mod tests {
                 let world = Team::world(n, r);
                 let lsa = Team::lsa(l, r % l);
                 let rail = Team::rail(n, l, r);
-                assert_eq!(world.inner_factor(&lsa), l);
-                assert_eq!(world.outer_factor(&lsa), n / l);
+                assert_eq!(world.inner_factor(l), lsa);
+                assert_eq!(world.outer_factor(l), Team::rail(n, l, r));
                 for p in 0..l {
                     let w = lsa.rank_to_world(r, p);
                     assert_eq!(w, r - r % l + p);

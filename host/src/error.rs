@@ -9,6 +9,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// The variants mirror NCCL's `ncclResult_t` (plus `Timeout`), so code that
 /// maps NCCL errors maps these the same way: see [`Error::code`].
+#[doc(alias = "ncclResult_t")]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// A value passed in is out of range or malformed (`ncclInvalidArgument`).

@@ -37,6 +37,7 @@ use std::str::FromStr;
 pub const GIN_TYPE_ENV: &str = "DEVCOMM_GIN_TYPE";
 
 /// A GIN backend (`ncclGinType`).
+#[doc(alias = "ncclGinType_t")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GinType {
     /// No GIN.
@@ -180,6 +181,7 @@ impl GinTransport {
 }
 
 /// Which peers a device communicator's GIN must reach (`ncclGinConnectionType`).
+#[doc(alias = "ncclGinConnectionType_t")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum GinConnectionType {
     /// No GIN.
@@ -315,6 +317,7 @@ impl Communicator {
 
     /// The GIN backend with a rail connection. The proxy serves both; a NIC
     /// backend would need one NIC per rail, which the same probe checks.
+    #[doc(alias = "railedGinType")]
     pub fn railed_gin_type(&self) -> Result<GinType> {
         self.gin_type()
     }

@@ -146,6 +146,7 @@ impl<'a> From<&'a SymmetricMemory> for MemRegion<'a> {
 impl Communicator {
     /// Allocates `bytes` of symmetric memory on this rank's device
     /// (`ncclMemAlloc`); not collective. Free it by dropping it.
+    #[doc(alias = "ncclMemAlloc")]
     pub fn mem_alloc(&self, bytes: usize) -> Result<SymmetricMemory> {
         SymmetricMemory::alloc(self.device(), bytes)
     }

@@ -260,6 +260,7 @@ pub struct QueueTail {
 }
 
 /// The GIN backend a device communicator has.
+#[doc(alias = "ncclGinType_t")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum GinBackend {
@@ -276,6 +277,7 @@ pub enum GinBackend {
 /// Which peers a device communicator's GIN reaches (`ncclGinConnectionType`),
 /// as [`GinState`] carries it; the host's `devcomm::gin::GinConnectionType`
 /// converts to it.
+#[doc(alias = "ncclGinConnectionType_t")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum GinConnection {

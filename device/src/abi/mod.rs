@@ -25,6 +25,7 @@ use crate::team::Team;
 /// so that safe code cannot point one at memory that is not a window (the
 /// device API's safe functions rely on that), and readable through the
 /// accessors.
+#[doc(alias = "ncclWindow_t")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct WindowDesc {
@@ -110,6 +111,7 @@ impl WindowDesc {
 
     /// Address of byte `offset` of LSA peer `peer`'s window, or null if the
     /// peer or the offset is out of range.
+    #[doc(alias = "ncclGetLsaPointer")]
     #[inline(always)]
     pub fn lsa_ptr<T>(&self, offset: u64, peer: u32) -> *mut T {
         if peer >= self.lsa_size || offset >= self.size {
@@ -119,6 +121,7 @@ impl WindowDesc {
     }
 
     /// Address of byte `offset` of the caller's own window (null if out of range).
+    #[doc(alias = "ncclGetLocalPointer")]
     #[inline(always)]
     pub fn local_ptr<T>(&self, offset: u64) -> *mut T {
         self.lsa_ptr(offset, self.lsa_rank)
@@ -127,6 +130,7 @@ impl WindowDesc {
     /// Address of byte `offset` of member `peer` of `team`, if that member is
     /// an LSA peer (null otherwise). `my_world_rank` and `lsa` come from the
     /// [`DevComm`].
+    #[doc(alias = "ncclGetPeerPointer")]
     #[inline(always)]
     pub fn peer_ptr<T>(&self, team: &Team, lsa: &Team, my_world_rank: u32, offset: u64, peer: u32) -> *mut T {
         match team.rank_to_team(lsa, my_world_rank, peer) {
@@ -327,18 +331,21 @@ impl DevComm {
     }
 
     /// The world team.
+    #[doc(alias = "ncclTeamWorld")]
     #[inline(always)]
     pub const fn world(&self) -> Team {
         Team::world(self.nranks, self.rank)
     }
 
     /// The LSA team.
+    #[doc(alias = "ncclTeamLsa")]
     #[inline(always)]
     pub const fn lsa(&self) -> Team {
         Team::lsa(self.lsa_size, self.lsa_rank)
     }
 
     /// The rail team.
+    #[doc(alias = "ncclTeamRail")]
     #[inline(always)]
     pub const fn rail(&self) -> Team {
         Team::rail(self.nranks, self.lsa_size, self.rank)

@@ -21,6 +21,7 @@ pub enum GinBarrierTeam {
 }
 
 /// One use of a GIN barrier by a coop.
+#[doc(alias = "ncclGinBarrierSession")]
 pub struct GinBarrierSession<'g, 'a> {
     gin: &'g Gin<'a>,
     team: Team,

@@ -67,6 +67,8 @@ unsafe fn read_small(p: *const u8, bytes: u64) -> u64 {
 }
 
 /// What happens at the destination after the data has landed.
+#[doc(alias = "ncclGin_SignalAdd")]
+#[doc(alias = "ncclGin_SignalInc")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RemoteAction {
     /// Nothing.
@@ -91,6 +93,7 @@ pub enum RemoteAction {
 }
 
 /// What happens locally once the source has been read.
+#[doc(alias = "ncclGin_CounterInc")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LocalAction {
     /// Nothing.
@@ -163,6 +166,7 @@ impl GinError {
 }
 
 /// A kernel's handle on one GIN context of a device communicator.
+#[doc(alias = "ncclGin")]
 #[derive(Clone, Copy)]
 pub struct Gin<'a> {
     comm: &'a DevComm,
@@ -403,6 +407,7 @@ impl<'a> Gin<'a> {
     ///
     /// # Safety
     /// As for [`Gin::put`].
+    #[doc(alias = "putValue")]
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub unsafe fn put_value<T: Copy>(
@@ -491,6 +496,7 @@ impl<'a> Gin<'a> {
     }
 
     /// Current value of signal `id` (acquire, system scope).
+    #[doc(alias = "readSignal")]
     pub fn read_signal(&self, id: u32) -> Result<u64, GinError> {
         self.check_signal(id)?;
         // SAFETY: id checked; the signal array is live GIN memory.
@@ -506,6 +512,7 @@ impl<'a> Gin<'a> {
     /// Waits (the coop's leader polls) until signal `id` has reached `least`
     /// (rolling), then joins the coop. Returns the value seen (to the leader;
     /// the others get `least`); an error reaches every thread of the coop.
+    #[doc(alias = "waitSignal")]
     pub fn wait_signal<C: Coop>(&self, coop: &C, id: u32, least: u64) -> Result<u64, GinError> {
         self.check_signal(id)?;
         let r = if coop.is_leader() { self.wait_signal_any(id, least) } else { Ok(least) };
@@ -513,12 +520,14 @@ impl<'a> Gin<'a> {
     }
 
     /// Address of signal `id`'s shadow (device memory, the caller's own).
+    #[doc(alias = "getSignalShadowPtr")]
     pub fn signal_shadow(&self, id: u32) -> Result<*mut u64, GinError> {
         self.check_signal(id)?;
         Ok((self.state().shadows as *mut u64).wrapping_add(id as usize))
     }
 
     /// Adds `delta` to signal `id`'s shadow; returns the new shadow.
+    #[doc(alias = "increaseSignalShadow")]
     pub fn increase_signal_shadow(&self, id: u32, delta: u64) -> Result<u64, GinError> {
         let p = self.signal_shadow(id)?;
         // SAFETY: live device memory of this rank.
@@ -526,6 +535,7 @@ impl<'a> Gin<'a> {
     }
 
     /// Waits until signal `id` has reached its shadow.
+    #[doc(alias = "waitSignalMeetShadow")]
     pub fn wait_signal_meet_shadow<C: Coop>(&self, coop: &C, id: u32) -> Result<u64, GinError> {
         let p = self.signal_shadow(id)?;
         // SAFETY: as above.
@@ -533,20 +543,39 @@ impl<'a> Gin<'a> {
         self.wait_signal(coop, id, target)
     }
 
-    /// Adds `delta` to the shadow, then waits for the signal to reach it: the
-    /// usual "expect `delta` more signals" step. The leader moves the shadow.
-    pub fn wait_signal_follow_shadow<C: Coop>(&self, coop: &C, id: u32, delta: u64) -> Result<u64, GinError> {
+    /// Waits until signal `id` has reached its shadow plus `least_delta`,
+    /// then moves the shadow to the value observed (`ncclGin::waitSignalFollowShadow`):
+    /// the usual "expect at least `least_delta` more signals" step. Returns,
+    /// to every thread of the coop, the shadow before and how far it moved
+    /// (at least `least_delta`); an error reaches every thread.
+    #[doc(alias = "waitSignalFollowShadow")]
+    pub fn wait_signal_follow_shadow<C: Coop>(
+        &self,
+        coop: &C,
+        id: u32,
+        least_delta: u64,
+    ) -> Result<(u64, u64), GinError> {
         let p = self.signal_shadow(id)?;
-        if coop.is_leader() {
-            // SAFETY: as above.
-            unsafe { atomic::fetch_add(p, delta, Order::Relaxed, Scope::Gpu) };
-        }
-        coop.sync();
-        self.wait_signal_meet_shadow(coop, id)
+        // SAFETY: `p` is this rank's shadow of a checked signal id (device memory).
+        let before = unsafe { atomic::load_relaxed(p, Scope::Gpu) };
+        coop.sync(); // every thread has read `before` before the leader moves it
+        let r = if coop.is_leader() {
+            self.wait_signal_any(id, before.wrapping_add(least_delta)).map(|seen| {
+                // SAFETY: as above.
+                unsafe { atomic::store_relaxed(p, seen, Scope::Gpu) };
+            })
+        } else {
+            Ok(())
+        };
+        coop.agree(r)?;
+        // SAFETY: as above; the leader's store is ordered before by `agree`'s barrier.
+        let after = unsafe { atomic::load_relaxed(p, Scope::Gpu) };
+        Ok((before, after.wrapping_sub(before)))
     }
 
     /// Sets signal `id` and its shadow to 0. Only when no operation that
     /// signals it is in flight.
+    #[doc(alias = "resetSignal")]
     pub fn reset_signal(&self, id: u32) -> Result<(), GinError> {
         let shadow = self.signal_shadow(id)?;
         // SAFETY: id checked; live memory.
@@ -558,6 +587,7 @@ impl<'a> Gin<'a> {
     }
 
     /// Current value of counter `id`.
+    #[doc(alias = "readCounter")]
     pub fn read_counter(&self, id: u32) -> Result<u64, GinError> {
         self.check_counter(id)?;
         // SAFETY: id checked; live memory.
@@ -566,6 +596,7 @@ impl<'a> Gin<'a> {
 
     /// Waits (the leader polls) until counter `id` has reached `least`, then
     /// joins the coop; an error reaches every thread of the coop.
+    #[doc(alias = "waitCounter")]
     pub fn wait_counter<C: Coop>(&self, coop: &C, id: u32, least: u64) -> Result<u64, GinError> {
         self.check_counter(id)?;
         let r = if coop.is_leader() {
@@ -579,6 +610,7 @@ impl<'a> Gin<'a> {
     }
 
     /// Sets counter `id` to 0 (only when no operation that counts on it is in flight).
+    #[doc(alias = "resetCounter")]
     pub fn reset_counter(&self, id: u32) -> Result<(), GinError> {
         self.check_counter(id)?;
         // SAFETY: id checked; live memory.

@@ -51,6 +51,7 @@ impl BarrierError {
 /// let mut bar = LsaBarrierSession::new(&cta, &comm, blockIdx.x)?;
 /// bar.sync(&cta, Order::AcqRel)?; // everyone's earlier writes are visible
 /// ```
+#[doc(alias = "ncclLsaBarrierSession")]
 pub struct LsaBarrierSession<'a> {
     comm: &'a DevComm,
     index: u32,

@@ -34,6 +34,7 @@ const BYTES_VERSION: u8 = 1;
 /// assert_eq!(UniqueId::from_bytes(&id.to_bytes())?, id);
 /// # Ok(()) }
 /// ```
+#[doc(alias = "ncclUniqueId")]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UniqueId {
     addr: SocketAddr,

@@ -27,6 +27,7 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
 /// let cfg = Config::default().with_bootstrap_timeout(Duration::from_secs(5)).with_blocking(false);
 /// assert!(!cfg.blocking);
 /// ```
+#[doc(alias = "ncclConfig_t")]
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Config {

@@ -103,6 +103,7 @@ impl Shared {
 /// connection and threads, never blocks on other ranks. Ranks still using
 /// the group then see [`Error::RemoteError`]; call [`Communicator::finalize`]
 /// on every rank first for a clean collective shutdown.
+#[doc(alias = "ncclComm_t")]
 pub struct Communicator {
     rank: usize,
     nranks: usize,
@@ -136,6 +137,7 @@ impl Communicator {
     /// taken; [`Error::RemoteError`] when another rank fails during the
     /// rendezvous; [`Error::Timeout`] when not all ranks join within the
     /// bootstrap timeout.
+    #[doc(alias = "ncclCommInitRank")]
     pub fn init_rank(nranks: usize, id: UniqueId, rank: usize) -> Result<Communicator> {
         Communicator::init_rank_with_config(nranks, id, rank, Config::from_env()?)
     }
@@ -200,6 +202,7 @@ impl Communicator {
     ///
     /// Errors: [`Error::InvalidArgument`] for an empty list; otherwise the
     /// first rank's error.
+    #[doc(alias = "ncclCommInitAll")]
     pub fn init_all(devices: &[Device]) -> Result<Vec<Communicator>> {
         Communicator::init_all_with_config(devices, Config::from_env()?)
     }
@@ -259,11 +262,13 @@ impl Communicator {
     }
 
     /// Number of ranks (`ncclCommCount`).
+    #[doc(alias = "ncclCommCount")]
     pub fn count(&self) -> usize {
         self.nranks
     }
 
     /// This rank (`ncclCommUserRank`).
+    #[doc(alias = "ncclCommUserRank")]
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -343,6 +348,7 @@ impl Communicator {
     /// [`Error::InProgress`] while a non-blocking creation runs, its error if
     /// it failed, [`Error::RemoteError`] naming the rank once a peer died or
     /// aborted or the root was lost, [`Error::InvalidUsage`] after this rank aborted.
+    #[doc(alias = "ncclCommGetAsyncError")]
     pub fn get_async_error(&self) -> Result<()> {
         match self.ready()?.client.error() {
             Some(e) => Err(e),
@@ -421,6 +427,7 @@ impl Communicator {
 
     /// Collective clean shutdown (`ncclCommFinalize`): returns once every
     /// rank finalized. Afterwards only dropping the communicator is useful.
+    #[doc(alias = "ncclCommFinalize")]
     pub fn finalize(&self) -> Result<()> {
         self.ready()?.client.finalize()
     }
@@ -428,6 +435,7 @@ impl Communicator {
     /// Aborts (`ncclCommAbort`, without the destroy): sets the abort flag,
     /// tells the root, which tells every other rank, and fails this rank's
     /// pending and later operations. Never blocks on other ranks.
+    #[doc(alias = "ncclCommAbort")]
     pub fn abort(&self) {
         self.abort_with_reason("aborted by the application");
     }

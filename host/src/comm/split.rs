@@ -21,6 +21,7 @@ impl Communicator {
     /// How: the (color, key) pairs are allgathered over this communicator's
     /// bootstrap; each group's first member starts a new root; the roots'
     /// ids are allgathered; members join theirs.
+    #[doc(alias = "ncclCommSplit")]
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
         self.split_with_config(color, key, self.config.clone())
     }

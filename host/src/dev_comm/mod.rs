@@ -119,6 +119,7 @@ impl Communicator {
     /// multimem teams (NVLink multicast is not supported), world barriers or
     /// world/rail teams reaching beyond the LSA team (they need GIN); the
     /// errors of [`Communicator::register_window`].
+    #[doc(alias = "ncclDevCommCreate")]
     pub fn create_dev_comm(&self, req: &DevCommRequirements) -> Result<DevCommHandle<'_>> {
         let what = "create_dev_comm";
         let mut mem = None;
@@ -287,6 +288,7 @@ impl<'c> DevCommHandle<'c> {
 
     /// Collective release (`ncclDevCommDestroy`): the windows it used may be
     /// deregistered afterwards. Kernels using it must have finished.
+    #[doc(alias = "ncclDevCommDestroy")]
     pub fn destroy(mut self) -> Result<()> {
         // Every rank has stopped posting before any proxy stops serving.
         let mut r = Ok(());

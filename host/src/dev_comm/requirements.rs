@@ -45,6 +45,7 @@ pub struct ResourceHandle {
 /// req.require_team(TeamKind::Lsa, false);
 /// # let _ = scratch;
 /// ```
+#[doc(alias = "ncclDevCommRequirements")]
 #[derive(Clone)]
 pub struct DevCommRequirements {
     /// LSA barriers (each: one inbox word per LSA peer, and a private epoch).

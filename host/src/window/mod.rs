@@ -139,6 +139,7 @@ impl Communicator {
     /// registered on this communicator; [`Error::Timeout`] when the LSA peers
     /// do not exchange handles within the op timeout; [`Error::RemoteError`]
     /// when a peer fails.
+    #[doc(alias = "ncclCommWindowRegister")]
     pub fn register_window<'m>(&self, buffer: impl Into<MemRegion<'m>>, flags: WindowFlags) -> Result<Window<'_>> {
         let region = buffer.into();
         register(self, region.mem, region.offset, region.len, flags)
