@@ -23,17 +23,25 @@
 //! use `core::sync::atomic` with the corresponding ordering; x86 is stronger
 //! than the GPU, so fences are only truly exercised on a GPU.
 //!
-//! ```ignore
+//! ```no_run
 //! use devcomm_device::atomic::{self, Scope};
-//! // producer: data, then flag
-//! unsafe {
-//!     *data = 42;
-//!     atomic::store_release(flag, 1u32, Scope::Sys);
+//! /// # Safety
+//! /// `data` and `flag` are valid for the producer and the consumer.
+//! unsafe fn producer(data: *mut u64, flag: *mut u32) {
+//!     // SAFETY: the caller's contract. Data first, then the flag with release.
+//!     unsafe {
+//!         *data = 42;
+//!         atomic::store_release(flag, 1u32, Scope::Sys);
+//!     }
 //! }
-//! // consumer
-//! unsafe {
-//!     while atomic::load_acquire(flag, Scope::Sys) != 1 {}
-//!     assert_eq!(*data, 42);
+//! /// # Safety
+//! /// As for `producer`.
+//! unsafe fn consumer(data: *const u64, flag: *const u32) -> u64 {
+//!     // SAFETY: the caller's contract. The acquire load orders the data read after it.
+//!     unsafe {
+//!         while atomic::load_acquire(flag, Scope::Sys) != 1 {}
+//!         *data // 42
+//!     }
 //! }
 //! ```
 

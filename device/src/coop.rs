@@ -13,12 +13,17 @@
 //! | [`WarpSpan`] | `nwarps` consecutive warps from `warp0` | named barrier `id` |
 //! | [`Cta`] | the whole block | `bar.sync 0` |
 //!
-//! ```ignore
+//! ```no_run
 //! use devcomm_device::coop::{Coop, Warp};
-//! let warp = Warp::new();
-//! let mut i = warp.thread_rank() as usize;
-//! while i < n { dst[i] = src[i]; i += warp.size() as usize; }
-//! warp.sync();
+//! fn copy(dst: &mut [u32], src: &[u32]) {
+//!     let warp = Warp::new();
+//!     let mut i = warp.thread_rank() as usize;
+//!     while i < dst.len().min(src.len()) {
+//!         dst[i] = src[i];
+//!         i += warp.size() as usize;
+//!     }
+//!     warp.sync();
+//! }
 //! ```
 
 use crate::arch::{self, WARP_SIZE};

@@ -1,6 +1,6 @@
 //! Declaring kernels once for both targets.
 //!
-//! ```ignore
+//! ```
 //! devcomm_device::kernel! {
 //!     /// out[i] = a * x[i] + y[i]
 //!     pub unsafe fn axpy(a: f32, x: *const f32, y: *const f32, out: *mut f32, n: u32) {

@@ -14,13 +14,25 @@
 //! * waits compare with rolling arithmetic and end on the abort flag or a
 //!   timeout with an error, never by hanging.
 //!
-//! ```ignore
-//! let gin = Gin::new(&comm, 0)?;
-//! let world = comm.world();
-//! // put 1 MiB to rank 3 and bump its signal 0 once it has landed
-//! gin.put(&cta, &world, 3, &win, dst_off, &win, src_off, 1 << 20,
-//!         RemoteAction::SignalInc { signal: 0 }, LocalAction::None)?;
-//! gin.wait_signal(&cta, 0, expected)?; // on rank 3
+//! ```no_run
+//! use devcomm_device::comm::{DevComm, WindowDesc};
+//! use devcomm_device::coop::Cta;
+//! use devcomm_device::gin::{Gin, GinError, LocalAction, RemoteAction};
+//! /// # Safety
+//! /// `win` is a window of `comm`'s communicator registered for GIN.
+//! unsafe fn send(comm: &DevComm, win: &WindowDesc, dst_off: u64, src_off: u64, expected: u64) -> Result<(), GinError> {
+//!     let (cta, gin, world) = (Cta::new(), Gin::new(comm, 0)?, comm.world());
+//!     if comm.rank() == 0 {
+//!         // put 1 MiB to rank 3 and bump its signal 0 once it has landed
+//!         let signal = RemoteAction::SignalInc { signal: 0, strong: true };
+//!         // SAFETY: the caller's contract.
+//!         unsafe { gin.put(&cta, &world, 3, win, dst_off, win, src_off, 1 << 20, signal, LocalAction::None) }?;
+//!         unsafe { gin.flush(&cta) }?; // the source may be reused
+//!     } else if comm.rank() == 3 {
+//!         gin.wait_signal(&cta, 0, expected)?;
+//!     }
+//!     Ok(())
+//! }
 //! ```
 
 mod barrier;
@@ -198,13 +210,20 @@ impl<'a> Gin<'a> {
     /// `fence_acq_rel(Scope::Sys)` covering many puts. Narrower scopes
     /// change nothing (the proxy reads from outside the GPU).
     ///
-    /// ```ignore
-    /// // `src` was filled before this kernel started: no fence per put.
-    /// let gin = Gin::new(&comm, 0)?.with_given_release(Scope::Sys);
+    /// ```no_run
+    /// # use devcomm_device::{atomic::Scope, comm::{DevComm, WindowDesc}, coop::ThreadCoop};
+    /// # use devcomm_device::gin::{Gin, GinError, LocalAction, RemoteAction};
+    /// # unsafe fn f(comm: &DevComm, win: &WindowDesc, peer: u32, n: u64, chunk: u64) -> Result<(), GinError> {
+    /// // The window's data was filled before this kernel started: no fence per put.
+    /// let gin = Gin::new(comm, 0)?.with_given_release(Scope::Sys);
     /// for i in 0..n {
-    ///     gin.put(&ThreadCoop, &world, peer, &win, i * chunk, &win, i * chunk, chunk,
-    ///             RemoteAction::None, LocalAction::None)?;
+    ///     // SAFETY: `win` belongs to `comm`'s communicator (the caller's contract).
+    ///     unsafe {
+    ///         gin.put(&ThreadCoop, &comm.world(), peer, win, i * chunk, win, i * chunk, chunk,
+    ///                 RemoteAction::None, LocalAction::None)
+    ///     }?;
     /// }
+    /// # Ok(()) }
     /// ```
     pub fn with_given_release(self, scope: Scope) -> Self {
         Gin { source_released: scope == Scope::Sys, ..self }

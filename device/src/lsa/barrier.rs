@@ -46,10 +46,16 @@ impl BarrierError {
 
 /// One use of an LSA barrier by a coop.
 ///
-/// ```ignore
-/// let cta = Cta::new();
-/// let mut bar = LsaBarrierSession::new(&cta, &comm, blockIdx.x)?;
-/// bar.sync(&cta, Order::AcqRel)?; // everyone's earlier writes are visible
+/// ```no_run
+/// use devcomm_device::{arch, atomic::Order, comm::DevComm, coop::Cta, lsa::{BarrierError, LsaBarrierSession}};
+/// /// # Safety
+/// /// `comm` is live and has a barrier per block.
+/// unsafe fn step(comm: &DevComm) -> Result<(), BarrierError> {
+///     let cta = Cta::new();
+///     // SAFETY: the caller's contract; each block uses its own barrier.
+///     let mut bar = unsafe { LsaBarrierSession::new(&cta, comm, arch::block_idx().x) }?;
+///     unsafe { bar.sync(&cta, Order::AcqRel) } // everyone's earlier writes are visible
+/// }
 /// ```
 #[doc(alias = "ncclLsaBarrierSession")]
 pub struct LsaBarrierSession<'a> {
