@@ -8,7 +8,7 @@
 //! convert through it.
 
 pub use crate::abi::error::DeviceError;
-use crate::gin::queue::QueueError;
+use crate::gin::proxy::QueueError;
 use crate::gin::GinError;
 use crate::lsa::BarrierError;
 use crate::wait::WaitError;

@@ -86,7 +86,7 @@ impl Proxy {
     /// The pointers of `mem` name live memory of the sizes it states until
     /// the proxy has stopped ([`Proxy::stop`], [`Proxy::abort`] or drop
     /// returned), and producers access the shared words atomically (as
-    /// `devcomm_device::gin::queue::post` does).
+    /// `devcomm_device::gin::proxy::post` does).
     pub unsafe fn start(
         mem: GinHostMemory,
         local: Arc<dyn LocalMemory>,

@@ -1,5 +1,5 @@
 //! The consumer side of the descriptor rings (the producer is
-//! `devcomm_device::gin::queue::post`; `devcomm_device::abi::gin` has the
+//! `devcomm_device::gin::proxy::post`; `devcomm_device::abi::gin` has the
 //! protocol).
 //!
 //! Ring `q` (`q = context * nranks + peer`) holds `depth` slots. The
@@ -28,7 +28,7 @@ impl Rings {
     /// # Safety
     /// The pointers of `mem` name live memory of the sizes it states, for
     /// the whole life of the returned value, and every word shared with
-    /// producers is accessed atomically by them (as `queue::post` does).
+    /// producers is accessed atomically by them (as `devcomm_device::gin::proxy::post` does).
     pub unsafe fn new(mem: GinHostMemory) -> GinResult<Rings> {
         let bad = |m: &str| Err(GinHostError::Invalid(format!("GIN host memory: {m}")));
         if mem.depth == 0 || !mem.depth.is_power_of_two() {

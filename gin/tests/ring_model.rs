@@ -1,5 +1,5 @@
 //! Exhaustive interleaving check of one ring's protocol (a model of
-//! `devcomm_device::gin::queue::post` and of `Rings::poll`/`complete`).
+//! `devcomm_device::gin::proxy::post` and of `Rings::poll`/`complete`).
 //!
 //! Every thread is a state machine whose steps are single shared-memory
 //! accesses; the explorer runs every interleaving (depth-first, with

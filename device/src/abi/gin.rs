@@ -22,7 +22,7 @@
 //! 2. Credit: it may write slot `t % depth` only once `t < tail + depth`
 //!    (`tail` = [`QueueTail::completed`]). While the ring is full it watches
 //!    the tail cache in device memory; one waiter at a time (elected by the
-//!    read stamp, at most every [`crate::gin::queue::TAIL_READ_INTERVAL_NS`])
+//!    read stamp, at most every [`crate::gin::proxy::TAIL_READ_INTERVAL_NS`])
 //!    reads the tail itself and refreshes the cache; everyone backs off and
 //!    watches the abort flag. Nothing is dropped.
 //! 3. It writes the slot: the descriptor's 56 bytes spread over eight
@@ -320,7 +320,7 @@ pub struct GinState {
     pub(crate) heads: u64,
     /// Tail caches, `[context][peer]` pairs of u64s (device memory): the
     /// highest tail a producer has read, and when (`%globaltimer`) one last
-    /// went to read it ([`crate::gin::queue`] elects one reader at a time).
+    /// went to read it ([`crate::gin::proxy`] elects one reader at a time).
     pub(crate) tail_cache: u64,
     /// This rank's signals (`signal_count + barrier signals` u64s).
     pub(crate) signals: u64,
@@ -357,7 +357,7 @@ pub struct GinStateParts {
     pub heads: u64,
     /// Tail caches, `[context][peer]` pairs of u64s (device memory): the
     /// highest tail a producer has read, and when (`%globaltimer`) one last
-    /// went to read it ([`crate::gin::queue`] elects one reader at a time).
+    /// went to read it ([`crate::gin::proxy`] elects one reader at a time).
     pub tail_cache: u64,
     /// This rank's signals (`signal_count + barrier signals` u64s).
     pub signals: u64,

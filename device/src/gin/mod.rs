@@ -36,7 +36,7 @@
 //! ```
 
 mod barrier;
-pub mod queue;
+pub mod proxy;
 
 pub use crate::abi::gin::{GinBackend, GinConnection, GinState};
 
@@ -48,7 +48,7 @@ use crate::comm::{DevComm, SymPtr, WindowDesc};
 use crate::coop::Coop;
 use crate::team::Team;
 use crate::wait::{self, Deadline, WaitError};
-pub use queue::QueueError;
+pub use proxy::QueueError;
 
 /// Puts of at most this many bytes are posted inline (as a put-value of the
 /// source's bytes, read by the posting thread).
@@ -307,21 +307,53 @@ impl<'a> Gin<'a> {
         Ok(())
     }
 
+    /// The backend seam: every operation reaches its backend here (and
+    /// every flush in [`Gin::flush_peer`]). Only the proxy exists today; a
+    /// GDAKI or GPI backend adds its arm (the host never makes a device
+    /// communicator with a backend this crate cannot drive).
     fn post(&self, world_peer: u32, d: &GinDescriptor) -> Result<(), GinError> {
-        let ring = self.state().ring_index(self.context, world_peer, self.comm.nranks);
-        // Only a put's proxy reads memory the caller wrote (its source).
-        let release = d.op == GinOp::Put as u8 && !self.source_released;
-        // SAFETY: the GinState comes from a live device communicator (the
-        // contract of the kernel that received it) and the ring index is in range.
-        unsafe { queue::post(self.state(), &self.comm.abort, ring, d, release) }?;
-        Ok(())
+        match self.backend() {
+            GinBackend::Proxy => {
+                let ring = self.state().ring_index(self.context, world_peer, self.comm.nranks);
+                // Only a put's proxy reads memory the caller wrote (its source).
+                let release = d.op == GinOp::Put as u8 && !self.source_released;
+                // SAFETY: the GinState comes from a live device communicator
+                // (the contract of the kernel that received it) and the ring
+                // index is in range.
+                unsafe { proxy::post(self.state(), &self.comm.abort, ring, d, release) }?;
+                Ok(())
+            }
+            GinBackend::None | GinBackend::Gdaki | GinBackend::Gpi => Err(GinError::NoGin),
+        }
+    }
+
+    /// Waits until every operation posted on this context to world rank
+    /// `world_peer` has had its source read (see [`Gin::post`]).
+    fn flush_peer(&self, world_peer: u32) -> Result<(), GinError> {
+        match self.backend() {
+            GinBackend::Proxy => {
+                let ring = self.state().ring_index(self.context, world_peer, self.comm.nranks);
+                // SAFETY: ring index in range; live GIN memory (as in `post`).
+                unsafe { proxy::flush_ring(self.state(), &self.comm.abort, ring) }.map_err(GinError::from)
+            }
+            GinBackend::None | GinBackend::Gdaki | GinBackend::Gpi => Err(GinError::NoGin),
+        }
+    }
+
+    fn backend(&self) -> GinBackend {
+        match self.state().backend {
+            b if b == GinBackend::Proxy as u32 => GinBackend::Proxy,
+            b if b == GinBackend::Gdaki as u32 => GinBackend::Gdaki,
+            b if b == GinBackend::Gpi as u32 => GinBackend::Gpi,
+            _ => GinBackend::None,
+        }
     }
 
     /// Puts `bytes` from `src` (offset `src_offset`) into member `peer` of
     /// `team`'s `dst` window (offset `dst_offset`), then applies `remote` at
     /// the peer and `local` here. Every thread of `coop` calls it; the coop is
-    /// joined first (so all its writes to the source are included), and its
-    /// leader posts the operation and gets the result (the others get `Ok`).
+    /// joined first (so all its writes to the source are included), its
+    /// leader posts the operation, and every thread gets the result.
     /// Puts of at most [`INLINE_PUT_BYTES`] are read by the leader at once
     /// and travel inside the descriptor. Larger ones fence at system scope
     /// before posting, so the proxy reads what the coop wrote, unless the
@@ -498,9 +530,7 @@ impl<'a> Gin<'a> {
         let n = self.comm.nranks;
         let mut peer = coop.thread_rank();
         while peer < n && r.is_ok() {
-            let ring = self.state().ring_index(self.context, peer, n);
-            // SAFETY: ring index in range; live GIN memory.
-            r = unsafe { queue::flush_ring(self.state(), &self.comm.abort, ring) }.map_err(GinError::from);
+            r = self.flush_peer(peer);
             peer += coop.size();
         }
         coop.agree(r)

@@ -1,6 +1,6 @@
 //! Test support: an in-process bootstrap, host-memory "device" windows,
 //! host-memory GIN rings and a host twin of the GPU producer
-//! (`devcomm_device::gin::queue::post`).
+//! (`devcomm_device::gin::proxy::post`).
 #![allow(dead_code)]
 
 use devcomm_gin::{
@@ -199,7 +199,7 @@ impl HostGin {
         }
     }
 
-    /// `queue::completed`: acquire load of the tail, then the error word.
+    /// `proxy::completed`: acquire load of the tail, then the error word.
     pub fn completed(&self, ring: usize) -> Result<u64, RingFailed> {
         let (done, error) = self.tail_words(ring);
         let done = done.load(Ordering::Acquire);
@@ -213,7 +213,7 @@ impl HostGin {
         self.tail_words(ring).1.load(Ordering::Acquire) != 0
     }
 
-    /// Host twin of `queue::post`: ticket by fetch_add, credit against the
+    /// Host twin of `proxy::post`: ticket by fetch_add, credit against the
     /// (cached) tail, then the slot's tagged words with relaxed stores (a
     /// release fence first, as a put does).
     pub fn post(&self, ring: usize, body: &GinDescriptor) -> Result<u64, RingFailed> {
@@ -247,7 +247,7 @@ impl HostGin {
         Ok(ticket)
     }
 
-    /// Host twin of `queue::flush_ring`.
+    /// Host twin of `proxy::flush_ring`.
     pub fn flush(&self, ring: usize) -> Result<(), RingFailed> {
         let target = self.heads[ring].load(Ordering::Relaxed);
         let start = Instant::now();

@@ -32,10 +32,6 @@
 //! # Ok(()) }
 //! ```
 
-mod copy_queue;
-mod gin_resources;
-#[cfg(feature = "verbs")]
-mod gin_verbs;
 mod requirements;
 
 pub use devcomm_device::comm::{AbortInfo, DevComm};
@@ -98,7 +94,7 @@ pub struct DevCommHandle<'c> {
     world_barrier_base: u32,
     abort_word: Arc<HostMappedWord>,
     windows: Vec<Arc<WindowShared>>,
-    gin: Option<gin_resources::GinResources>,
+    gin: Option<crate::gin::resources::GinResources>,
 }
 
 impl fmt::Debug for DevCommHandle<'_> {
@@ -210,7 +206,7 @@ impl Communicator {
 
     /// The GIN part of `create_dev_comm`: picks the backend (every rank
     /// agrees, or all fail with the first rank's error) and sets it up.
-    fn create_gin(&self, req: &DevCommRequirements) -> Result<Option<gin_resources::GinResources>> {
+    fn create_gin(&self, req: &DevCommRequirements) -> Result<Option<crate::gin::resources::GinResources>> {
         use crate::gin::GinConnectionType;
         let backend = match req.gin_connection_type {
             GinConnectionType::None => return Ok(None),
@@ -219,7 +215,7 @@ impl Communicator {
         };
         agree(self, "create_dev_comm (GIN backend)", backend.as_ref().map(|_| ()).map_err(Clone::clone))?;
         let backend = backend?;
-        let res = gin_resources::GinResources::create(self, req, backend);
+        let res = crate::gin::resources::GinResources::create(self, req, backend);
         agree(self, "create_dev_comm (GIN setup)", res.as_ref().map(|_| ()).map_err(Clone::clone))?;
         res.map(Some)
     }

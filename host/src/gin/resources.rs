@@ -7,7 +7,7 @@
 //!   tails, signals, counters — each region 4096-byte aligned;
 //! * device memory: producer tickets, cached tails, signal shadows.
 
-use super::copy_queue::StreamCopyQueue;
+use super::stream_copy_queue::StreamCopyQueue;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::gin::{GinTransport, GinType, GIN_TRANSPORT_ENV};
@@ -23,7 +23,7 @@ use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::DevCommRequirements;
+use crate::dev_comm::DevCommRequirements;
 
 /// Maps the proxy's errors onto devcomm's.
 pub(crate) fn from_gin(e: GinHostError) -> Error {
@@ -388,7 +388,7 @@ impl GinResources {
                 }
                 #[cfg(feature = "verbs")]
                 TransportChoice::Verbs => {
-                    (Box::new(super::gin_verbs::connect(comm, req, &shared, total_signals as u32)?), None)
+                    (Box::new(super::verbs::connect(comm, req, &shared, total_signals as u32)?), None)
                 }
                 #[cfg(not(feature = "verbs"))]
                 TransportChoice::Verbs => {
@@ -397,7 +397,7 @@ impl GinResources {
             };
         // SAFETY: `mem` names the live host buffer (kept until the proxy has
         // stopped, by field order and `stop`); producers post with
-        // `devcomm_device::gin::queue::post`, which accesses shared words atomically.
+        // `devcomm_device::gin::proxy::post`, which accesses shared words atomically.
         let proxy =
             unsafe { devcomm_gin::proxy::Proxy::start(mem, local, transport, comm.rank()) }.map_err(from_gin)?;
         Ok(GinResources {

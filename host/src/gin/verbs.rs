@@ -14,9 +14,9 @@
 //! Untested against a real NIC: none exists on the project's machines.
 //! Without one, connecting fails on every rank with an error naming the cause.
 
-use super::gin_resources::{from_gin, CommBootstrap};
-use super::DevCommRequirements;
+use super::resources::{from_gin, CommBootstrap};
 use crate::comm::Communicator;
+use crate::dev_comm::DevCommRequirements;
 use crate::error::{Error, Result};
 use crate::gin::GIN_IB_DMABUF_ENV;
 use crate::runtime::SharedHostBuffer;
@@ -118,7 +118,7 @@ fn prepare(
     let spans: Vec<WindowSpan> = req
         .live_windows()?
         .iter()
-        .map(|w| WindowSpan { id: w.desc.id, alloc_base: w.alloc().addr(), alloc_len: w.alloc().size() as u64 })
+        .map(|w| WindowSpan { id: w.desc.id(), alloc_base: w.alloc().addr(), alloc_len: w.alloc().size() as u64 })
         .collect();
     let table = comm.ext.window_table.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let dev = comm.device();

@@ -14,6 +14,13 @@
 //! [`Config::gin_type`](crate::comm::Config) forces one; forcing one that
 //! cannot be used is an [`Error::InvalidUsage`] that says why.
 //!
+//! Where things are: this module chooses the backend; `resources`
+//! allocates a device communicator's GIN memory and starts the proxy from
+//! `devcomm-gin` with the transports; `stream_copy_queue` is the proxy's
+//! asynchronous device data path over a CUDA (or emulated) stream
+//! (`devcomm_gin::CopyQueue`'s implementation); `verbs` connects the RDMA
+//! transport (feature `verbs`).
+//!
 //! The proxy backend reaches peers through a *transport* ([`GinTransport`]):
 //! by default the copy engine for same-host peers and TCP across hosts;
 //! `DEVCOMM_GIN_TRANSPORT=tcp|verbs` or [`Config::gin_transport`](crate::comm::Config)
@@ -26,6 +33,11 @@
 //! println!("GIN: {} (railed: {})", comm.gin_type()?, comm.railed_gin_type()?);
 //! # Ok(()) }
 //! ```
+
+pub(crate) mod resources;
+mod stream_copy_queue;
+#[cfg(feature = "verbs")]
+mod verbs;
 
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
