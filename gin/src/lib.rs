@@ -36,7 +36,7 @@ pub use host::{Bootstrap, GinHostMemory, LocalMemory};
 pub use proxy::Proxy;
 pub use ring::Rings;
 pub use transport::tcp::{TcpConfig, TcpTransport};
-pub use transport::{Landing, PeerFailure, Transport};
+pub use transport::{Landing, PeerFailure, PutTarget, Transport};
 
 pub use devcomm_device::abi::gin::{
     slot_tag, GinDescriptor, GinOp, GinSlot, GinState, LocalActionKind, QueueTail, RemoteActionKind,

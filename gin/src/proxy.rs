@@ -25,7 +25,7 @@
 
 use crate::descriptor::{decode, Limits, Request};
 use crate::ring::Rings;
-use crate::transport::{PeerFailure, Transport};
+use crate::transport::{PeerFailure, PutTarget, Transport};
 use crate::{GinDescriptor, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -404,18 +404,15 @@ impl Worker {
                 let local = &*self.local;
                 self.transport.put_from_device(
                     local,
-                    peer as usize,
-                    dst_window,
-                    dst_offset,
+                    PutTarget::new(peer as usize, dst_window, dst_offset, remote),
                     src,
                     bytes,
-                    remote,
                     &mut self.buf,
                 )
             }
-            Request::PutValue { peer, dst_window, dst_offset, payload, len, remote, .. } => {
-                self.transport.put(peer as usize, dst_window, dst_offset, &payload[..len as usize], remote)
-            }
+            Request::PutValue { peer, dst_window, dst_offset, payload, len, remote, .. } => self
+                .transport
+                .put(PutTarget::new(peer as usize, dst_window, dst_offset, remote), &payload[..len as usize]),
             Request::Signal { peer, remote, .. } => match remote {
                 Some((signal, value)) => self.transport.signal(peer as usize, signal, value),
                 None => Ok(()),

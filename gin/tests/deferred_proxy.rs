@@ -9,7 +9,7 @@ mod common;
 use common::{FakeMemory, HostGin, PATIENCE};
 use devcomm_gin::descriptor::{encode, Request};
 use devcomm_gin::transport::PeerFailure;
-use devcomm_gin::{GinResult, LocalMemory, Proxy, RemoteSignal, Transport};
+use devcomm_gin::{GinResult, LocalMemory, Proxy, PutTarget, Transport};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ struct Deferred {
 }
 
 impl Transport for Deferred {
-    fn put(&mut self, _peer: usize, _w: u32, _o: u64, data: &[u8], _s: Option<RemoteSignal>) -> GinResult<()> {
+    fn put(&mut self, _to: PutTarget, data: &[u8]) -> GinResult<()> {
         let mut v = [0u8; 8];
         v[..data.len()].copy_from_slice(data);
         self.log.issued.lock().unwrap().push(u64::from_le_bytes(v));

@@ -17,7 +17,7 @@
 //! Peers on other hosts go to the `fallback` transport (TCP), which also
 //! keeps receiving for this rank.
 
-use super::{PeerFailure, Transport};
+use super::{PeerFailure, PutTarget, Transport};
 use crate::descriptor::RemoteSignal;
 use crate::{CopyQueue, GinHostError, GinResult, LocalMemory};
 use std::collections::{HashMap, VecDeque};
@@ -183,16 +183,10 @@ impl CopyEngineTransport {
 }
 
 impl Transport for CopyEngineTransport {
-    fn put(
-        &mut self,
-        peer: usize,
-        dst_window: u32,
-        dst_offset: u64,
-        data: &[u8],
-        signal: Option<RemoteSignal>,
-    ) -> GinResult<()> {
+    fn put(&mut self, to: PutTarget, data: &[u8]) -> GinResult<()> {
+        let PutTarget { peer, dst_window, dst_offset, signal } = to;
         if self.peer(peer).is_none() {
-            return self.fallback.put(peer, dst_window, dst_offset, data, signal);
+            return self.fallback.put(PutTarget::new(peer, dst_window, dst_offset, signal), data);
         }
         let dst = self.dst(peer, dst_window, dst_offset, data.len() as u64)?;
         self.check_signal(peer, signal)?;
@@ -221,16 +215,20 @@ impl Transport for CopyEngineTransport {
     fn put_from_device(
         &mut self,
         local: &dyn LocalMemory,
-        peer: usize,
-        dst_window: u32,
-        dst_offset: u64,
+        to: PutTarget,
         src: u64,
         bytes: u64,
-        signal: Option<RemoteSignal>,
         buf: &mut Vec<u8>,
     ) -> GinResult<()> {
+        let PutTarget { peer, dst_window, dst_offset, signal } = to;
         if self.peer(peer).is_none() {
-            return self.fallback.put_from_device(local, peer, dst_window, dst_offset, src, bytes, signal, buf);
+            return self.fallback.put_from_device(
+                local,
+                PutTarget::new(peer, dst_window, dst_offset, signal),
+                src,
+                bytes,
+                buf,
+            );
         }
         let dst = self.dst(peer, dst_window, dst_offset, bytes)?;
         self.check_signal(peer, signal)?;
@@ -365,7 +363,8 @@ mod tests {
     struct NoFallback;
 
     impl Transport for NoFallback {
-        fn put(&mut self, peer: usize, _: u32, _: u64, _: &[u8], _: Option<RemoteSignal>) -> GinResult<()> {
+        fn put(&mut self, to: PutTarget, _: &[u8]) -> GinResult<()> {
+            let peer = to.peer;
             Err(GinHostError::Invalid(format!("rank {peer} reached the fallback")))
         }
         fn signal(&mut self, peer: usize, _: u32, _: u64) -> GinResult<()> {
@@ -407,7 +406,7 @@ mod tests {
         let mut failed = Vec::new();
 
         // Idle: the first put is fenced at once; its signal waits for that fence.
-        t.put(1, 0, 8, &7u64.to_le_bytes(), Some((2, 1))).unwrap();
+        t.put(PutTarget::new(1, 0, 8, Some((2, 1))), &7u64.to_le_bytes()).unwrap();
         t.flush().unwrap();
         assert_eq!(log.lock().unwrap().fences, 1);
         assert_eq!(t.issued(), 1);
@@ -417,7 +416,7 @@ mod tests {
         let mut buf = Vec::new();
         let m = ModelMemory(log.clone());
         for i in 0..(FENCE_EVERY - 1) as u64 {
-            t.put_from_device(&m, 1, 0, 64 * i, 0x1000, 64, Some((2, 1)), &mut buf).unwrap();
+            t.put_from_device(&m, PutTarget::new(1, 0, 64 * i, Some((2, 1))), 0x1000, 64, &mut buf).unwrap();
             t.flush().unwrap();
         }
         assert_eq!(log.lock().unwrap().fences, 1, "a fence per sweep while one is in flight");
@@ -432,7 +431,7 @@ mod tests {
 
         // FENCE_EVERY operations behind a fence in flight force another.
         for i in 0..FENCE_EVERY as u64 {
-            t.put(1, 0, 8 * i, &i.to_le_bytes(), None).unwrap();
+            t.put(PutTarget::new(1, 0, 8 * i, None), &i.to_le_bytes()).unwrap();
         }
         t.signal(1, 3, 5).unwrap();
         t.flush().unwrap();
@@ -454,9 +453,9 @@ mod tests {
     fn a_graceful_close_fences_what_was_held_back() {
         let mut signals = vec![0u64; 1];
         let (mut t, log) = transport(&mut signals);
-        t.put(1, 0, 0, &1u64.to_le_bytes(), None).unwrap();
+        t.put(PutTarget::new(1, 0, 0, None), &1u64.to_le_bytes()).unwrap();
         t.flush().unwrap();
-        t.put(1, 0, 8, &2u64.to_le_bytes(), Some((0, 1))).unwrap();
+        t.put(PutTarget::new(1, 0, 8, Some((0, 1))), &2u64.to_le_bytes()).unwrap();
         t.flush().unwrap();
         assert_eq!(log.lock().unwrap().fences, 1);
         pass(&log, 2); // the model passes fence 2 as soon as it is queued

@@ -33,46 +33,56 @@ pub struct PeerFailure {
     pub error: GinHostError,
 }
 
+/// Where a put lands and what follows it: the part of every put that a
+/// [`Transport`] carries, whatever the data's source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PutTarget {
+    /// The peer (world rank).
+    pub peer: usize,
+    /// The destination window.
+    pub dst_window: u32,
+    /// Byte offset in it.
+    pub dst_offset: u64,
+    /// A signal to add to at the peer once the data is visible there.
+    pub signal: Option<RemoteSignal>,
+}
+
+impl PutTarget {
+    /// `signal` after the data, at `dst_offset` of window `dst_window` of `peer`.
+    pub const fn new(peer: usize, dst_window: u32, dst_offset: u64, signal: Option<RemoteSignal>) -> Self {
+        PutTarget { peer, dst_window, dst_offset, signal }
+    }
+}
+
 /// Carries operations to peers and applies what peers send. Driven by one
 /// proxy thread.
 pub trait Transport: Send {
-    /// Sends `data` to `dst_offset` of window `dst_window` on `peer`, then
-    /// (in order after the data) adds `signal.1` to signal `signal.0` there.
+    /// Sends `data` to `to.dst_offset` of window `to.dst_window` on
+    /// `to.peer`, then (in order after the data) applies `to.signal` there.
     /// Returns once `data` has been consumed (the caller may reuse it);
     /// delivery may complete later but stays ordered with every other
     /// operation to `peer`. `Remote` if `peer` is unreachable; `Invalid`
     /// if the request is malformed (detected locally).
-    fn put(
-        &mut self,
-        peer: usize,
-        dst_window: u32,
-        dst_offset: u64,
-        data: &[u8],
-        signal: Option<RemoteSignal>,
-    ) -> GinResult<()>;
+    fn put(&mut self, to: PutTarget, data: &[u8]) -> GinResult<()>;
     /// Adds `value` to signal `signal` on `peer`, after every earlier
     /// operation to `peer`.
     fn signal(&mut self, peer: usize, signal: u32, value: u64) -> GinResult<()>;
-    /// Puts `bytes` from this rank's device address `src` to `dst_offset` of
-    /// window `dst_window` on `peer`, then applies `signal` there (as
+    /// Puts `bytes` from this rank's device address `src` to `to` (as
     /// [`Transport::put`]). The default stages the data through `buf` in
     /// pieces of at most [`crate::proxy::PUT_CHUNK`] bytes read with
     /// [`LocalMemory::read_device`]; transports with a device data path
     /// (the copy engine) override it.
-    #[allow(clippy::too_many_arguments)]
     fn put_from_device(
         &mut self,
         local: &dyn LocalMemory,
-        peer: usize,
-        dst_window: u32,
-        dst_offset: u64,
+        to: PutTarget,
         src: u64,
         bytes: u64,
-        signal: Option<RemoteSignal>,
         buf: &mut Vec<u8>,
     ) -> GinResult<()> {
+        let PutTarget { peer, dst_window, dst_offset, signal } = to;
         if bytes == 0 {
-            return self.put(peer, dst_window, dst_offset, &[], signal);
+            return self.put(PutTarget::new(peer, dst_window, dst_offset, signal), &[]);
         }
         let mut done = 0u64;
         while done < bytes {
@@ -82,7 +92,7 @@ pub trait Transport: Send {
             }
             local.read_device(src + done, &mut buf[..n])?;
             let last = done + n as u64 == bytes;
-            self.put(peer, dst_window, dst_offset + done, &buf[..n], if last { signal } else { None })?;
+            self.put(PutTarget::new(peer, dst_window, dst_offset + done, if last { signal } else { None }), &buf[..n])?;
             done += n as u64;
         }
         Ok(())

@@ -38,7 +38,7 @@
 //! reports it and [`Transport::put`] to it returns `Remote`.
 
 use super::copy_engine::DRAIN_TIMEOUT;
-use super::{Landing, PeerFailure, Transport};
+use super::{Landing, PeerFailure, PutTarget, Transport};
 use crate::descriptor::RemoteSignal;
 use crate::{Bootstrap, CopyQueue, GinHostError, GinResult};
 use nix::sys::socket::MsgFlags;
@@ -679,14 +679,8 @@ fn frames(r: &mut Reader, l: &mut Lander<'_>) -> GinResult<()> {
 }
 
 impl Transport for TcpTransport {
-    fn put(
-        &mut self,
-        peer: usize,
-        dst_window: u32,
-        dst_offset: u64,
-        data: &[u8],
-        signal: Option<RemoteSignal>,
-    ) -> GinResult<()> {
+    fn put(&mut self, to: PutTarget, data: &[u8]) -> GinResult<()> {
+        let PutTarget { peer, dst_window, dst_offset, signal } = to;
         self.check_peer(peer)?;
         if peer == self.rank {
             let l = &self.shared.landing;
@@ -990,9 +984,9 @@ mod tests {
             });
             let t = &mut ts[1];
             for i in 0..PUTS as u64 {
-                t.put(0, 0, i * 8, &(i + 1).to_le_bytes(), Some((0, 1))).unwrap();
+                t.put(PutTarget::new(0, 0, i * 8, Some((0, 1))), &(i + 1).to_le_bytes()).unwrap();
             }
-            t.put(0, 0, (PUTS * 8) as u64, &big, Some((1, 1))).unwrap();
+            t.put(PutTarget::new(0, 0, (PUTS * 8) as u64, Some((1, 1))), &big).unwrap();
             t.flush().unwrap();
             checker.join().unwrap();
         });
@@ -1013,13 +1007,13 @@ mod tests {
         let mut signals = [vec![0u64; 1], vec![0u64; 1]];
         let mut ts = pair(&devs, &mut signals);
         devs[1].fault.store(true, Ordering::SeqCst);
-        ts[0].put(1, 0, 0, &7u64.to_le_bytes(), Some((0, 1))).unwrap();
+        ts[0].put(PutTarget::new(1, 0, 0, Some((0, 1))), &7u64.to_le_bytes()).unwrap();
         ts[0].flush().unwrap();
         let f = wait_failure(&mut ts[1]);
         assert_eq!(f.peer, 0);
         assert!(matches!(&f.error, GinHostError::Remote(m) if m.contains("model device fault")), "{f:?}");
         assert_eq!(load(&signals[1], 0), 0, "signal applied without its data");
-        assert!(matches!(ts[1].put(0, 0, 0, &[1], None), Err(GinHostError::Remote(_))));
+        assert!(matches!(ts[1].put(PutTarget::new(0, 0, 0, None), &[1]), Err(GinHostError::Remote(_))));
         // Rank 0 sees the connection cut.
         assert_eq!(wait_failure(&mut ts[0]).peer, 1);
         drop(ts);
@@ -1031,8 +1025,8 @@ mod tests {
             let devs = [device(64, queues), device(64, queues)];
             let mut signals = [vec![0u64; 1], vec![0u64; 1]];
             let mut ts = pair(&devs, &mut signals);
-            ts[0].put(1, 0, 8, &5u64.to_le_bytes(), Some((0, 1))).unwrap();
-            ts[0].put(1, 0, 60, &[1; 8], Some((0, 1))).unwrap();
+            ts[0].put(PutTarget::new(1, 0, 8, Some((0, 1))), &5u64.to_le_bytes()).unwrap();
+            ts[0].put(PutTarget::new(1, 0, 60, Some((0, 1))), &[1; 8]).unwrap();
             ts[0].flush().unwrap();
             let f = wait_failure(&mut ts[1]);
             assert_eq!(f.peer, 0);
@@ -1058,7 +1052,7 @@ mod tests {
             // Rank 0 keeps sending, a batch at a time.
             s.spawn(|| {
                 for i in 0..PUTS {
-                    if t0[0].put(1, 0, i * 8, &(i + 1).to_le_bytes(), Some((0, 1))).is_err() {
+                    if t0[0].put(PutTarget::new(1, 0, i * 8, Some((0, 1))), &(i + 1).to_le_bytes()).is_err() {
                         break;
                     }
                     if i % 16 == 0 {

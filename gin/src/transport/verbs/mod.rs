@@ -138,7 +138,7 @@ pub mod conninfo;
 mod ffi;
 pub mod plan;
 
-use super::{PeerFailure, Transport};
+use super::{PeerFailure, PutTarget, Transport};
 use crate::descriptor::RemoteSignal;
 use crate::{Bootstrap, GinHostError, GinResult, LocalMemory};
 use conninfo::{ConnInfo, ConnRecord, QpEndpoint, WindowInfo};
@@ -1191,14 +1191,8 @@ impl VerbsTransport {
 }
 
 impl Transport for VerbsTransport {
-    fn put(
-        &mut self,
-        peer: usize,
-        dst_window: u32,
-        dst_offset: u64,
-        data: &[u8],
-        signal: Option<RemoteSignal>,
-    ) -> GinResult<()> {
+    fn put(&mut self, to: PutTarget, data: &[u8]) -> GinResult<()> {
+        let PutTarget { peer, dst_window, dst_offset, signal } = to;
         self.check_peer(peer)?;
         self.plan_put(peer, dst_window, dst_offset, data.len() as u64, Route::Host, signal)?;
         self.post_planned(peer, Data::Host(data)).map(|_| ())
@@ -1215,17 +1209,15 @@ impl Transport for VerbsTransport {
     fn put_from_device(
         &mut self,
         local: &dyn LocalMemory,
-        peer: usize,
-        dst_window: u32,
-        dst_offset: u64,
+        to: PutTarget,
         src: u64,
         bytes: u64,
-        signal: Option<RemoteSignal>,
         _buf: &mut Vec<u8>,
     ) -> GinResult<()> {
+        let PutTarget { peer, dst_window, dst_offset, signal } = to;
         self.check_peer(peer)?;
         if bytes == 0 {
-            return self.put(peer, dst_window, dst_offset, &[], signal);
+            return self.put(PutTarget::new(peer, dst_window, dst_offset, signal), &[]);
         }
         match self.registered(src, bytes) {
             Some(lkey) => {

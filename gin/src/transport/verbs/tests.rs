@@ -304,11 +304,11 @@ fn loopback_put_and_signal_when_a_device_exists() {
     eprintln!("RDMA device {} found: running the loopback test", t.device_name());
     let small = [7u8; 16];
     let big: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
-    t.put(0, 5, 0, &small, Some((1, 1))).unwrap();
-    t.put(0, 5, 1000, &big, None).unwrap();
+    t.put(PutTarget::new(0, 5, 0, Some((1, 1))), &small).unwrap();
+    t.put(PutTarget::new(0, 5, 1000, None), &big).unwrap();
     t.signal(0, 2, 5).unwrap();
-    assert!(matches!(t.put(0, 5, (1 << 16) - 8, &small, None), Err(GinHostError::Invalid(_))));
-    assert!(matches!(t.put(0, 6, 0, &small, None), Err(GinHostError::Invalid(_))));
+    assert!(matches!(t.put(PutTarget::new(0, 5, (1 << 16) - 8, None), &small), Err(GinHostError::Invalid(_))));
+    assert!(matches!(t.put(PutTarget::new(0, 6, 0, None), &small), Err(GinHostError::Invalid(_))));
     assert!(matches!(t.signal(0, 4, 1), Err(GinHostError::Invalid(_))));
     t.flush().unwrap();
     let mut failed = vec![];
@@ -592,10 +592,10 @@ fn model_puts_and_signals_land_in_order() {
     let (ranks, mut ts) = model_world(2, &config);
     let small = pattern(40, 1);
     let big = pattern(150_000, 2); // > the 64 KiB staging ring: staged in 16 KiB pieces, waiting for room
-    ts[0].put(1, WINDOW, 8, &small, Some((0, 1))).unwrap();
-    ts[0].put(1, WINDOW, 4096, &big, Some((1, 7))).unwrap();
+    ts[0].put(PutTarget::new(1, WINDOW, 8, Some((0, 1))), &small).unwrap();
+    ts[0].put(PutTarget::new(1, WINDOW, 4096, Some((1, 7))), &big).unwrap();
     ts[0].signal(1, 2, 3).unwrap();
-    ts[0].put(0, WINDOW, 0, &small, Some((3, 2))).unwrap(); // loopback to itself
+    ts[0].put(PutTarget::new(0, WINDOW, 0, Some((3, 2))), &small).unwrap(); // loopback to itself
     ts[0].flush().unwrap();
     assert_eq!(&ranks[1].window[8..48], &small[..]);
     assert_eq!(&ranks[1].window[4096..4096 + big.len()], &big[..]);
@@ -636,7 +636,7 @@ fn model_send_queue_full_waits_and_never_overflows() {
     let (ranks, mut ts) = model_world(2, &config);
     ranks[0].knobs.per_poll.store(1, Ordering::SeqCst);
     for i in 0..500u64 {
-        ts[0].put(1, WINDOW, 8 * i, &i.to_le_bytes(), None).unwrap();
+        ts[0].put(PutTarget::new(1, WINDOW, 8 * i, None), &i.to_le_bytes()).unwrap();
     }
     ts[0].signal(1, 0, 1).unwrap();
     ts[0].flush().unwrap();
@@ -675,7 +675,9 @@ fn model_zero_copy_puts_retire_on_completion() {
     ranks[0].knobs.per_poll.store(0, Ordering::SeqCst);
     let mut buf = Vec::new();
     assert_eq!(ts[0].issued(), 0);
-    ts[0].put_from_device(&HostMemory, 1, WINDOW, 64, src, data.len() as u64, Some((0, 1)), &mut buf).unwrap();
+    ts[0]
+        .put_from_device(&HostMemory, PutTarget::new(1, WINDOW, 64, Some((0, 1))), src, data.len() as u64, &mut buf)
+        .unwrap();
     assert_eq!((ts[0].issued(), ts[0].retired().unwrap()), (1, 0));
     {
         let log = ranks[0].knobs.log.lock().unwrap();
@@ -689,7 +691,9 @@ fn model_zero_copy_puts_retire_on_completion() {
     // A source outside the registered windows is read into staging instead
     // (consumed at once: no new mark).
     let outside = pattern(30_000, 4);
-    ts[0].put_from_device(&HostMemory, 1, WINDOW, 0, outside.as_ptr() as u64, 30_000, None, &mut buf).unwrap();
+    ts[0]
+        .put_from_device(&HostMemory, PutTarget::new(1, WINDOW, 0, None), outside.as_ptr() as u64, 30_000, &mut buf)
+        .unwrap();
     assert_eq!((ts[0].issued(), ts[0].retired().unwrap()), (1, 1));
     ts[0].flush().unwrap();
     assert_eq!(&ranks[1].window[..30_000], &outside[..]);
@@ -702,8 +706,8 @@ fn model_failed_peer_is_reported_once_and_refused() {
     let (ranks, mut ts) = model_world(3, &config);
     ranks[0].knobs.broken.lock().unwrap()[2] = true;
     // Posting succeeds; the failure comes back as a completion error.
-    ts[0].put(2, WINDOW, 0, &[1; 8], Some((0, 1))).unwrap();
-    ts[0].put(1, WINDOW, 0, &[2; 8], None).unwrap();
+    ts[0].put(PutTarget::new(2, WINDOW, 0, Some((0, 1))), &[1; 8]).unwrap();
+    ts[0].put(PutTarget::new(1, WINDOW, 0, None), &[2; 8]).unwrap();
     ts[0].flush().unwrap();
     let mut failed = vec![];
     ts[0].progress(&mut failed).unwrap();
@@ -713,12 +717,12 @@ fn model_failed_peer_is_reported_once_and_refused() {
         GinHostError::Remote(m) => assert!(m.contains("rank 2") && m.contains("retry counter exceeded"), "{m}"),
         e => panic!("{e:?}"),
     }
-    assert!(matches!(ts[0].put(2, WINDOW, 0, &[1; 8], None), Err(GinHostError::Remote(_))));
+    assert!(matches!(ts[0].put(PutTarget::new(2, WINDOW, 0, None), &[1; 8]), Err(GinHostError::Remote(_))));
     assert!(matches!(ts[0].signal(2, 0, 1), Err(GinHostError::Remote(_))));
     ts[0].progress(&mut failed).unwrap();
     assert_eq!(failed.len(), 1, "reported once");
     // The others are unaffected.
-    ts[0].put(1, WINDOW, 8, &[3; 8], Some((1, 1))).unwrap();
+    ts[0].put(PutTarget::new(1, WINDOW, 8, Some((1, 1))), &[3; 8]).unwrap();
     ts[0].flush().unwrap();
     assert_eq!(
         (&ranks[1].window[..16], signal(&ranks[1], 1)),
@@ -726,9 +730,12 @@ fn model_failed_peer_is_reported_once_and_refused() {
     );
     // A request past the peer's window is refused locally (Invalid), and
     // the peer stays up.
-    assert!(matches!(ts[0].put(1, WINDOW, WINDOW_BYTES as u64 - 4, &[0; 8], None), Err(GinHostError::Invalid(_))));
-    assert!(matches!(ts[0].put(1, 99, 0, &[0; 8], None), Err(GinHostError::Invalid(_))));
-    ts[0].put(1, WINDOW, 0, &[4; 8], None).unwrap();
+    assert!(matches!(
+        ts[0].put(PutTarget::new(1, WINDOW, WINDOW_BYTES as u64 - 4, None), &[0; 8]),
+        Err(GinHostError::Invalid(_))
+    ));
+    assert!(matches!(ts[0].put(PutTarget::new(1, 99, 0, None), &[0; 8]), Err(GinHostError::Invalid(_))));
+    ts[0].put(PutTarget::new(1, WINDOW, 0, None), &[4; 8]).unwrap();
     drop(ts);
 }
 
@@ -737,13 +744,13 @@ fn model_stalled_peer_is_failed_after_the_wait_timeout() {
     let config = VerbsConfig { wait_timeout: Duration::from_millis(100), ..model_config() };
     let (ranks, mut ts) = model_world(2, &config);
     ranks[0].knobs.per_poll.store(0, Ordering::SeqCst);
-    ts[0].put(1, WINDOW, 0, &[1; 8], None).unwrap();
+    ts[0].put(PutTarget::new(1, WINDOW, 0, None), &[1; 8]).unwrap();
     // flush gives up on rank 1 (fails it) instead of hanging.
     ts[0].flush().unwrap();
     let mut failed = vec![];
     ts[0].progress(&mut failed).unwrap();
     assert_eq!(failed.iter().map(|f| f.peer).collect::<Vec<_>>(), vec![1]);
-    assert!(matches!(ts[0].put(1, WINDOW, 0, &[1; 8], None), Err(GinHostError::Remote(_))));
+    assert!(matches!(ts[0].put(PutTarget::new(1, WINDOW, 0, None), &[1; 8]), Err(GinHostError::Remote(_))));
     drop(ts);
 }
 
@@ -753,7 +760,7 @@ fn model_graceful_close_is_not_a_failure() {
     let (ranks, mut ts) = model_world(2, &config);
     ts[1].close(true);
     // Rank 1 wrote its goodbye into rank 0's control word for it.
-    match ts[0].put(1, WINDOW, 0, &[1; 8], None) {
+    match ts[0].put(PutTarget::new(1, WINDOW, 0, None), &[1; 8]) {
         Err(GinHostError::Remote(m)) => assert!(m.contains("closed"), "{m}"),
         r => panic!("{r:?}"),
     }
@@ -761,12 +768,12 @@ fn model_graceful_close_is_not_a_failure() {
     ts[0].progress(&mut failed).unwrap();
     assert!(failed.is_empty());
     // A closed transport refuses work and its QPs are in the error state.
-    assert!(matches!(ts[1].put(0, WINDOW, 0, &[1; 8], None), Err(GinHostError::Invalid(_))));
+    assert!(matches!(ts[1].put(PutTarget::new(0, WINDOW, 0, None), &[1; 8]), Err(GinHostError::Invalid(_))));
     // An abort (not graceful) says nothing: the peer sees a failure later.
     let (ranks2, mut ts2) = model_world(2, &config);
     ts2[1].close(false);
     ranks2[0].knobs.broken.lock().unwrap()[1] = true; // its QP is gone
-    ts2[0].put(1, WINDOW, 0, &[1; 8], None).unwrap();
+    ts2[0].put(PutTarget::new(1, WINDOW, 0, None), &[1; 8]).unwrap();
     ts2[0].flush().unwrap();
     ts2[0].progress(&mut failed).unwrap();
     assert_eq!(failed.len(), 1);
