@@ -9,44 +9,19 @@
 //! ```
 
 use devcomm::comm::Communicator;
-use devcomm::env::LaunchEnv;
-use devcomm::launch::LaunchOptions;
-use devcomm::runtime::{device_count, Event, LaunchConfig, RuntimeKind, RuntimeSelection};
+use devcomm::runtime::{Event, LaunchConfig, RuntimeKind};
 use devcomm::{Error, Result};
 use devcomm_kernels::selftest::block_sum_u64;
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("hello: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run() -> Result<()> {
-    match LaunchEnv::from_env() {
-        // No launcher variables: start the ranks ourselves, as devcomm-run would.
-        Err(Error::InvalidUsage(_)) => launch_ranks(),
-        Err(e) => Err(e),
-        Ok(_) => rank_main(),
-    }
-}
-
-fn launch_ranks() -> Result<()> {
-    let (kind, devices) = device_count(RuntimeSelection::from_env()?)?;
-    let nranks = match kind {
+    // One rank per GPU (up to 8), or 4 emulated ranks.
+    let nranks = |kind, devices: usize| match kind {
         RuntimeKind::Cuda => devices.clamp(1, 8),
         RuntimeKind::Emulated => 4,
     };
-    println!("hello: {nranks} ranks on the {kind} runtime ({devices} device(s) found)");
-    let exe = std::env::current_exe().map_err(|e| Error::system("locating this program", e))?;
-    let opts =
-        LaunchOptions::new(nranks, exe).args(std::env::args_os().skip(1)).env(RuntimeSelection::ENV, kind.to_string());
-    devcomm::launch::spawn(&opts)?.wait_success()
+    devcomm_examples::main_with_ranks("hello", nranks, rank_main)
 }
 
 fn rank_main() -> Result<()> {

@@ -1,10 +1,11 @@
 //! `cargo xtask`: project chores.
 //!
-//! - `cargo xtask ptx --update [--arch sm_90]`: builds `devcomm-kernels` to
-//!   PTX with the nightly toolchain and writes the committed file
-//!   `host/ptx/devcomm_kernels.<arch>.ptx` with its header (toolchain,
-//!   recipe, inputs hash). Run it after changing the device or kernel crates.
-//! - `cargo xtask ptx --check`: fails when the committed PTX is stale (its
+//! - `cargo xtask ptx --update [--arch sm_90]`: builds every committed kernel
+//!   crate (`devcomm-kernels` → `host/ptx/devcomm_kernels.<arch>.ptx`, the
+//!   examples' → `examples/ptx/`) with the nightly toolchain and writes the
+//!   files with their header (toolchain, recipe, inputs hash). Run it after
+//!   changing the device or a kernel crate.
+//! - `cargo xtask ptx --check`: fails when a committed PTX is stale (its
 //!   inputs hash does not match the tree); where the toolchain it records is
 //!   installed with `rust-src`, also rebuilds it and compares the bytes. CI
 //!   runs this.
@@ -20,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use clap::{Parser, Subcommand};
-use devcomm_build::committed::{self, Freshness, Origin, LIBRARY_KERNELS};
+use devcomm_build::committed::{self, Freshness, Origin, Sources, LIBRARY_KERNELS};
 use devcomm_build::{PtxArtifact, PtxBuilder};
 
 /// Test targets that test the build itself (they run cargo or read the
@@ -130,8 +131,12 @@ fn cargo_metadata() -> Result<serde_json::Value> {
 }
 
 fn builder(args: &PtxArgs) -> Result<PtxBuilder> {
+    builder_for(&LIBRARY_KERNELS, args)
+}
+
+fn builder_for(sources: &Sources, args: &PtxArgs) -> Result<PtxBuilder> {
     let target = target_dir()?;
-    Ok(PtxBuilder::new(LIBRARY_KERNELS.package)
+    Ok(PtxBuilder::new(sources.package)
         .manifest_dir(workspace_root())
         .target_dir(target.join(devcomm_build::PTX_TARGET_SUBDIR))
         .arch(&args.arch)
@@ -143,27 +148,46 @@ fn build_ptx(args: &PtxArgs) -> Result<PtxArtifact> {
     builder(args)?.build().map_err(|e| e.to_string())
 }
 
-fn cmd_ptx_update(args: &PtxArgs) -> Result<()> {
-    let root = workspace_root();
-    let ptx = committed::build_committed(&LIBRARY_KERNELS, &root, &builder(args)?).map_err(|e| e.to_string())?;
-    let path = LIBRARY_KERNELS.committed_path(&root, &args.arch);
-    devcomm_build::write_if_changed(&path, &ptx.render()).map_err(|e| e.to_string())?;
-    println!(
-        "{}: {} kernels, built by {}, inputs {}",
-        path.display(),
-        devcomm_build::check_ptx(&ptx.body).map_err(|e| e.to_string())?.len(),
-        ptx.toolchain,
-        ptx.inputs
-    );
+fn cmd_ptx(args: &PtxArgs, out: Option<PathBuf>) -> Result<()> {
+    let ptx = build_ptx(args)?;
+    let out = match out {
+        Some(p) => p,
+        None => target_dir()?.join("ptx").join("devcomm_kernels.ptx"),
+    };
+    ptx.copy_to(&out).map_err(|e| e.to_string())?;
+    println!("{}", out.display());
+    println!("entries: {}", ptx.entries.join(" "));
     Ok(())
 }
 
-fn cmd_ptx_check(args: &PtxArgs) -> Result<()> {
+/// Rebuilds every committed PTX ([`committed::ALL`]).
+fn cmd_ptx_update(args: &PtxArgs) -> Result<()> {
     let root = workspace_root();
-    let b = builder(args)?;
-    let path = LIBRARY_KERNELS.committed_path(&root, &args.arch);
+    for sources in committed::ALL {
+        let ptx =
+            committed::build_committed(sources, &root, &builder_for(sources, args)?).map_err(|e| e.to_string())?;
+        let path = sources.committed_path(&root, &args.arch);
+        devcomm_build::write_if_changed(&path, &ptx.render()).map_err(|e| e.to_string())?;
+        let kernels = devcomm_build::check_ptx(&ptx.body).map_err(|e| e.to_string())?.len();
+        println!("{}: {kernels} kernels, built by {}, inputs {}", path.display(), ptx.toolchain, ptx.inputs);
+    }
+    Ok(())
+}
+
+/// Checks every committed PTX ([`committed::ALL`]).
+fn cmd_ptx_check(args: &PtxArgs) -> Result<()> {
+    for sources in committed::ALL {
+        check_committed(sources, args)?;
+    }
+    Ok(())
+}
+
+fn check_committed(sources: &Sources, args: &PtxArgs) -> Result<()> {
+    let root = workspace_root();
+    let b = builder_for(sources, args)?;
+    let path = sources.committed_path(&root, &args.arch);
     let refresh = "refresh it with `cargo xtask ptx --update` (needs `rustup toolchain install nightly --component rust-src`) and commit it";
-    let committed = match committed::freshness(&LIBRARY_KERNELS, &root, &b).map_err(|e| e.to_string())? {
+    let committed = match committed::freshness(sources, &root, &b).map_err(|e| e.to_string())? {
         Freshness::Fresh(c) => c,
         Freshness::Stale { committed, expected } => {
             return Err(format!(
@@ -187,7 +211,7 @@ fn cmd_ptx_check(args: &PtxArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let rebuilt = committed::build_committed(&LIBRARY_KERNELS, &root, &b).map_err(|e| e.to_string())?;
+    let rebuilt = committed::build_committed(sources, &root, &b).map_err(|e| e.to_string())?;
     if rebuilt != committed {
         return Err(format!(
             "{} differs from what `{}` builds from these sources (edited by hand?); {refresh}",
@@ -196,18 +220,6 @@ fn cmd_ptx_check(args: &PtxArgs) -> Result<()> {
         ));
     }
     println!("rebuilt with `{}`: identical", committed.toolchain);
-    Ok(())
-}
-
-fn cmd_ptx(args: &PtxArgs, out: Option<PathBuf>) -> Result<()> {
-    let ptx = build_ptx(args)?;
-    let out = match out {
-        Some(p) => p,
-        None => target_dir()?.join("ptx").join("devcomm_kernels.ptx"),
-    };
-    ptx.copy_to(&out).map_err(|e| e.to_string())?;
-    println!("{}", out.display());
-    println!("entries: {}", ptx.entries.join(" "));
     Ok(())
 }
 

@@ -62,6 +62,21 @@ pub const LIBRARY_KERNELS: Sources = Sources {
     file_stem: "devcomm_kernels",
 };
 
+/// The examples' kernels (`examples/kernels`, a user's kernel crate),
+/// committed under `examples/ptx/` so that the examples run without
+/// nightly: the way a library of one's own can ship its kernels.
+pub const EXAMPLE_KERNELS: Sources = Sources {
+    package: "devcomm-example-kernels",
+    dirs: &["device/src", "examples/kernels/src"],
+    files: &["device/Cargo.toml", "examples/kernels/Cargo.toml", ".cargo/config.toml"],
+    committed_dir: "examples/ptx",
+    file_stem: "devcomm_example_kernels",
+};
+
+/// Every committed PTX of this repository (what `cargo xtask ptx --update`
+/// and `--check` go through).
+pub const ALL: [&Sources; 2] = [&LIBRARY_KERNELS, &EXAMPLE_KERNELS];
+
 impl Sources {
     /// The committed PTX file for `arch` under the workspace `root`.
     pub fn committed_path(&self, root: &Path, arch: &str) -> PathBuf {
