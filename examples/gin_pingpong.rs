@@ -38,7 +38,7 @@ fn rank_main() -> Result<()> {
     let (out, errors) = (dev.alloc_from(&[0u64])?, dev.alloc_from(&[0u32])?);
     for bytes in [8u64, 4096, 32768] {
         let payload: Vec<u8> = (0..bytes).map(|i| (i as u8) ^ (rank as u8 * 31)).collect();
-        window.write(&stream, 0, &payload)?;
+        window.write(stream, 0, &payload)?;
         // Signals count up across sizes: start each size from zero.
         handle.reset_gin_signal(0)?;
         comm.bootstrap_barrier()?;
@@ -55,7 +55,7 @@ fn rank_main() -> Result<()> {
         }
         // The peer's message landed at offset `bytes`.
         let mut got = vec![0u8; bytes as usize];
-        window.read(&stream, bytes as usize, &mut got)?;
+        window.read(stream, bytes as usize, &mut got)?;
         let peer = 1 - rank;
         let bad = got.iter().enumerate().filter(|&(i, &b)| b != (i as u8) ^ (peer as u8 * 31)).count();
         if bad != 0 {

@@ -45,13 +45,13 @@ fn rank_main() -> Result<()> {
 
     // Window memory is not zeroed: the signal starts at 0 on every rank
     // before anyone can add to it (the barrier in the first round).
-    window.write(&stream, sig_off, &[0u64])?;
+    window.write(stream, sig_off, &[0u64])?;
     let errors = dev.alloc_from(&[0u32])?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x1ea5 + rank as u64);
     for round in 1..=ROUNDS {
         let data: Vec<u64> = (0..BYTES / 8).map(|_| rng.gen()).collect();
-        window.write(&stream, src_off, &data)?;
-        window.write(&stream, dst_off, &vec![0xA5A5_A5A5_A5A5_A5A5u64; BYTES / 8])?; // poison
+        window.write(stream, src_off, &data)?;
+        window.write(stream, dst_off, &vec![0xA5A5_A5A5_A5A5_A5A5u64; BYTES / 8])?; // poison
         comm.bootstrap_barrier()?; // everyone's poison is down before anyone sends
                                    // SAFETY: the window holds the three regions; one block; `errors` one word.
         unsafe {
@@ -79,7 +79,7 @@ fn rank_main() -> Result<()> {
         let want: Vec<u64> =
             (0..round).map(|_| (0..BYTES / 8).map(|_| prev_rng.gen()).collect::<Vec<u64>>()).last().unwrap();
         let mut got = vec![0u64; BYTES / 8];
-        window.read(&stream, dst_off, &mut got)?;
+        window.read(stream, dst_off, &mut got)?;
         let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
         if bad != 0 {
             return Err(Error::internal(format!("round {round}: {bad} words from rank {prev} are wrong")));
