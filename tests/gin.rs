@@ -103,6 +103,9 @@ fn child_body(comm: &Communicator) {
     window.write(&stream, 0, &vec![0xCBu8; (n as u64 * SLOT) as usize]).unwrap();
     comm.bootstrap_barrier().unwrap();
     let e = launch_errors(&stream, &dev, "put_all", |err| unsafe {
+        // SAFETY: the window holds `n` slots, the source and the stress area (`layout`), GIN has 4
+        // signals and a counter (`gin_requirements`); `dc`, `win` and `err` (2 words) stay alive
+        // until `errors_of` has synchronised the stream.
         stream
             .launch::<gin_put_all>(
                 LaunchConfig::new(1, 64),
@@ -133,6 +136,8 @@ fn child_body(comm: &Communicator) {
                                                 // it before the launch): no fence before each put.
         let released = (k % 2) as u32;
         let e = launch_errors(&stream, &dev, "small puts", |err| unsafe {
+            // SAFETY: as for `put_all`: the kernel's window layout and GIN resources are set up
+            // above; `dc`, `win` and `err` outlive the launch (`errors_of` synchronises).
             stream
                 .launch::<gin_put_all>(
                     LaunchConfig::new(1, 32),
@@ -156,6 +161,8 @@ fn child_body(comm: &Communicator) {
     window.write(&stream, 0, &vec![0xCBu8; (n as u64 * SLOT) as usize]).unwrap();
     comm.bootstrap_barrier().unwrap();
     let e = launch_errors(&stream, &dev, "put_values", |err| unsafe {
+        // SAFETY: as for `put_all`: `n` slots in the window, GIN with 4 signals
+        // (the kernel needs two); `dc`, `win` and `err` outlive the launch.
         stream
             .launch::<gin_put_values>(LaunchConfig::new(1, 32), (dc, win, SLOT, 5u32, 9_000_000u64, 5 * n as u64, err))
             .unwrap()
@@ -171,6 +178,9 @@ fn child_body(comm: &Communicator) {
     // 3. SignalAdd(rank + 1) from every rank over the world team.
     let target = 5 * n as u64 + (n * (n + 1) / 2) as u64;
     let e = launch_errors(&stream, &dev, "signal world", |err| unsafe {
+        // SAFETY: GIN with 4 signals on every rank (the kernel uses signal 1;
+        // `gin_requirements`); `dc` and `err` outlive the launch (`errors_of`
+        // synchronises).
         stream.launch::<gin_signal_team>(LaunchConfig::new(1, 32), (dc, 0u32, target, err)).unwrap()
     });
     assert_eq!(e, 0);
@@ -179,6 +189,8 @@ fn child_body(comm: &Communicator) {
     // 4. GIN barriers over the world and the rail (here the rail is the world).
     for team in [0u32, 1] {
         let e = launch_errors(&stream, &dev, "gin barrier", |err| unsafe {
+            // SAFETY: GIN with one rail and one world barrier (`gin_requirements`); `dc` and `err`
+            // outlive the launch.
             stream.launch::<gin_barrier_rounds>(LaunchConfig::new(1, 64), (dc, team, 0u32, 20u32, err)).unwrap()
         });
         assert_eq!(e, 0, "barrier over team {team} (proxy: {:?})", handle.gin_error());
@@ -189,6 +201,8 @@ fn child_body(comm: &Communicator) {
     comm.bootstrap_barrier().unwrap();
     let posted = (STRESS_BLOCKS * STRESS_PER_BLOCK) as u64;
     let e = launch_errors(&stream, &dev, "stress", |err| unsafe {
+        // SAFETY: the stress area follows the slots in the window (`layout`); `dc`, `win` and `err`
+        // outlive the launch (`errors_of` synchronises).
         stream
             .launch::<gin_stress>(
                 LaunchConfig::new(STRESS_BLOCKS, 32),
@@ -210,7 +224,8 @@ fn child_body(comm: &Communicator) {
 
     // 6. Calls that must fail, with their codes (full connection: the rail probe is accepted).
     let codes = dev.alloc_from(&[u32::MAX; 6]).unwrap();
-    // SAFETY: 6 codes.
+    // SAFETY: `codes` holds the 6 `u32`s the kernel writes and outlives the
+    // launch (read back after it); `dc` and `win` are this communicator's, alive.
     unsafe {
         stream
             .launch::<gin_bad_calls>(LaunchConfig::new(1, 32), (dc, win, ((me + 1) % n) as u32, codes.as_mut_ptr()))
@@ -301,17 +316,21 @@ fn child_gin_rail() {
     // Outside the rail: the other node's other rank.
     let probe = ((me + 3) % n) as u32;
     let codes = dev.alloc_from(&[u32::MAX; 6]).unwrap();
-    // SAFETY: 6 codes.
+    // SAFETY: `codes` holds the 6 `u32`s the kernel writes and outlives the
+    // launch (read back after it); `dc` and `win` are this communicator's, alive.
     unsafe { stream.launch::<gin_bad_calls>(LaunchConfig::new(1, 32), (dc, win, probe, codes.as_mut_ptr())).unwrap() };
     assert_eq!(stream.read_vec(&codes).unwrap()[5], 35, "a put outside the rail is refused");
     comm.bootstrap_barrier().unwrap();
     // Rail signals: the rail of rank r is {r % 2, r % 2 + 2}.
     let target: u64 = [me % 2, me % 2 + 2].iter().map(|r| *r as u64 + 1).sum();
     let e = launch_errors(&stream, &dev, "rail signals", |err| unsafe {
+        // SAFETY: a rail GIN connection with 4 signals (the kernel uses signal
+        // 1; `gin_requirements`); `dc` and `err` outlive the launch.
         stream.launch::<gin_signal_team>(LaunchConfig::new(1, 32), (dc, 1u32, target, err)).unwrap()
     });
     assert_eq!(e, 0);
     let e = launch_errors(&stream, &dev, "rail barrier", |err| unsafe {
+        // SAFETY: a rail GIN barrier (`gin_requirements`); `dc` and `err` outlive the launch.
         stream.launch::<gin_barrier_rounds>(LaunchConfig::new(1, 32), (dc, 1u32, 0u32, 10u32, err)).unwrap()
     });
     assert_eq!(e, 0);
@@ -382,6 +401,8 @@ fn child_gin_peer_dies() {
     let t = Instant::now();
     let out = dev.alloc_from(&[0u64]).unwrap();
     let e = launch_errors(&stream, &dev, "ping-pong with a dead peer", |err| unsafe {
+        // SAFETY: two ranks, the 1 MiB window holds `bytes` (4096) at offsets 0 and 4096, signal 3
+        // starts at 0; `out` and `err` outlive the launch (`errors_of` synchronises).
         stream
             .launch::<gin_pingpong>(
                 LaunchConfig::new(1, 32),

@@ -77,22 +77,40 @@ mod sealed {
 
 /// A word that PTX can access atomically: `u32` or `u64`.
 pub trait AtomicWord: Copy + sealed::Sealed {
+    /// # Safety
+    /// As for [`load_relaxed`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn ld_relaxed(p: *const Self, s: Scope) -> Self;
+    /// # Safety
+    /// As for [`load_acquire`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn ld_acquire(p: *const Self, s: Scope) -> Self;
+    /// # Safety
+    /// As for [`store_relaxed`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn st_relaxed(p: *mut Self, v: Self, s: Scope);
+    /// # Safety
+    /// As for [`store_release`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn st_release(p: *mut Self, v: Self, s: Scope);
+    /// # Safety
+    /// As for [`fetch_add`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn atom_add(p: *mut Self, v: Self, o: Order, s: Scope) -> Self;
+    /// # Safety
+    /// As for [`fetch_max`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn atom_max(p: *mut Self, v: Self, o: Order, s: Scope) -> Self;
+    /// # Safety
+    /// As for [`exchange`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, s: Scope) -> Self;
+    /// # Safety
+    /// As for [`compare_exchange`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn atom_cas(p: *mut Self, cmp: Self, new: Self, o: Order, s: Scope) -> Self;
+    /// # Safety
+    /// As for [`red_add_relaxed`]: `p` is valid and aligned; concurrent accesses are atomic.
     #[doc(hidden)]
     unsafe fn red_add(p: *mut Self, v: Self, release: bool, s: Scope);
 }
@@ -103,6 +121,8 @@ pub trait AtomicWord: Copy + sealed::Sealed {
 /// `p` is valid and aligned; concurrent writers use atomic operations.
 #[inline(always)]
 pub unsafe fn load_relaxed<T: AtomicWord>(p: *const T, scope: Scope) -> T {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::ld_relaxed(p, scope) }
 }
 
@@ -112,6 +132,8 @@ pub unsafe fn load_relaxed<T: AtomicWord>(p: *const T, scope: Scope) -> T {
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn load_acquire<T: AtomicWord>(p: *const T, scope: Scope) -> T {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::ld_acquire(p, scope) }
 }
 
@@ -121,6 +143,8 @@ pub unsafe fn load_acquire<T: AtomicWord>(p: *const T, scope: Scope) -> T {
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn store_relaxed<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::st_relaxed(p, v, scope) }
 }
 
@@ -131,6 +155,8 @@ pub unsafe fn store_relaxed<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn store_release<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::st_release(p, v, scope) }
 }
 
@@ -140,6 +166,8 @@ pub unsafe fn store_release<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn fetch_add<T: AtomicWord>(p: *mut T, v: T, order: Order, scope: Scope) -> T {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::atom_add(p, v, order, scope) }
 }
 
@@ -149,6 +177,8 @@ pub unsafe fn fetch_add<T: AtomicWord>(p: *mut T, v: T, order: Order, scope: Sco
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn fetch_max<T: AtomicWord>(p: *mut T, v: T, order: Order, scope: Scope) -> T {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::atom_max(p, v, order, scope) }
 }
 
@@ -158,6 +188,8 @@ pub unsafe fn fetch_max<T: AtomicWord>(p: *mut T, v: T, order: Order, scope: Sco
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn exchange<T: AtomicWord>(p: *mut T, v: T, order: Order, scope: Scope) -> T {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::atom_exch(p, v, order, scope) }
 }
 
@@ -167,6 +199,8 @@ pub unsafe fn exchange<T: AtomicWord>(p: *mut T, v: T, order: Order, scope: Scop
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn compare_exchange<T: AtomicWord>(p: *mut T, current: T, new: T, order: Order, scope: Scope) -> T {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::atom_cas(p, current, new, order, scope) }
 }
 
@@ -176,6 +210,8 @@ pub unsafe fn compare_exchange<T: AtomicWord>(p: *mut T, current: T, new: T, ord
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn red_add_relaxed<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::red_add(p, v, false, scope) }
 }
 
@@ -186,6 +222,8 @@ pub unsafe fn red_add_relaxed<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
 /// As for [`load_relaxed`].
 #[inline(always)]
 pub unsafe fn red_add_release<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
+    // SAFETY: the caller upholds this function's contract (valid, aligned,
+    // atomically accessed), which is the `AtomicWord` method's contract.
     unsafe { T::red_add(p, v, true, scope) }
 }
 
@@ -198,6 +236,8 @@ pub unsafe fn red_add_release<T: AtomicWord>(p: *mut T, v: T, scope: Scope) {
 /// to either word is atomic.
 #[inline(always)]
 pub unsafe fn store_pair_relaxed(p: *mut u64, v: [u64; 2], scope: Scope) {
+    // SAFETY: the caller upholds this function's contract (16 valid, 16-byte
+    // aligned bytes, accessed atomically), which is `imp::store_pair_relaxed`'s.
     unsafe { imp::store_pair_relaxed(p, v, scope) }
 }
 
@@ -223,6 +263,7 @@ mod imp {
 
     #[inline(always)]
     pub fn fence(sc: bool, s: Scope) {
+        // SAFETY: fences take no operands and touch no memory; no preconditions.
         unsafe {
             match (sc, s) {
                 (false, Scope::Cta) => asm!("fence.acq_rel.cta;", options(nostack)),
@@ -312,52 +353,82 @@ mod imp {
                 #[inline(always)]
                 unsafe fn ld_relaxed(p: *const Self, s: Scope) -> Self {
                     let v: $t;
+                    // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                    // aligned generic address of a `Self` that is only accessed atomically, and
+                    // the instruction touches exactly that word.
                     by_scope!(s, |sc| unsafe { asm!(concat!("ld.relaxed.", sc!(), ".", $ty, " {v}, [{p}];"), v = out($reg) v, p = in(reg64) p, options(nostack)) });
                     v
                 }
                 #[inline(always)]
                 unsafe fn ld_acquire(p: *const Self, s: Scope) -> Self {
                     let v: $t;
+                    // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                    // aligned generic address of a `Self` that is only accessed atomically, and
+                    // the instruction touches exactly that word.
                     by_scope!(s, |sc| unsafe { asm!(concat!("ld.acquire.", sc!(), ".", $ty, " {v}, [{p}];"), v = out($reg) v, p = in(reg64) p, options(nostack)) });
                     v
                 }
                 #[inline(always)]
                 unsafe fn st_relaxed(p: *mut Self, v: Self, s: Scope) {
+                    // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                    // aligned generic address of a `Self` that is only accessed atomically, and
+                    // the instruction touches exactly that word.
                     by_scope!(s, |sc| unsafe { asm!(concat!("st.relaxed.", sc!(), ".", $ty, " [{p}], {v};"), v = in($reg) v, p = in(reg64) p, options(nostack)) });
                 }
                 #[inline(always)]
                 unsafe fn st_release(p: *mut Self, v: Self, s: Scope) {
+                    // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                    // aligned generic address of a `Self` that is only accessed atomically, and
+                    // the instruction touches exactly that word.
                     by_scope!(s, |sc| unsafe { asm!(concat!("st.release.", sc!(), ".", $ty, " [{p}], {v};"), v = in($reg) v, p = in(reg64) p, options(nostack)) });
                 }
                 #[inline(always)]
                 unsafe fn atom_add(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
                     let old: $t;
+                    // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                    // aligned generic address of a `Self` that is only accessed atomically, and
+                    // the instruction touches exactly that word.
                     by_order!(o, |ord| by_scope!(s, |sc| unsafe { asm!(concat!("atom.", ord!(), ".", sc!(), ".add.", $ty, " {old}, [{p}], {v};"), old = out($reg) old, v = in($reg) v, p = in(reg64) p, options(nostack)) }));
                     old
                 }
                 #[inline(always)]
                 unsafe fn atom_max(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
                     let old: $t;
+                    // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                    // aligned generic address of a `Self` that is only accessed atomically, and
+                    // the instruction touches exactly that word.
                     by_order!(o, |ord| by_scope!(s, |sc| unsafe { asm!(concat!("atom.", ord!(), ".", sc!(), ".max.", $ty, " {old}, [{p}], {v};"), old = out($reg) old, v = in($reg) v, p = in(reg64) p, options(nostack)) }));
                     old
                 }
                 #[inline(always)]
                 unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
                     let old: $t;
+                    // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                    // aligned generic address of a `Self` that is only accessed atomically, and
+                    // the instruction touches exactly that word.
                     by_order!(o, |ord| by_scope!(s, |sc| unsafe { asm!(concat!("atom.", ord!(), ".", sc!(), ".exch.", $b, " {old}, [{p}], {v};"), old = out($reg) old, v = in($reg) v, p = in(reg64) p, options(nostack)) }));
                     old
                 }
                 #[inline(always)]
                 unsafe fn atom_cas(p: *mut Self, cmp: Self, new: Self, o: Order, s: Scope) -> Self {
                     let old: $t;
+                    // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                    // aligned generic address of a `Self` that is only accessed atomically, and
+                    // the instruction touches exactly that word.
                     by_order!(o, |ord| by_scope!(s, |sc| unsafe { asm!(concat!("atom.", ord!(), ".", sc!(), ".cas.", $b, " {old}, [{p}], {c}, {n};"), old = out($reg) old, c = in($reg) cmp, n = in($reg) new, p = in(reg64) p, options(nostack)) }));
                     old
                 }
                 #[inline(always)]
                 unsafe fn red_add(p: *mut Self, v: Self, release: bool, s: Scope) {
                     if release {
+                        // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                        // aligned generic address of a `Self` that is only accessed atomically, and
+                        // the instruction touches exactly that word.
                         by_scope!(s, |sc| unsafe { asm!(concat!("red.release.", sc!(), ".add.", $ty, " [{p}], {v};"), v = in($reg) v, p = in(reg64) p, options(nostack)) });
                     } else {
+                        // SAFETY: the method's contract (as for `load_relaxed`): `p` is a valid,
+                        // aligned generic address of a `Self` that is only accessed atomically, and
+                        // the instruction touches exactly that word.
                         by_scope!(s, |sc| unsafe { asm!(concat!("red.relaxed.", sc!(), ".add.", $ty, " [{p}], {v};"), v = in($reg) v, p = in(reg64) p, options(nostack)) });
                     }
                 }
@@ -368,8 +439,12 @@ mod imp {
     impl_word!(u32, "u32", "b32", reg32);
     impl_word!(u64, "u64", "b64", reg64);
 
+    /// # Safety
+    /// As for [`super::store_pair_relaxed`]: 16 valid bytes, 16-byte aligned, accessed atomically.
     #[inline(always)]
     pub unsafe fn store_pair_relaxed(p: *mut u64, v: [u64; 2], s: Scope) {
+        // SAFETY: the caller's contract: `p` is valid for 16 bytes, 16-byte aligned
+        // (as `.v2.u64` needs), and accessed atomically; the store writes only those bytes.
         by_scope!(s, |sc| unsafe {
             asm!(concat!("st.relaxed.", sc!(), ".v2.u64 [{p}], {{{a}, {b}}};"), a = in(reg64) v[0], b = in(reg64) v[1],
                  p = in(reg64) p, options(nostack))
@@ -390,6 +465,8 @@ mod imp {
         cfence(if sc { Ordering::SeqCst } else { Ordering::AcqRel });
     }
 
+    /// # Safety
+    /// As for [`super::store_pair_relaxed`]: 16 valid bytes, 16-byte aligned, accessed atomically.
     pub unsafe fn store_pair_relaxed(p: *mut u64, v: [u64; 2], _s: Scope) {
         // SAFETY: the caller's contract (16 valid, aligned bytes, accessed atomically).
         unsafe {
@@ -418,33 +495,60 @@ mod imp {
         ($t:ty, $a:ty) => {
             impl AtomicWord for $t {
                 unsafe fn ld_relaxed(p: *const Self, _s: Scope) -> Self {
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Relaxed)
                 }
                 unsafe fn ld_acquire(p: *const Self, _s: Scope) -> Self {
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Acquire)
                 }
                 unsafe fn st_relaxed(p: *mut Self, v: Self, _s: Scope) {
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Relaxed)
                 }
                 unsafe fn st_release(p: *mut Self, v: Self, _s: Scope) {
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Release)
                 }
                 unsafe fn atom_add(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     unsafe { <$a>::from_ptr(p) }.fetch_add(v, rmw(o))
                 }
                 unsafe fn atom_max(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     unsafe { <$a>::from_ptr(p) }.fetch_max(v, rmw(o))
                 }
                 unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     unsafe { <$a>::from_ptr(p) }.swap(v, rmw(o))
                 }
                 unsafe fn atom_cas(p: *mut Self, cmp: Self, new: Self, o: Order, _s: Scope) -> Self {
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     match unsafe { <$a>::from_ptr(p) }.compare_exchange(cmp, new, rmw(o), cas_failure(o)) {
                         Ok(v) | Err(v) => v,
                     }
                 }
                 unsafe fn red_add(p: *mut Self, v: Self, release: bool, _s: Scope) {
                     let o = if release { Ordering::Release } else { Ordering::Relaxed };
+                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
+                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
+                    // concurrent access is atomic, which is what `from_ptr` requires.
                     unsafe { <$a>::from_ptr(p) }.fetch_add(v, o);
                 }
             }

@@ -112,6 +112,8 @@ impl Deadline {
 #[inline(always)]
 pub unsafe fn wait_ge_u64(p: *const u64, target: u64, scope: Scope, deadline: &mut Deadline) -> Result<u64, WaitError> {
     loop {
+        // SAFETY: the caller's contract: `p` is valid and aligned, written
+        // only atomically, as `load_acquire` requires.
         let v = unsafe { atomic::load_acquire(p, scope) };
         if rolling_ge_u64(v, target) {
             return Ok(v);
@@ -127,6 +129,8 @@ pub unsafe fn wait_ge_u64(p: *const u64, target: u64, scope: Scope, deadline: &m
 #[inline(always)]
 pub unsafe fn wait_ge_u32(p: *const u32, target: u32, scope: Scope, deadline: &mut Deadline) -> Result<u32, WaitError> {
     loop {
+        // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
+        // and aligned, written only atomically.
         let v = unsafe { atomic::load_acquire(p, scope) };
         if rolling_ge_u32(v, target) {
             return Ok(v);
@@ -148,6 +152,8 @@ pub unsafe fn wait_ge_u32_relaxed(
     deadline: &mut Deadline,
 ) -> Result<u32, WaitError> {
     loop {
+        // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
+        // and aligned, written only atomically.
         let v = unsafe { atomic::load_relaxed(p, scope) };
         if rolling_ge_u32(v, target) {
             return Ok(v);

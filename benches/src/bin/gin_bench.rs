@@ -206,7 +206,7 @@ fn bench(quick: bool) -> Result<()> {
                 .collect();
             let (a, b) = (Event::new(&dev)?, Event::new(&dev)?);
             let timed = |batch: bool| -> Result<f64> {
-                // SAFETY (every copy here): each range lies in a mapped window
+                // SAFETY: for every copy here, each range lies in a mapped window
                 // of 2 * max bytes; no destination overlaps another copy's range
                 // within a batch (distinct slots; the source is below them).
                 unsafe { stream.memcpy_raw(copies[0].0, src, bytes as usize)? };

@@ -205,6 +205,8 @@ fn bench(quick: bool) -> Result<()> {
             println!("sweep,bulk_pull,132x32768x4,{:.1},{:.3}", bytes as f64 / us / 1e3, ce / us);
         }
         let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
+            // SAFETY: as above: both regions are `max >= bytes` bytes of
+            // mapped windows (ours and the peer's), which do not overlap.
             ctx.stream.memcpy_raw(pull_dst, pull_src, bytes as usize)
         })?;
         if rank == 0 {

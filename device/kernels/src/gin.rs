@@ -11,6 +11,10 @@ use devcomm_device::kernel;
 
 use crate::report::report;
 
+/// `r`'s value, or `None` after reporting its error code in `errors`.
+///
+/// # Safety
+/// As for [`report`]: `errors` points to two `u32`s the kernel can write.
 #[inline(always)]
 unsafe fn check<T>(errors: *mut u32, r: Result<T, GinError>) -> Option<T> {
     match r {

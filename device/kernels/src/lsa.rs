@@ -15,6 +15,11 @@ use crate::report::{order_of, report};
 
 /// `rounds` syncs of LSA barrier `index` over the CTA with `order`; the
 /// first error is reported and ends the rounds.
+///
+/// # Safety
+/// As for [`LsaBarrierSession::new`] and [`LsaBarrierSession::sync`] (`comm`
+/// live with its resource window mapped, barrier `index` used by this CTA
+/// alone, every thread of the CTA calls); `errors` as for [`report`].
 #[inline(always)]
 unsafe fn barrier_rounds(comm: &DevComm, cta: &Cta, index: u32, rounds: u32, order: Order, errors: *mut u32) {
     match LsaBarrierSession::new(cta, comm, index) {
@@ -31,6 +36,9 @@ unsafe fn barrier_rounds(comm: &DevComm, cta: &Cta, index: u32, rounds: u32, ord
 }
 
 /// LSA barrier 0 with acq_rel over the CTA, errors reported.
+///
+/// # Safety
+/// As for [`barrier_rounds`] with `index` 0.
 #[inline(always)]
 unsafe fn barrier0_acq_rel(comm: &DevComm, cta: &Cta, errors: *mut u32) {
     barrier_rounds(comm, cta, 0, 1, Order::AcqRel, errors)

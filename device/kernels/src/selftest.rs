@@ -141,6 +141,10 @@ kernel! {
 /// One round of a coop check: each member writes a value derived from its
 /// rank into `smem[base + rank]`, syncs, reads its right neighbour's, syncs.
 /// Returns 1 if the neighbour's value was wrong.
+///
+/// # Safety
+/// `smem` is valid for `base + c.size()` `u32`s that only this coop uses
+/// meanwhile; every thread of `c` calls it.
 #[inline(always)]
 unsafe fn coop_round<C: devcomm_device::coop::Coop>(c: &C, smem: *mut u32, base: u32, round: u32) -> u32 {
     let (r, n) = (c.thread_rank(), c.size());
@@ -252,6 +256,9 @@ kernel! {
         } else {
             Ok(v)
         };
+        /// # Safety
+        /// `max` and `agreed` are valid for a `u32` write each, this thread's
+        /// own; every thread of `c` calls it.
         unsafe fn run<C: Coop>(c: &C, v: u32, mine: Result<u32, WaitError>, max: *mut u32, agreed: *mut u32) {
             *max = c.sync_max(v);
             *agreed = match c.agree(mine) {

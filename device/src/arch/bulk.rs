@@ -30,6 +30,9 @@ use core::arch::asm;
 #[inline(always)]
 pub unsafe fn mbarrier_init(bar: *mut u64, count: u32) {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract: `bar` is 8-byte aligned shared memory of
+    // this block that no one else uses yet, so converting it to a shared-window
+    // address and initialising the mbarrier there writes only those 8 bytes.
     unsafe {
         asm!("{{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, {p}; cvt.u32.u64 s, a; mbarrier.init.shared::cta.b64 [s], {c}; }}",
              p = in(reg64) bar, c = in(reg32) count, options(nostack));
@@ -37,6 +40,7 @@ pub unsafe fn mbarrier_init(bar: *mut u64, count: u32) {
     #[cfg(not(target_arch = "nvptx64"))]
     {
         let _ = count;
+        // SAFETY: the caller's contract: `bar` is valid, 8-byte aligned and not in use.
         unsafe { bar.write_volatile(0) };
     }
 }
@@ -45,6 +49,7 @@ pub unsafe fn mbarrier_init(bar: *mut u64, count: u32) {
 #[inline(always)]
 pub fn fence_mbarrier_init() {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence: no operands, no memory-safety preconditions.
     unsafe {
         asm!("fence.proxy.async.shared::cta;", options(nostack));
     }
@@ -60,6 +65,8 @@ pub fn fence_mbarrier_init() {
 #[inline(always)]
 pub unsafe fn mbarrier_arrive_expect_tx(bar: *mut u64, bytes: u32) {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract: `bar` is an initialised mbarrier in this
+    // block's shared memory; the arrive updates only its 8 bytes.
     unsafe {
         asm!("{{ .reg .u64 a; .reg .u32 s; .reg .b64 st; cvta.to.shared.u64 a, {p}; cvt.u32.u64 s, a; mbarrier.arrive.expect_tx.shared::cta.b64 st, [s], {n}; }}",
              p = in(reg64) bar, n = in(reg32) bytes, options(nostack));
@@ -80,6 +87,8 @@ pub unsafe fn mbarrier_try_wait_parity(bar: *mut u64, parity: u32) -> bool {
     #[cfg(target_arch = "nvptx64")]
     {
         let done: u32;
+        // SAFETY: the caller's contract: `bar` is an initialised mbarrier in
+        // this block's shared memory; `try_wait` only reads its phase.
         unsafe {
             asm!("{{ .reg .u64 a; .reg .u32 s; .reg .pred p; cvta.to.shared.u64 a, {b}; cvt.u32.u64 s, a; mbarrier.try_wait.parity.shared::cta.b64 p, [s], {ph}; selp.u32 {d}, 1, 0, p; }}",
                  b = in(reg64) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack));
@@ -103,6 +112,10 @@ pub unsafe fn mbarrier_try_wait_parity(bar: *mut u64, parity: u32) -> bool {
 #[inline(always)]
 pub unsafe fn load_to_shared(dst: *mut u8, src: *const u8, bytes: u32, bar: *mut u64) {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract: `dst` is this block's shared memory and
+    // `src` global memory, both 16-byte aligned and valid for `bytes` (a
+    // non-zero multiple of 16), and `bar` an initialised mbarrier whose phase
+    // expects these bytes, so the engine writes only `[dst, dst + bytes)`.
     unsafe {
         asm!("{{ .reg .u64 a, b; .reg .u32 d, m; cvta.to.shared.u64 a, {d}; cvt.u32.u64 d, a; cvta.to.shared.u64 b, {bar}; cvt.u32.u64 m, b; cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [{s}], {n}, [m]; }}",
              d = in(reg64) dst, s = in(reg64) src, n = in(reg32) bytes, bar = in(reg64) bar, options(nostack));
@@ -110,6 +123,8 @@ pub unsafe fn load_to_shared(dst: *mut u8, src: *const u8, bytes: u32, bar: *mut
     #[cfg(not(target_arch = "nvptx64"))]
     {
         let _ = bar;
+        // SAFETY: the caller's contract: `src` valid for reads and `dst` for
+        // writes of `bytes`; shared and global memory do not overlap.
         unsafe { core::ptr::copy_nonoverlapping(src, dst, bytes as usize) };
     }
 }
@@ -123,11 +138,16 @@ pub unsafe fn load_to_shared(dst: *mut u8, src: *const u8, bytes: u32, bar: *mut
 #[inline(always)]
 pub unsafe fn store_from_shared(dst: *mut u8, src: *const u8, bytes: u32) {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract (as for `load_to_shared`, the other way
+    // round): `src` shared and `dst` global, 16-byte aligned, valid for
+    // `bytes`; the caller keeps `src` unchanged until `wait_group_read`.
     unsafe {
         asm!("{{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, {s}; cvt.u32.u64 s, a; cp.async.bulk.global.shared::cta.bulk_group [{d}], [s], {n}; }}",
              d = in(reg64) dst, s = in(reg64) src, n = in(reg32) bytes, options(nostack));
     }
     #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller's contract: `src` valid for reads and `dst` for
+    // writes of `bytes`; shared and global memory do not overlap.
     unsafe {
         core::ptr::copy_nonoverlapping(src, dst, bytes as usize)
     };
@@ -137,6 +157,7 @@ pub unsafe fn store_from_shared(dst: *mut u8, src: *const u8, bytes: u32) {
 #[inline(always)]
 pub fn commit_group() {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: closes the thread's bulk group; no operands, no memory accessed.
     unsafe {
         asm!("cp.async.bulk.commit_group;", options(nostack));
     }
@@ -146,6 +167,7 @@ pub fn commit_group() {
 #[inline(always)]
 pub fn wait_group_read<const N: u32>() {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: waits on the thread's own bulk groups; a constant operand, no memory accessed.
     unsafe {
         asm!("cp.async.bulk.wait_group.read {n};", n = const N, options(nostack));
     }
@@ -155,6 +177,7 @@ pub fn wait_group_read<const N: u32>() {
 #[inline(always)]
 pub fn wait_group<const N: u32>() {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: waits on the thread's own bulk groups; a constant operand, no memory accessed.
     unsafe {
         asm!("cp.async.bulk.wait_group {n};", n = const N, options(nostack));
     }
@@ -165,6 +188,7 @@ pub fn wait_group<const N: u32>() {
 #[inline(always)]
 pub fn fence_proxy_async() {
     #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence: no operands, no memory-safety preconditions.
     unsafe {
         asm!("fence.proxy.async;", options(nostack));
     }

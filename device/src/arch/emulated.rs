@@ -114,14 +114,20 @@ pub fn trap() -> ! {
     (hooks().trap)()
 }
 
+/// # Safety
+/// As for [`super::load16`]: `p` is valid for reads of 16 bytes and 16-byte aligned.
 #[inline]
 pub unsafe fn load16(p: *const u8) -> [u32; 4] {
-    // SAFETY: the caller guarantees 16 valid, aligned bytes.
+    // SAFETY: the caller guarantees 16 valid bytes aligned to 16, more than
+    // `[u32; 4]`'s alignment of 4.
     unsafe { core::ptr::read_volatile(p as *const [u32; 4]) }
 }
 
+/// # Safety
+/// As for [`super::store16`]: `p` is valid for writes of 16 bytes and 16-byte aligned.
 #[inline]
 pub unsafe fn store16(p: *mut u8, v: [u32; 4]) {
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees 16 bytes valid for writes, aligned to 16,
+    // more than `[u32; 4]`'s alignment of 4.
     unsafe { core::ptr::write_volatile(p as *mut [u32; 4], v) }
 }

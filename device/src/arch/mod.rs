@@ -208,6 +208,8 @@ pub fn dynamic_shared_size() -> u32 {
 /// `p` is valid for 16 bytes and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn load16(p: *const u8) -> [u32; 4] {
+    // SAFETY: the caller's contract (16 valid bytes, 16-byte aligned) is the
+    // target implementation's contract.
     unsafe { imp::load16(p) }
 }
 
@@ -217,6 +219,8 @@ pub unsafe fn load16(p: *const u8) -> [u32; 4] {
 /// `p` is valid for 16 bytes and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn store16(p: *mut u8, v: [u32; 4]) {
+    // SAFETY: the caller's contract (16 valid bytes, 16-byte aligned) is the
+    // target implementation's contract.
     unsafe { imp::store16(p, v) }
 }
 

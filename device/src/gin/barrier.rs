@@ -50,7 +50,11 @@ impl<'g, 'a> GinBarrierSession<'g, 'a> {
         }
         let signal = base + index;
         let shadow = (s.shadows as *mut u64).wrapping_add(signal as usize);
-        // SAFETY: the shadow array is live device memory with total_signals entries.
+        // SAFETY: `signal = base + index` with `index < count` (checked above)
+        // is below `total_signals()` (user signals, then rail, then world
+        // barrier signals); `GinState::from_parts`'s contract makes `shadows`
+        // this rank's live device array of `total_signals()` aligned u64s,
+        // accessed only atomically.
         let epoch = unsafe { atomic::load_relaxed(shadow, Scope::Gpu) };
         Ok(GinBarrierSession { gin, team: t, signal, epoch })
     }
@@ -71,7 +75,11 @@ impl<'g, 'a> GinBarrierSession<'g, 'a> {
         while k < n && r.is_ok() {
             let w = self.team.rank_to_world(me, k);
             if w != me {
-                // SAFETY: a member of the team, an internal barrier signal.
+                // SAFETY: `w` is the world rank of team member `k < team.nranks`,
+                // so below `nranks`, and `self.signal` is below `total_signals()`
+                // (see `new`), as `signal_internal` requires; no window is
+                // involved. This session's contract keeps the barrier's
+                // signal to itself.
                 r = unsafe { self.gin.signal_internal(w, self.signal) };
             }
             k += coop.size();
@@ -90,7 +98,9 @@ impl Drop for GinBarrierSession<'_, '_> {
     /// Saves the epoch in the barrier signal's shadow.
     fn drop(&mut self) {
         let shadow = (self.gin.state().shadows as *mut u64).wrapping_add(self.signal as usize);
-        // SAFETY: as in `new`; every thread stores the same value.
+        // SAFETY: as in `new`: shadow `self.signal < total_signals()` of this
+        // rank's live shadow array; every thread of the coop stores the same
+        // value atomically.
         unsafe { atomic::store_relaxed(shadow, self.epoch, Scope::Gpu) };
     }
 }

@@ -62,6 +62,9 @@ pub const INLINE_PUT_BYTES: u64 = 8;
 #[inline(always)]
 unsafe fn read_small(p: *const u8, bytes: u64) -> u64 {
     let aligned = (p as u64) % bytes == 0;
+    // SAFETY: the caller's contract: `p..p + bytes` is readable. The 8-, 4-
+    // and 2-byte reads happen only when `bytes` is that size and `p` is
+    // aligned to it; otherwise each byte `p + i`, `i < bytes`, is read alone.
     unsafe {
         match bytes {
             8 if aligned => (p as *const u64).read(),
@@ -317,9 +320,13 @@ impl<'a> Gin<'a> {
                 let ring = self.state().ring_index(self.context, world_peer, self.comm.nranks);
                 // Only a put's proxy reads memory the caller wrote (its source).
                 let release = d.op == GinOp::Put as u8 && !self.source_released;
-                // SAFETY: the GinState comes from a live device communicator
-                // (the contract of the kernel that received it) and the ring
-                // index is in range.
+                // SAFETY: a `DevComm`'s `GinState` is set only through the unsafe
+                // `DevComm::with_gin` and `GinState::from_parts`, whose contracts
+                // make the GIN memory live and served by a proxy. The ring index is
+                // `context * nranks + world_peer < contexts * nranks`: `Gin::new`
+                // checked `context < contexts`, and every caller passes a
+                // `world_peer < nranks` (checked by `world_peer`, or
+                // `signal_internal`'s contract). `abort` is the same communicator's.
                 unsafe { proxy::post(self.state(), &self.comm.abort, ring, d, release) }?;
                 Ok(())
             }
@@ -333,7 +340,9 @@ impl<'a> Gin<'a> {
         match self.backend() {
             GinBackend::Proxy => {
                 let ring = self.state().ring_index(self.context, world_peer, self.comm.nranks);
-                // SAFETY: ring index in range; live GIN memory (as in `post`).
+                // SAFETY: as in `post`: the GinState's memory is live (its
+                // constructors' contracts) and `world_peer < nranks` (`flush`
+                // passes peers below `nranks`), so the ring index is in range.
                 unsafe { proxy::flush_ring(self.state(), &self.comm.abort, ring) }.map_err(GinError::from)
             }
             GinBackend::None | GinBackend::Gdaki | GinBackend::Gpi => Err(GinError::NoGin),
@@ -388,6 +397,9 @@ impl<'a> Gin<'a> {
     }
 
     /// The part of [`Gin::put`] the coop's leader does.
+    ///
+    /// # Safety
+    /// As for [`Gin::put`].
     #[allow(clippy::too_many_arguments)]
     #[inline]
     unsafe fn put_leader(
@@ -450,6 +462,9 @@ impl<'a> Gin<'a> {
         local: LocalAction,
     ) -> Result<(), GinError> {
         let bytes = count * core::mem::size_of::<T>() as u64;
+        // SAFETY: the caller's contract is `put`'s (the symmetric pointers'
+        // windows belong to this communicator); `put` checks the offsets and
+        // `bytes` against the windows' sizes itself.
         unsafe { self.put(coop, team, peer, &dst.window, dst.offset, &src.window, src.offset, bytes, remote, local) }
     }
 
@@ -512,6 +527,10 @@ impl<'a> Gin<'a> {
     }
 
     /// Signal with an id past the user's range (GIN barriers).
+    ///
+    /// # Safety
+    /// As for [`Gin::put`]; `world_peer < nranks` and `signal` is below
+    /// [`GinState::total_signals`](crate::abi::gin::GinState::total_signals).
     pub(crate) unsafe fn signal_internal(&self, world_peer: u32, signal: u32) -> Result<(), GinError> {
         let mut d = GinDescriptor { op: GinOp::Signal as u8, peer: world_peer, ..Default::default() };
         let remote = RemoteAction::SignalInc { signal, strong: true };
@@ -548,13 +567,19 @@ impl<'a> Gin<'a> {
     #[doc(alias = "readSignal")]
     pub fn read_signal(&self, id: u32) -> Result<u64, GinError> {
         self.check_signal(id)?;
-        // SAFETY: id checked; the signal array is live GIN memory.
+        // SAFETY: `id < signal_count` (checked above); a `DevComm`'s `GinState` comes from
+        // `GinState::from_parts`, whose contract makes `signals` this rank's live
+        // array of `total_signals() >= signal_count` aligned u64s, which the
+        // proxy and kernels access only atomically.
         Ok(unsafe { atomic::load_acquire(self.signal_ptr(id), Scope::Sys) })
     }
 
     pub(crate) fn wait_signal_any(&self, id: u32, least: u64) -> Result<u64, GinError> {
         let mut deadline = Deadline::new(&self.comm.abort);
-        // SAFETY: id checked by the callers; live GIN memory.
+        // SAFETY: the callers check `id`: below `signal_count` (`wait_signal`)
+        // or below `total_signals()` (GIN barriers' internal signals), and
+        // `GinState::from_parts`'s contract makes `signals` this rank's live
+        // array of `total_signals()` aligned u64s, accessed only atomically.
         Ok(unsafe { wait::wait_ge_u64(self.signal_ptr(id), least, Scope::Sys, &mut deadline) }?)
     }
 
@@ -579,7 +604,10 @@ impl<'a> Gin<'a> {
     #[doc(alias = "increaseSignalShadow")]
     pub fn increase_signal_shadow(&self, id: u32, delta: u64) -> Result<u64, GinError> {
         let p = self.signal_shadow(id)?;
-        // SAFETY: live device memory of this rank.
+        // SAFETY: `p` is shadow `id` with `id < signal_count` (checked by
+        // `signal_shadow`); `GinState::from_parts`'s contract makes `shadows`
+        // this rank's live device array of one aligned u64 per signal,
+        // accessed only atomically.
         Ok(unsafe { atomic::fetch_add(p, delta, Order::Relaxed, Scope::Gpu) }.wrapping_add(delta))
     }
 
@@ -587,7 +615,7 @@ impl<'a> Gin<'a> {
     #[doc(alias = "waitSignalMeetShadow")]
     pub fn wait_signal_meet_shadow<C: Coop>(&self, coop: &C, id: u32) -> Result<u64, GinError> {
         let p = self.signal_shadow(id)?;
-        // SAFETY: as above.
+        // SAFETY: as in `increase_signal_shadow`: a checked shadow of this rank.
         let target = unsafe { atomic::load_relaxed(p, Scope::Gpu) };
         self.wait_signal(coop, id, target)
     }
@@ -605,7 +633,8 @@ impl<'a> Gin<'a> {
         least_delta: u64,
     ) -> Result<(u64, u64), GinError> {
         let p = self.signal_shadow(id)?;
-        // SAFETY: `p` is this rank's shadow of a checked signal id (device memory).
+        // SAFETY: as in `increase_signal_shadow`: `p` is this rank's shadow of a
+        // checked signal id, live aligned device memory accessed only atomically.
         let before = unsafe { atomic::load_relaxed(p, Scope::Gpu) };
         coop.sync(); // every thread has read `before` before the leader moves it
         let r = if coop.is_leader() {
@@ -627,7 +656,9 @@ impl<'a> Gin<'a> {
     #[doc(alias = "resetSignal")]
     pub fn reset_signal(&self, id: u32) -> Result<(), GinError> {
         let shadow = self.signal_shadow(id)?;
-        // SAFETY: id checked; live memory.
+        // SAFETY: `signal_shadow` checked `id < signal_count`; the signal and
+        // its shadow are then live aligned u64s of this rank's arrays
+        // (`GinState::from_parts`'s contract), accessed only atomically.
         unsafe {
             atomic::store_relaxed(self.signal_ptr(id), 0, Scope::Sys);
             atomic::store_relaxed(shadow, 0, Scope::Gpu);
@@ -639,7 +670,9 @@ impl<'a> Gin<'a> {
     #[doc(alias = "readCounter")]
     pub fn read_counter(&self, id: u32) -> Result<u64, GinError> {
         self.check_counter(id)?;
-        // SAFETY: id checked; live memory.
+        // SAFETY: `id < counter_count` (checked above); `GinState::from_parts`'s
+        // contract makes `counters` this rank's live array of `counter_count`
+        // aligned u64s, accessed only atomically.
         Ok(unsafe { atomic::load_acquire(self.counter_ptr(id), Scope::Sys) })
     }
 
@@ -650,7 +683,9 @@ impl<'a> Gin<'a> {
         self.check_counter(id)?;
         let r = if coop.is_leader() {
             let mut deadline = Deadline::new(&self.comm.abort);
-            // SAFETY: id checked; live memory.
+            // SAFETY: `id < counter_count` (checked above); `GinState::from_parts`'s
+            // contract makes `counters` this rank's live array of `counter_count`
+            // aligned u64s, accessed only atomically.
             unsafe { wait::wait_ge_u64(self.counter_ptr(id), least, Scope::Sys, &mut deadline) }.map_err(GinError::from)
         } else {
             Ok(least)
@@ -662,7 +697,9 @@ impl<'a> Gin<'a> {
     #[doc(alias = "resetCounter")]
     pub fn reset_counter(&self, id: u32) -> Result<(), GinError> {
         self.check_counter(id)?;
-        // SAFETY: id checked; live memory.
+        // SAFETY: `id < counter_count` (checked above); `GinState::from_parts`'s
+        // contract makes `counters` this rank's live array of `counter_count`
+        // aligned u64s, accessed only atomically.
         unsafe { atomic::store_relaxed(self.counter_ptr(id), 0, Scope::Sys) };
         Ok(())
     }

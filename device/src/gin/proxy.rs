@@ -33,7 +33,13 @@ fn tail_of(g: &GinState, ring: u64) -> *const QueueTail {
 #[inline(always)]
 pub unsafe fn completed(g: &GinState, ring: u64) -> Result<u64, QueueError> {
     let tail = tail_of(g, ring);
+    // SAFETY: the caller's contract: `g` is live GIN memory
+    // ([`GinState::from_parts`]) and `ring < contexts * nranks`, so `tail`
+    // is ring `ring`'s `QueueTail`, aligned at `TAIL_STRIDE`; the proxy
+    // writes its words only atomically. `addr_of!` takes the field's address
+    // without making a reference.
     let done = unsafe { atomic::load_acquire(core::ptr::addr_of!((*tail).completed), Scope::Sys) };
+    // SAFETY: as above, for the tail's `error` word.
     if unsafe { atomic::load_relaxed(core::ptr::addr_of!((*tail).error), Scope::Sys) } != 0 {
         return Err(QueueError::RingFailed);
     }
@@ -96,6 +102,8 @@ pub unsafe fn post(
         atomic::fence_acq_rel(Scope::Sys);
     }
     let depth = g.queue_depth as u64;
+    // SAFETY: the caller's contract: `ring < contexts * nranks`, the number
+    // of heads (one u64 per ring), so the offset stays inside that array.
     let head = unsafe { (g.heads as *mut u64).add(ring as usize) };
     // The head's address names the ring across device communicators.
     let group = arch::match_any(arch::active_mask(), head as u64);
@@ -103,9 +111,13 @@ pub unsafe fn post(
     let leader = group.trailing_zeros();
     let rank = (group & ((1u32 << lane) - 1)).count_ones() as u64;
     let count = group.count_ones() as u64;
+    // SAFETY: the caller's contract: `ring < contexts * nranks`, the number
+    // of tail-cache pairs (two u64s per ring), so the offset stays inside.
     let cache = unsafe { (g.tail_cache as *mut u64).add(2 * ring as usize) };
     let (mut first, mut cached) = (0, 0);
     if lane == leader {
+        // SAFETY: `head` is this ring's ticket word (above): device memory
+        // that lives while the kernel runs, aligned, and only ever accessed atomically.
         first = unsafe { atomic::fetch_add(head, count, Order::Relaxed, Scope::Gpu) };
         // Issued right behind the (relaxed) ticket atomic and independent
         // of it, so the two trips to L2 overlap. Acquire/release on the
@@ -113,6 +125,8 @@ pub unsafe fn post(
         // carry that producer's happens-before with the proxy's completion
         // (it read the tail with acquire). Any value read is a valid lower
         // bound: the cache only grows.
+        // SAFETY: `cache` is this ring's tail-cache pair (above), aligned
+        // device memory accessed only atomically.
         cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
     }
     let first = arch::shfl(group, first, leader);
@@ -125,10 +139,13 @@ pub unsafe fn post(
             let last = first + end - 1;
             if start > 0 {
                 // Later pieces: what the previous piece's wait left in the cache.
+                // SAFETY: as for the first load of `cache` above.
                 cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
             }
             if last >= cached + depth {
                 // Credit for `last` once ticket `last - depth` has completed.
+                // SAFETY: our own contract (live `g`, `ring` in range, `abort`
+                // of the same communicator) and `cache` is `ring`'s tail-cache pair.
                 if let Err(e) = unsafe { wait_completed(g, abort, ring, last + 1 - depth, cache) } {
                     code = e.code();
                 }
@@ -141,6 +158,11 @@ pub unsafe fn post(
         // Orders the leader's acquire of the credit before the slot stores.
         arch::sync_warp(group);
         if (start..end).contains(&rank) {
+            // SAFETY: our own contract for `g` and `ring`; this lane holds
+            // ticket `first + rank` (the leader's fetch_add took `count`
+            // tickets for the group) and its credit (the leader waited until
+            // ticket `first + end - 1 - depth` completed, and the
+            // `sync_warp` above orders that acquire before this write).
             unsafe { write_slot(g, ring, first + rank, body) };
         }
         start = end;
@@ -158,10 +180,18 @@ pub unsafe fn post(
 #[inline(always)]
 unsafe fn write_slot(g: &GinState, ring: u64, ticket: u64, body: &GinDescriptor) {
     let depth = g.queue_depth as u64;
+    // SAFETY: the caller's contract: `ring < contexts * nranks` and
+    // `ticket % depth < depth`, so the index is inside the rings' array of
+    // `contexts * nranks * depth` slots.
     let slot = unsafe { (g.rings as *mut GinSlot).add((ring * depth + ticket % depth) as usize) };
     let w = GinSlot::encode(body, slot_tag(ticket, g.queue_depth)).words;
     let base = slot as *mut u64;
     for i in 0..4 {
+        // SAFETY: words `2i, 2i + 1` (i < 4) of the 64-byte slot above,
+        // which the caller's ticket and credit give to this thread alone
+        // among producers; slots are 64-byte aligned (`GinSlot`'s
+        // alignment), so each pair is 16-byte aligned; the proxy reads them
+        // only atomically.
         unsafe { atomic::store_pair_relaxed(base.add(2 * i), [w[2 * i], w[2 * i + 1]], Scope::Sys) };
     }
 }
@@ -203,25 +233,34 @@ unsafe fn best_completed(g: &GinState, ring: u64, cache: *mut u64) -> Result<u64
     // Acquire/release on the cache: credit taken from a value another
     // waiter cached must also carry that waiter's happens-before with the
     // proxy's completion (it read the tail with acquire).
+    // SAFETY: the caller's contract: `cache` is `ring`'s tail-cache pair,
+    // aligned device memory that every producer accesses only atomically;
+    // `stamp` is its second word.
     let cached = unsafe { atomic::load_acquire(cache, Scope::Gpu) };
+    // SAFETY: as above: the pair's second word, in bounds.
     let stamp = unsafe { cache.add(1) };
+    // SAFETY: as above.
     let last = unsafe { atomic::load_relaxed(stamp, Scope::Gpu) };
     if last == READ_FAILED {
         return Err(QueueError::RingFailed);
     }
     let now = arch::global_timer_ns();
     if now.wrapping_sub(last) < TAIL_READ_INTERVAL_NS
+        // SAFETY: as above (the stamp word of `ring`'s pair).
         || unsafe { atomic::compare_exchange(stamp, last, now, Order::Relaxed, Scope::Gpu) } != last
     {
         return Ok(cached);
     }
+    // SAFETY: the caller's contract: live `g` and `ring < contexts * nranks`.
     match unsafe { completed(g, ring) } {
         Ok(done) if done > cached => {
+            // SAFETY: as above (the cache word of `ring`'s pair).
             unsafe { atomic::fetch_max(cache, done, Order::Release, Scope::Gpu) };
             Ok(done)
         }
         Ok(_) => Ok(cached),
         Err(e) => {
+            // SAFETY: as above (the stamp word of `ring`'s pair).
             unsafe { atomic::store_relaxed(stamp, READ_FAILED, Scope::Gpu) };
             Err(e)
         }
@@ -247,6 +286,7 @@ unsafe fn wait_completed(
     let mut deadline = Deadline::new(abort);
     let mut polls = 0u32;
     loop {
+        // SAFETY: our own contract, passed on unchanged.
         let done = unsafe { best_completed(g, ring, cache) }?;
         if done >= need {
             return Ok(());
@@ -266,11 +306,17 @@ unsafe fn wait_completed(
 /// As for [`post`].
 #[inline]
 pub unsafe fn flush_ring(g: &GinState, abort: &AbortInfo, ring: u64) -> Result<(), QueueError> {
+    // SAFETY: the caller's contract: live `g` and `ring < contexts * nranks`,
+    // so this is ring `ring`'s ticket word, aligned device memory accessed
+    // only atomically.
     let target = unsafe { atomic::load_relaxed((g.heads as *const u64).add(ring as usize), Scope::Gpu) };
+    // SAFETY: as above: `ring`'s pair of the tail-cache array.
     let cache = unsafe { (g.tail_cache as *mut u64).add(2 * ring as usize) };
     // A flush must see the tail itself (failures included) at least once.
+    // SAFETY: our own contract, passed on.
     if unsafe { completed(g, ring) }? >= target {
         return Ok(());
     }
+    // SAFETY: our own contract; `cache` is `ring`'s tail-cache pair.
     unsafe { wait_completed(g, abort, ring, target, cache) }
 }

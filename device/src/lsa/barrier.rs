@@ -75,6 +75,10 @@ impl<'a> LsaBarrierSession<'a> {
         if index >= comm.lsa_barrier_count {
             return Err(BarrierError::IndexOutOfRange);
         }
+        // SAFETY: the caller's contract: `comm` is live and its resource
+        // window mapped, so barrier `index < lsa_barrier_count` (checked
+        // above) has its epoch word, a 4-byte aligned `u32` of this rank's
+        // resource window, accessed only atomically.
         let epoch = unsafe { atomic::load_relaxed(Self::epoch_ptr(comm, index), Scope::Gpu) };
         Ok(LsaBarrierSession { comm, index, epoch })
     }
@@ -107,6 +111,11 @@ impl<'a> LsaBarrierSession<'a> {
         let mut peer = coop.thread_rank();
         while peer < n {
             let p = self.inbox(peer, me);
+            // SAFETY: `new`'s contract (live `comm`, mapped resource window)
+            // and `index < lsa_barrier_count`, `peer < lsa_size`: `p` is slot
+            // `[index][me]` of peer `peer`'s inbox array, an aligned `u32`
+            // that is written only by this rank (atomically) and read only
+            // atomically by that peer's `wait`.
             unsafe {
                 match order {
                     Order::Release | Order::AcqRel => atomic::store_release(p, self.epoch, Scope::Sys),
@@ -131,6 +140,9 @@ impl<'a> LsaBarrierSession<'a> {
         let mut src = coop.thread_rank();
         while src < n && result.is_ok() {
             let p = self.inbox(me, src) as *const u32;
+            // SAFETY: as in `arrive`: slot `[index][src]` of this rank's own
+            // inbox array (`src < lsa_size`), an aligned `u32` that peers
+            // only store to atomically.
             let r = unsafe {
                 match order {
                     Order::Acquire | Order::AcqRel => wait::wait_ge_u32(p, self.epoch, Scope::Sys, &mut deadline),
@@ -151,6 +163,7 @@ impl<'a> LsaBarrierSession<'a> {
     /// As for [`LsaBarrierSession::arrive`].
     #[inline]
     pub unsafe fn sync<C: Coop>(&mut self, coop: &C, order: Order) -> Result<(), BarrierError> {
+        // SAFETY: this function's contract is `arrive`'s and `wait`'s.
         unsafe {
             self.arrive(coop, order);
             self.wait(coop, order)

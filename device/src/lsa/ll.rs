@@ -21,27 +21,46 @@ pub const fn slot_bytes(bytes: usize) -> usize {
     bytes.div_ceil(4) * 8
 }
 
+/// Payload word `w` of `src`: bytes `4w..min(4w + 4, bytes)`, little-endian.
+///
+/// # Safety
+/// `src` is valid for reads of `bytes` bytes and `4 * w < bytes`.
 #[inline(always)]
 unsafe fn read_word(src: *const u8, bytes: usize, w: usize) -> u32 {
     let at = w * 4;
     if at + 4 <= bytes && (src as usize) % 4 == 0 {
+        // SAFETY: `at + 4 <= bytes`, so the 4 bytes are inside `src` (the
+        // caller's contract), and `src` and `at` are multiples of 4, so the
+        // `u32` is aligned.
         unsafe { (src.add(at) as *const u32).read_volatile() }
     } else {
         let mut v = 0u32;
         for k in 0..(bytes - at).min(4) {
+            // SAFETY: `at + k < bytes` (`k < bytes - at`, and `at < bytes` by
+            // the caller's contract): inside `src`.
             v |= (unsafe { src.add(at + k).read_volatile() } as u32) << (8 * k);
         }
         v
     }
 }
 
+/// Stores payload word `w` to `dst`: bytes `4w..min(4w + 4, bytes)`.
+///
+/// # Safety
+/// `dst` is valid for writes of `bytes` bytes, `4 * w < bytes`, and no other
+/// thread accesses those bytes meanwhile.
 #[inline(always)]
 unsafe fn write_word(dst: *mut u8, bytes: usize, w: usize, v: u32) {
     let at = w * 4;
     if at + 4 <= bytes && (dst as usize) % 4 == 0 {
+        // SAFETY: `at + 4 <= bytes`, so the 4 bytes are inside `dst` (the
+        // caller's contract), and `dst` and `at` are multiples of 4, so the
+        // `u32` is aligned; the caller owns these bytes.
         unsafe { (dst.add(at) as *mut u32).write_volatile(v) }
     } else {
         for k in 0..(bytes - at).min(4) {
+            // SAFETY: `at + k < bytes` (`k < bytes - at`, and `at < bytes` by
+            // the caller's contract): inside `dst`, owned by the caller.
             unsafe { dst.add(at + k).write_volatile((v >> (8 * k)) as u8) };
         }
     }
@@ -60,7 +79,12 @@ pub unsafe fn put<C: Coop>(coop: &C, slot: *mut u64, src: *const u8, bytes: usiz
     let words = bytes.div_ceil(4);
     let mut w = coop.thread_rank() as usize;
     while w < words {
+        // SAFETY: `w < words = ceil(bytes / 4)`, so `4w < bytes`; `src` is
+        // valid for `bytes` (the caller's contract).
         let v = ((flag as u64) << 32) | unsafe { read_word(src, bytes, w) } as u64;
+        // SAFETY: `w < words` and the slot holds `slot_bytes(bytes) = 8 *
+        // words` bytes, 8-byte aligned (the caller's contract); the sender
+        // stores and the receiver loads slot words only atomically.
         unsafe { atomic::store_relaxed(slot.add(w), v, Scope::Sys) };
         w += coop.size() as usize;
     }
@@ -88,8 +112,14 @@ pub unsafe fn wait<C: Coop>(
     let mut w = coop.thread_rank() as usize;
     while w < words && result.is_ok() {
         loop {
+            // SAFETY: `w < words`: inside the 8-byte aligned slot of
+            // `slot_bytes(bytes)` bytes (the caller's contract); slot words
+            // are only accessed atomically (as in `put`).
             let v = unsafe { atomic::load_relaxed(slot.add(w), Scope::Sys) };
             if (v >> 32) as u32 == flag {
+                // SAFETY: `4w < bytes`; `dst` is valid for `bytes` (the
+                // caller's contract) and word `w` is this thread's alone
+                // (threads take `w = thread_rank, + size, ...`).
                 unsafe { write_word(dst, bytes, w, v as u32) };
                 break;
             }

@@ -27,6 +27,9 @@ pub const UNROLL: usize = 4;
 /// thread of `coop` calls with the same arguments.
 #[inline]
 pub unsafe fn copy<C: Coop>(coop: &C, dst: *mut u8, src: *const u8, bytes: usize) {
+    // SAFETY: the caller's contract (valid, non-overlapping `src`/`dst`, same
+    // arguments on every thread of `coop`); the coop's thread ranks are
+    // `0..size`, each once, as `copy_strided` requires.
     unsafe { copy_strided(coop.thread_rank() as usize, coop.size() as usize, dst, src, bytes) }
 }
 
@@ -48,28 +51,43 @@ pub unsafe fn copy_strided(t: usize, n: usize, dst: *mut u8, src: *const u8, byt
         let base = g * step + t;
         let mut v = [[0u32; 4]; UNROLL];
         for (u, slot) in v.iter_mut().enumerate() {
+            // SAFETY: vector `base + u * n` < `groups * step <= vectors`, so
+            // its 16 bytes lie in `src[..vec_bytes]`, valid by the caller's
+            // contract; `aligned16` holds, so the address is 16-byte aligned.
             *slot = unsafe { load16(src.add((base + u * n) * 16)) };
         }
         for (u, slot) in v.iter().enumerate() {
+            // SAFETY: as for the load: the same vector of `dst`, in bounds and
+            // 16-byte aligned; each vector index belongs to one thread only
+            // (`t` distinct in `0..n`), so no two threads write it.
             unsafe { store16(dst.add((base + u * n) * 16), *slot) };
         }
     }
     let mut i = groups * step + t;
     while i < vectors {
+        // SAFETY: `i < vectors`, so vector `i` is inside both buffers and
+        // 16-byte aligned (`aligned16`); vector `i` is this thread's alone.
         unsafe { store16(dst.add(i * 16), load16(src.add(i * 16))) };
         i += n;
     }
     // Tail: 8-byte words when both ends allow, then single bytes.
+    // SAFETY: both blocks: `vec_bytes <= bytes`, so the offsets stay inside (or one
+    // past the end of) the buffers the caller guarantees.
     let (d, s) = (unsafe { dst.add(vec_bytes) }, unsafe { src.add(vec_bytes) });
     let rest = bytes - vec_bytes;
     let words = if (d as usize | s as usize) % 8 == 0 { rest / 8 } else { 0 };
     let mut w = t;
     while w < words {
+        // SAFETY: `w < words = rest / 8`, so word `w` lies in the last `rest`
+        // bytes of both buffers, and both `d` and `s` are 8-byte aligned
+        // (`words` is 0 otherwise); word `w` is this thread's alone.
         unsafe { (d as *mut u64).add(w).write_volatile((s as *const u64).add(w).read_volatile()) };
         w += n;
     }
     let mut b = words * 8 + t;
     while b < rest {
+        // SAFETY: `b < rest`, so byte `b` lies in the last `rest` bytes of
+        // both buffers; byte `b` is this thread's alone.
         unsafe { d.add(b).write_volatile(s.add(b).read_volatile()) };
         b += n;
     }
@@ -103,6 +121,8 @@ pub unsafe fn copy_bulk<C: Coop>(
     chunk: u32,
     stages: u32,
 ) {
+    // SAFETY: the caller's contract is `copy_bulk_strided`'s, and one coop
+    // with `first = 0`, `stride = 1` covers every chunk.
     unsafe { copy_bulk_strided(coop, dst, src, bytes, smem, chunk, stages, 0, 1) }
 }
 
@@ -129,6 +149,9 @@ pub unsafe fn copy_bulk_strided<C: Coop>(
 ) {
     if (dst as usize | src as usize) % 16 != 0 || chunk == 0 || chunk % 16 != 0 || stages < 2 || stride == 0 {
         let (t, n) = (coop.thread_rank() as usize, coop.size() as usize);
+        // SAFETY: the caller's contract for `src`/`dst`; the `stride` coops
+        // (each `first` once) number their threads `first * n + t`, which
+        // covers `0..stride * n` once each, as `copy_strided` requires.
         unsafe { copy_strided(first * n + t, stride.max(1) * n, dst, src, bytes) };
         coop.sync();
         return;
@@ -138,16 +161,32 @@ pub unsafe fn copy_bulk_strided<C: Coop>(
     // This coop's chunks, numbered 0.. locally.
     let chunks = if first < total { (total - first).div_ceil(stride) } else { 0 };
     if coop.is_leader() && chunks > 0 {
+        // SAFETY: `smem` is `copy_bulk_smem_bytes(chunk, stages)` =
+        // `chunk * stages + 8 * stages` bytes (the caller's contract): the
+        // mbarriers follow the `stages` buffers, 16-byte aligned since
+        // `chunk` is a multiple of 16.
         let bars = unsafe { smem.add((chunk * stages) as usize) } as *mut u64;
         let at = |c: usize| (first + c * stride) * chunk as usize;
         let len = |c: usize| (bulk_bytes - at(c)).min(chunk as usize) as u32;
+        // SAFETY: `c % stages < stages`: one of the `stages` buffers of `smem`.
         let buf = |c: usize| unsafe { smem.add((c % stages as usize) * chunk as usize) };
+        // SAFETY: `c % stages < stages`: one of the `stages` mbarriers after the buffers.
         let bar = |c: usize| unsafe { bars.add(c % stages as usize) };
+        // SAFETY: called only for `c < chunks`, so `at(c) + len(c) <=
+        // bulk_bytes <= bytes`: `src.add(at(c))` is valid for `len(c)` bytes
+        // (a non-zero multiple of 16 and 16-byte aligned, as `src`, `chunk`
+        // and `bulk_bytes` are), `buf(c)` holds `chunk >= len(c)` bytes, and
+        // `bar(c)` is initialised (below, before the first load); the
+        // expect_tx declares exactly the bytes the load completes on it.
+        // `buf(c)` is free: its previous chunk's store has read it
+        // (`wait_group_read` before every refill).
         let load = |c: usize| unsafe {
             bulk::mbarrier_arrive_expect_tx(bar(c), len(c));
             bulk::load_to_shared(buf(c), src.add(at(c)), len(c), bar(c));
         };
         for s in 0..stages as usize {
+            // SAFETY: mbarrier `s < stages` of `smem`, 8-byte aligned (above),
+            // not yet in use: the caller hands `smem` over unused.
             unsafe { bulk::mbarrier_init(bars.add(s), 1) };
         }
         bulk::fence_mbarrier_init();
@@ -156,7 +195,13 @@ pub unsafe fn copy_bulk_strided<C: Coop>(
         }
         for c in 0..chunks {
             let parity = ((c / stages as usize) & 1) as u32;
+            // SAFETY: `bar(c)` was initialised above.
             while !unsafe { bulk::mbarrier_try_wait_parity(bar(c), parity) } {}
+            // SAFETY: `c < chunks`, so `dst.add(at(c))` is valid for `len(c)`
+            // bytes (16-byte aligned, a multiple of 16) by the caller's
+            // contract, and `buf(c)` holds chunk `c`, loaded (the wait
+            // above); it is not refilled before `wait_group_read` says this
+            // store has read it.
             unsafe { bulk::store_from_shared(dst.add(at(c)), buf(c), len(c)) };
             bulk::commit_group();
             // Once the previous chunk's store has read its buffer, refill it.
@@ -172,6 +217,9 @@ pub unsafe fn copy_bulk_strided<C: Coop>(
         let (t, n) = (coop.thread_rank() as usize, coop.size() as usize);
         let mut b = bulk_bytes + t;
         while b < bytes {
+            // SAFETY: `b < bytes`: inside both buffers (the caller's
+            // contract); byte `b` is this thread's alone, and the bulk part
+            // (`< bulk_bytes`) is not touched here.
             unsafe { dst.add(b).write_volatile(src.add(b).read_volatile()) };
             b += n;
         }
@@ -183,13 +231,20 @@ pub unsafe fn copy_bulk_strided<C: Coop>(
 /// `window` (the caller's own included), spread over `coop`.
 ///
 /// # Safety
-/// `offset + bytes <= window.size`; `src` valid for `bytes`; every thread of
-/// `coop` calls with the same arguments.
+/// `offset + bytes <= window.size`; `src` valid for `bytes` and not
+/// overlapping bytes `offset..offset + bytes` of any LSA peer's copy of
+/// `window` (the caller's own included); every thread of `coop` calls with
+/// the same arguments.
 #[inline]
 pub unsafe fn copy_to_all<C: Coop>(coop: &C, window: &WindowDesc, offset: u64, src: *const u8, bytes: usize) {
     for k in 0..window.lsa_size {
         // Start with the next peer, so LSA ranks do not all hit peer 0 first.
         let peer = (window.lsa_rank + 1 + k) % window.lsa_size;
+        // SAFETY: `offset + bytes <= window.size` (the caller's contract), so
+        // the peer's copy of the window is valid for `bytes` at `offset`;
+        // `src` is valid for `bytes` and does not overlap it (also the
+        // caller's contract); every thread of `coop` passes the same
+        // arguments.
         unsafe { copy(coop, window.lsa_ptr(offset, peer), src, bytes) };
     }
 }
@@ -201,6 +256,7 @@ pub unsafe fn copy_to_all<C: Coop>(coop: &C, window: &WindowDesc, offset: u64, s
 /// `dst` is valid and aligned for `T`.
 #[inline(always)]
 pub unsafe fn put_value<T: Copy>(dst: *mut T, value: T) {
+    // SAFETY: the caller's contract: `dst` is valid and aligned for `T`.
     unsafe { dst.write_volatile(value) }
 }
 
@@ -213,6 +269,8 @@ pub unsafe fn put_value<T: Copy>(dst: *mut T, value: T) {
 /// `signal` is a valid, 8-byte aligned `u64` that is only updated atomically.
 #[inline(always)]
 pub unsafe fn signal_add(signal: *mut u64, value: u64) {
+    // SAFETY: the caller's contract: a valid, aligned `u64` only updated
+    // atomically, as `red_add_release` requires.
     unsafe { atomic::red_add_release(signal, value, Scope::Sys) }
 }
 
@@ -225,5 +283,7 @@ pub unsafe fn signal_add(signal: *mut u64, value: u64) {
 #[inline(always)]
 pub unsafe fn wait_signal(signal: *const u64, least: u64, abort: &AbortInfo) -> Result<u64, WaitError> {
     let mut deadline = Deadline::new(abort);
+    // SAFETY: the caller's contract (as for `signal_add`): a valid, aligned
+    // `u64` only updated atomically, as `wait_ge_u64` requires.
     unsafe { wait::wait_ge_u64(signal, least, Scope::Sys, &mut deadline) }
 }

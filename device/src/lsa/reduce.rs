@@ -80,10 +80,18 @@ pub unsafe fn reduce<C: Coop, T: Reducible>(
     let mut i = t;
     while i < count {
         let at = offset + (i * core::mem::size_of::<T>()) as u64;
+        // SAFETY: the caller's contract: every peer's window holds `count`
+        // aligned `T`s at `offset`, written and made visible before the call,
+        // and `i < count`, so element `i` of peer 0 is in bounds and aligned;
+        // no one writes it during the call.
         let mut acc = unsafe { window.lsa_ptr::<T>(at, 0).read_volatile() };
         for p in 1..window.lsa_size {
+            // SAFETY: as above, element `i` of peer `p < lsa_size`.
             acc = acc.combine(unsafe { window.lsa_ptr::<T>(at, p).read_volatile() }, op);
         }
+        // SAFETY: `i < count` and `dst` is valid for `count` elements (the
+        // caller's contract); element `i` is this thread's alone (threads
+        // take `i = t, t + n, ...` with distinct `t < n`).
         unsafe { dst.add(i).write_volatile(acc) };
         i += n;
     }

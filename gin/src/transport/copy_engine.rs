@@ -401,6 +401,9 @@ mod tests {
     fn signals_wait_for_their_fence_and_busy_proxies_fence_less() {
         let mut signals = vec![0u64; 4];
         let sig = signals.as_ptr();
+        // SAFETY: called with `i < 4` only: an aligned `u64` of `signals`,
+        // which outlives the closure's uses; the transport writes it only
+        // atomically.
         let read = |i: usize| unsafe { AtomicU64::from_ptr(sig.add(i) as *mut u64) }.load(Ordering::SeqCst);
         let (mut t, log) = transport(&mut signals);
         let mut failed = Vec::new();

@@ -187,10 +187,10 @@ impl StreamCopyQueue {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.batch);
+        let stream = &self.stream;
         // SAFETY: every address is an 8-aligned word of a window mapped for
         // the transport (the `write` contract) or our fence word, alive
         // until a later fence passes (the callers' contracts; Drop syncs).
-        let stream = &self.stream;
         let refused =
             match Stats::call(&mut self.stats, (batch.len() as u64, 0), || unsafe { stream.write_values(&batch) }) {
                 Ok(()) => {
@@ -236,10 +236,10 @@ impl StreamCopyQueue {
         if self.copies.is_empty() {
             return Ok(());
         }
+        let (stream, copies) = (&self.stream, &self.copies);
         // SAFETY: each range came through `copy` or `stage`, whose
         // contracts keep it alive until a later fence; no destination
         // overlaps another copy's range (checked when gathered).
-        let (stream, copies) = (&self.stream, &self.copies);
         let r = Stats::call(&mut self.stats, (0, copies.len() as u64), || unsafe { stream.memcpy_batch_raw(copies) })
             .map_err(sys_err);
         self.copies.clear();
@@ -553,7 +553,7 @@ mod tests {
         let buf = dev.alloc_from(&[0u64; 64]).unwrap();
         let base = buf.device_addr();
         let value = |i: u64| 0x5eed_0000_0000 + i * 7;
-        // SAFETY (every write here): inside `buf`, alive past the fence waits.
+        // SAFETY: every write here is inside `buf`, which lives past the fence waits.
         unsafe {
             for i in 0..DIRECT_WRITES as u64 {
                 q.write(base + 8 * i, &value(i).to_le_bytes()).unwrap();
@@ -626,7 +626,7 @@ mod tests {
         let n = 3 * CHUNK_BYTES / 8;
         let buf = dev.alloc_from(&vec![0u8; 128 + 2 * n]).unwrap();
         let base = buf.device_addr();
-        // SAFETY (every write here): inside `buf`, alive past the fence waits.
+        // SAFETY: every write here is inside `buf`, which lives past the fence waits.
         unsafe {
             // Adjacent bytes: staged back to back, one copy.
             for i in 0..64u64 {

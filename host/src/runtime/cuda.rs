@@ -331,6 +331,10 @@ impl CudaStreamHandle {
     /// Queues `copies` (dst, src, bytes) with one `cuMemcpyBatchAsync` where
     /// the driver has it (CUDA 12.8+), else one `cuMemcpyDtoDAsync` each.
     /// The copies of one batch may run in any order and at once.
+    ///
+    /// # Safety
+    /// As for [`Stream::memcpy_raw`](crate::Stream::memcpy_raw), for each
+    /// copy; no copy's destination overlaps another copy's source or destination.
     pub(crate) unsafe fn memcpy_batch(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
         if copies.len() < 2 || !batch_copies_available() {
             for &(d, s, n) in copies {

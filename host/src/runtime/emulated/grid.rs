@@ -132,18 +132,26 @@ fn current() -> ThreadCtx {
     }
 }
 
-// SAFETY (all accessors below): the scheduler sets CURRENT to pointers into
-// the block's own frame before resuming a thread and clears it after; the
-// slot, block and launch states outlive every coroutine of the block.
+// The accessors below hand out `&'static` references to the calling emulated
+// thread's slot, block and launch states: the scheduler sets CURRENT to
+// pointers into the block's own frame before resuming a thread and clears it
+// after; the slot, block and launch states outlive every coroutine of the
+// block, and the references never leave the coroutine.
 fn slot() -> &'static Slot {
+    // SAFETY: `current()` is set (it panics otherwise), so `slot` points at
+    // the running thread's slot, alive for the whole of its coroutine (see above).
     unsafe { &*current().slot }
 }
 
 fn block() -> &'static BlockState {
+    // SAFETY: as for `slot`: the running block's state, alive while any of
+    // its coroutines runs.
     unsafe { &*current().block }
 }
 
 fn launch() -> &'static LaunchState {
+    // SAFETY: as for `slot`: the launch's state, alive until every block of
+    // the launch has finished.
     unsafe { &*current().launch }
 }
 

@@ -190,9 +190,10 @@ impl EmuStream {
 
     pub(crate) fn write(&self, dst: u64, src: &[u8]) -> Result<()> {
         let (d, s, n) = (dst as usize, src.as_ptr() as usize, src.len());
-        // SAFETY: dst is a live allocation of at least n bytes (checked by the
-        // caller) and `src` outlives the op because we wait for it below.
         self.submit(Box::new(move || {
+            // SAFETY: dst is a live allocation of at least n bytes (checked by
+            // the caller) and `src` outlives the op because we wait for it
+            // below; a borrowed slice does not overlap device memory.
             unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, n) };
             Ok(())
         }))?;
@@ -201,8 +202,10 @@ impl EmuStream {
 
     pub(crate) fn read(&self, src: u64, dst: &mut [u8]) -> Result<()> {
         let (s, d, n) = (src as usize, dst.as_mut_ptr() as usize, dst.len());
-        // SAFETY: as in `write`, the other way round.
         self.submit(Box::new(move || {
+            // SAFETY: as in `write`, the other way round: `src` is a live
+            // allocation of at least n bytes and `dst` outlives the op (we
+            // wait for it below).
             unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, n) };
             Ok(())
         }))?;
@@ -220,9 +223,12 @@ impl EmuStream {
     /// Every range is live host memory until the stream passes this point.
     pub(crate) unsafe fn memcpy_batch(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
         let copies = copies.to_vec();
-        // SAFETY: forwarded from the caller.
         self.submit(Box::new(move || {
             for (d, s, bytes) in copies {
+                // SAFETY: the caller's contract: both ranges are live until
+                // the stream runs this op (it is in the stream, so they are);
+                // the ranges come from `Stream::memcpy_raw` /
+                // `memcpy_batch_raw`, whose contracts exclude overlap.
                 unsafe { std::ptr::copy_nonoverlapping(s as usize as *const u8, d as usize as *mut u8, bytes) };
             }
             Ok(())
@@ -231,9 +237,9 @@ impl EmuStream {
 
     pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         let d = dst as usize;
-        // SAFETY: dst is a live buffer of `bytes` bytes; the caller keeps it
-        // alive until the stream passes this point (as with CUDA).
         self.submit(Box::new(move || {
+            // SAFETY: dst is a live buffer of `bytes` bytes; the caller keeps
+            // it alive until the stream passes this point (as with CUDA).
             unsafe { std::ptr::write_bytes(d as *mut u8, value, bytes) };
             Ok(())
         }))
