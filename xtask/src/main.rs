@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use clap::{Parser, Subcommand};
-use devcomm_build::committed::{self, Freshness, Origin, LIBRARY_KERNELS};
+use devcomm_build::committed::{self, Freshness, Origin, Sources, ALL_COMMITTED, LIBRARY_KERNELS};
 use devcomm_build::{PtxArtifact, PtxBuilder};
 
 /// Test targets that test the build itself (they run cargo or read the
@@ -46,7 +46,8 @@ enum Cmd {
         /// Where to copy the PTX (default: `<target dir>/ptx/devcomm_kernels.ptx`).
         #[arg(long, conflicts_with_all = ["update", "check"])]
         out: Option<PathBuf>,
-        /// Write the committed PTX (`host/ptx/devcomm_kernels.<arch>.ptx`) with its header.
+        /// Write the committed PTX (`host/ptx/devcomm_kernels.<arch>.ptx`, and the test kernel crate's
+        /// `tests/user-kernels/ptx/user_kernels.<arch>.ptx`) with its header.
         #[arg(long, conflicts_with = "check")]
         update: bool,
         /// Fail unless the committed PTX is fresh (inputs hash; a byte-for-byte rebuild where its toolchain is installed).
@@ -130,8 +131,12 @@ fn cargo_metadata() -> Result<serde_json::Value> {
 }
 
 fn builder(args: &PtxArgs) -> Result<PtxBuilder> {
+    builder_for(&LIBRARY_KERNELS, args)
+}
+
+fn builder_for(sources: &Sources, args: &PtxArgs) -> Result<PtxBuilder> {
     let target = target_dir()?;
-    Ok(PtxBuilder::new(LIBRARY_KERNELS.package)
+    Ok(PtxBuilder::new(sources.package)
         .manifest_dir(workspace_root())
         .target_dir(target.join(devcomm_build::PTX_TARGET_SUBDIR))
         .arch(&args.arch)
@@ -143,10 +148,15 @@ fn build_ptx(args: &PtxArgs) -> Result<PtxArtifact> {
     builder(args)?.build().map_err(|e| e.to_string())
 }
 
+/// Refreshes every committed PTX ([`ALL_COMMITTED`]).
 fn cmd_ptx_update(args: &PtxArgs) -> Result<()> {
+    ALL_COMMITTED.iter().try_for_each(|s| ptx_update(s, args))
+}
+
+fn ptx_update(sources: &Sources, args: &PtxArgs) -> Result<()> {
     let root = workspace_root();
-    let ptx = committed::build_committed(&LIBRARY_KERNELS, &root, &builder(args)?).map_err(|e| e.to_string())?;
-    let path = LIBRARY_KERNELS.committed_path(&root, &args.arch);
+    let ptx = committed::build_committed(sources, &root, &builder_for(sources, args)?).map_err(|e| e.to_string())?;
+    let path = sources.committed_path(&root, &args.arch);
     devcomm_build::write_if_changed(&path, &ptx.render()).map_err(|e| e.to_string())?;
     println!(
         "{}: {} kernels, built by {}, inputs {}",
@@ -158,12 +168,17 @@ fn cmd_ptx_update(args: &PtxArgs) -> Result<()> {
     Ok(())
 }
 
+/// Checks every committed PTX ([`ALL_COMMITTED`]).
 fn cmd_ptx_check(args: &PtxArgs) -> Result<()> {
+    ALL_COMMITTED.iter().try_for_each(|s| ptx_check(s, args))
+}
+
+fn ptx_check(sources: &Sources, args: &PtxArgs) -> Result<()> {
     let root = workspace_root();
-    let b = builder(args)?;
-    let path = LIBRARY_KERNELS.committed_path(&root, &args.arch);
+    let b = builder_for(sources, args)?;
+    let path = sources.committed_path(&root, &args.arch);
     let refresh = "refresh it with `cargo xtask ptx --update` (needs `rustup toolchain install nightly --component rust-src`) and commit it";
-    let committed = match committed::freshness(&LIBRARY_KERNELS, &root, &b).map_err(|e| e.to_string())? {
+    let committed = match committed::freshness(sources, &root, &b).map_err(|e| e.to_string())? {
         Freshness::Fresh(c) => c,
         Freshness::Stale { committed, expected } => {
             return Err(format!(
@@ -187,7 +202,7 @@ fn cmd_ptx_check(args: &PtxArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let rebuilt = committed::build_committed(&LIBRARY_KERNELS, &root, &b).map_err(|e| e.to_string())?;
+    let rebuilt = committed::build_committed(sources, &root, &b).map_err(|e| e.to_string())?;
     if rebuilt != committed {
         return Err(format!(
             "{} differs from what `{}` builds from these sources (edited by hand?); {refresh}",
