@@ -407,8 +407,10 @@ fn struct_argument_and_sixteen_arguments() {
 }
 
 /// `devcomm_device::math` on random data against the host's `std`: exact
-/// where PTX is exact (sqrt, fma, min, max), within the GPU instructions'
-/// error bounds where it approximates (rsqrt, exp, log, exp2, log2).
+/// where PTX is exact (sqrt, fma, min, max); where the GPU approximates
+/// (rsqrt, exp, log, exp2, log2) within a few times its instructions' error
+/// bounds (2^-22 relative or absolute: 1e-6 here; exp: 4e-6, as the
+/// rounding of `y * log2(e)` adds `|y| * 2^-24`).
 #[test]
 fn device_math_matches_the_host() {
     use devcomm_kernels::selftest::{math_f32, math_f64, MATH_F32_OUTPUTS, MATH_F64_OUTPUTS};
@@ -438,13 +440,13 @@ fn device_math_matches_the_host() {
         let (a, b, c) = (x[i], y[i], z[i]);
         let r = &got[i * MATH_F32_OUTPUTS..][..MATH_F32_OUTPUTS];
         assert_eq!(r[0].to_bits(), a.sqrt().to_bits(), "sqrt({a:e}), element {i}");
-        close(r[1], 1.0 / (a as f64).sqrt(), 4e-7, 0.0, "rsqrt", i);
+        close(r[1], 1.0 / (a as f64).sqrt(), 1e-6, 0.0, "rsqrt", i);
         // ex2.approx: 2 ulp, plus the rounding of y * log2(e) (|y| <= 20).
         close(r[2], (b as f64).exp(), 4e-6, 0.0, "exp", i);
         // lg2.approx: 2^-22 absolute near 1, 2 ulp elsewhere.
-        close(r[3], (a as f64).ln(), 4e-7, 4e-7, "log", i);
-        close(r[4], (b as f64).exp2(), 4e-7, 0.0, "exp2", i);
-        close(r[5], (a as f64).log2(), 4e-7, 4e-7, "log2", i);
+        close(r[3], (a as f64).ln(), 1e-6, 1e-6, "log", i);
+        close(r[4], (b as f64).exp2(), 1e-6, 0.0, "exp2", i);
+        close(r[5], (a as f64).log2(), 1e-6, 1e-6, "log2", i);
         assert_eq!(r[6].to_bits(), a.mul_add(b, c).to_bits(), "fma({a:e}, {b:e}, {c:e}), element {i}");
         assert_eq!(r[7], b.min(c), "min, element {i}");
         assert_eq!(r[8], b.max(c), "max, element {i}");
