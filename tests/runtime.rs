@@ -343,3 +343,276 @@ fn every_thread_of_a_coop_sees_the_same_max_and_the_same_error() {
         }
     }
 }
+
+/// The PTX of the test kernel crate `tests/user-kernels`, as a user embeds
+/// theirs (committed here, so that no nightly is needed to run the tests).
+static USER_KERNELS_PTX: &str = include_str!("user-kernels/ptx/user_kernels.sm_90.ptx");
+
+/// A user's kernels go through `launch_in` with their module, alike on both
+/// runtimes; `launch` refuses them, alike on both, with an error naming
+/// `launch_in`; a module that lacks the kernel is an error on both.
+#[test]
+fn user_kernels_launch_from_their_module_and_only_there() {
+    use devcomm_test_user_kernels::sqrt_scale;
+    let dev = test_device(0);
+    let s = dev.stream();
+    let n = 1000usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    let x: Vec<f32> = (0..n).map(|_| rng.gen_range(0.0..100.0)).collect();
+    let dx = dev.alloc_from(&x).unwrap();
+    let out = dev.alloc_from(&vec![0.0f32; n]).unwrap();
+    let args = (dx.as_ptr(), out.as_mut_ptr(), n as u32, 2.0f32, -1.0f32);
+    let cfg = LaunchConfig::for_elements(n as u32, 128);
+
+    // `launch` is for the library's kernels only.
+    // SAFETY: refused before anything runs (and the buffers are valid anyway).
+    let e = unsafe { s.launch::<sqrt_scale>(cfg, args) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("launch_in") && msg.contains("load_module") && msg.contains("devcomm_test_user_kernels"),
+        "{msg}"
+    );
+    // Nor is it in the library's module.
+    let library = dev.library().unwrap();
+    assert!(library.is_library());
+    // Its entries are the embedded PTX's on both runtimes (none when built with DEVCOMM_SKIP_PTX).
+    let embedded = devcomm::ptx::embedded_kernels_ptx().is_some();
+    assert_eq!(library.entry_names().iter().any(|e| e == "axpy_f32"), embedded, "{library:?}");
+    // SAFETY: as above.
+    let e = unsafe { s.launch_in::<sqrt_scale>(&library, cfg, args) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("library module"), "{e}");
+
+    // From its own module it runs, with the same results on both runtimes.
+    let module = dev.load_module(USER_KERNELS_PTX).unwrap();
+    assert!(!module.is_library());
+    let mut names = module.entry_names().to_vec();
+    names.sort();
+    assert_eq!(names, ["affine_struct", "sixteen", "sqrt_scale"]);
+    // SAFETY: x and out hold n elements and live past the read below.
+    unsafe { s.launch_in::<sqrt_scale>(&module, cfg, args) }.unwrap();
+    let got = s.read_vec(&out).unwrap();
+    for i in 0..n {
+        let want = x[i].sqrt().mul_add(2.0, -1.0); // sqrt.rn and fma.rn: exact on both
+        assert_eq!(got[i].to_bits(), want.to_bits(), "i={i}: {} vs {want}", got[i]);
+    }
+
+    // A library kernel launches from the library's module too, not from a user's.
+    let y = dev.alloc_from(&vec![1.0f32; n]).unwrap();
+    let axpy_args = (3.0f32, dx.as_ptr(), y.as_ptr(), out.as_mut_ptr(), n as u32);
+    // SAFETY: x, y and out hold n elements.
+    unsafe { s.launch_in::<axpy_f32>(&library, cfg, axpy_args) }.unwrap();
+    assert_eq!(s.read_vec(&out).unwrap()[7], 3.0 * x[7] + 1.0);
+    // SAFETY: refused before anything runs.
+    let e = unsafe { s.launch_in::<axpy_f32>(&module, cfg, axpy_args) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("not in this module"), "{e}");
+}
+
+/// A `#[repr(C)]` struct as one kernel argument, and a kernel of sixteen
+/// arguments of every width, from the user kernel crate's PTX.
+#[test]
+fn struct_argument_and_sixteen_arguments() {
+    use devcomm_test_user_kernels::{affine_struct, sixteen, Affine};
+    let dev = test_device(0);
+    let s = dev.stream();
+    let module = dev.load_module(USER_KERNELS_PTX).unwrap();
+    let n = 300usize;
+    let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let dx = dev.alloc_from(&x).unwrap();
+    let out = dev.alloc_from(&vec![0.0f32; n]).unwrap();
+    for flag in [0u8, 1] {
+        let p = Affine { x: dx.as_ptr(), out: out.as_mut_ptr(), n: n as u32, a: 3.0, b: 0.25, flag, extra: 1000 };
+        // SAFETY: x and out hold n elements.
+        unsafe { s.launch_in::<affine_struct>(&module, LaunchConfig::new(2, 64), (p,)) }.unwrap();
+        let got = s.read_vec(&out).unwrap();
+        for i in 0..n {
+            assert_eq!(got[i], x[i] * 3.0 + 0.25 + if flag != 0 { 1000.0 } else { 0.0 }, "flag {flag} i {i}");
+        }
+    }
+    assert_eq!(<<sixteen as devcomm_device::Kernel>::Args as devcomm_device::KernelArgs>::COUNT, 16);
+    let o = dev.alloc_from(&[0u64; 15]).unwrap();
+    let args = (
+        o.as_mut_ptr(),
+        201u8,
+        60_001u16,
+        4_000_000_001u32,
+        u64::MAX - 5,
+        -7i8,
+        -30_000i16,
+        -2_000_000_000i32,
+        -(1i64 << 50),
+        12.75f32,
+        1e15f64,
+        17u32,
+        1u64 << 63,
+        255u8,
+        0xdead_beefu32,
+        0x0123_4567_89ab_cdefu64,
+    );
+    // SAFETY: o holds 15 elements.
+    unsafe { s.launch_in::<sixteen>(&module, LaunchConfig::new(1, 32), args) }.unwrap();
+    let want: [u64; 15] = [
+        201,
+        60_001,
+        4_000_000_001,
+        u64::MAX - 5,
+        -7i64 as u64,
+        -30_000i64 as u64,
+        -2_000_000_000i64 as u64,
+        -(1i64 << 50) as u64,
+        12,
+        1_000_000_000_000_000,
+        17,
+        1 << 63,
+        255,
+        0xdead_beef,
+        0x0123_4567_89ab_cdef,
+    ];
+    assert_eq!(s.read_vec(&o).unwrap(), want);
+}
+
+/// `devcomm_device::math` on random data against the host's `std`: exact
+/// where PTX is exact (sqrt, fma, min, max); where the GPU approximates
+/// (rsqrt, exp, log, exp2, log2) within a few times its instructions' error
+/// bounds (2^-22 relative or absolute: 1e-6 here; exp: 4e-6, as the
+/// rounding of `y * log2(e)` adds `|y| * 2^-24`).
+#[test]
+fn device_math_matches_the_host() {
+    use devcomm_kernels::selftest::{math_f32, math_f64, MATH_F32_OUTPUTS, MATH_F64_OUTPUTS};
+    let dev = test_device(0);
+    let s = dev.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+    let n = 5000usize;
+    // x > 0 spanning many binades (sqrt, log), y in [-20, 20] (exp), z anything moderate.
+    let x: Vec<f32> = (0..n).map(|_| 2f32.powf(rng.gen_range(-60.0..60.0)) * rng.gen_range(1.0..2.0)).collect();
+    let y: Vec<f32> = (0..n).map(|_| rng.gen_range(-20.0..20.0)).collect();
+    let z: Vec<f32> = (0..n).map(|_| rng.gen_range(-1e3..1e3)).collect();
+    let (dx, dy, dz) = (dev.alloc_from(&x).unwrap(), dev.alloc_from(&y).unwrap(), dev.alloc_from(&z).unwrap());
+    let out = dev.alloc_from(&vec![0.0f32; n * MATH_F32_OUTPUTS]).unwrap();
+    // SAFETY: inputs hold n elements, out 10 n.
+    unsafe {
+        s.launch::<math_f32>(
+            LaunchConfig::new(4, 128),
+            (dx.as_ptr(), dy.as_ptr(), dz.as_ptr(), out.as_mut_ptr(), n as u32),
+        )
+    }
+    .unwrap();
+    let got = s.read_vec(&out).unwrap();
+    let close = |g: f32, w: f64, rel: f64, abs: f64, what: &str, i: usize| {
+        assert!((g as f64 - w).abs() <= rel * w.abs() + abs, "{what}, element {i}: {g:e} vs {w:e}");
+    };
+    for i in 0..n {
+        let (a, b, c) = (x[i], y[i], z[i]);
+        let r = &got[i * MATH_F32_OUTPUTS..][..MATH_F32_OUTPUTS];
+        assert_eq!(r[0].to_bits(), a.sqrt().to_bits(), "sqrt({a:e}), element {i}");
+        close(r[1], 1.0 / (a as f64).sqrt(), 1e-6, 0.0, "rsqrt", i);
+        // ex2.approx: 2 ulp, plus the rounding of y * log2(e) (|y| <= 20).
+        close(r[2], (b as f64).exp(), 4e-6, 0.0, "exp", i);
+        // lg2.approx: 2^-22 absolute near 1, 2 ulp elsewhere.
+        close(r[3], (a as f64).ln(), 1e-6, 1e-6, "log", i);
+        close(r[4], (b as f64).exp2(), 1e-6, 0.0, "exp2", i);
+        close(r[5], (a as f64).log2(), 1e-6, 1e-6, "log2", i);
+        assert_eq!(r[6].to_bits(), a.mul_add(b, c).to_bits(), "fma({a:e}, {b:e}, {c:e}), element {i}");
+        assert_eq!(r[7], b.min(c), "min, element {i}");
+        assert_eq!(r[8], b.max(c), "max, element {i}");
+        assert!(r[9].is_nan(), "sqrt(-{a:e}), element {i}: {}", r[9]);
+    }
+
+    let xd: Vec<f64> = x.iter().map(|&v| v as f64 * rng.gen_range(1.0..2.0)).collect();
+    let yd: Vec<f64> = (0..n).map(|_| rng.gen_range(-1e6..1e6)).collect();
+    let zd: Vec<f64> = (0..n).map(|_| rng.gen_range(-1e12..1e12)).collect();
+    let (dx, dy, dz) = (dev.alloc_from(&xd).unwrap(), dev.alloc_from(&yd).unwrap(), dev.alloc_from(&zd).unwrap());
+    let out = dev.alloc_from(&vec![0.0f64; n * MATH_F64_OUTPUTS]).unwrap();
+    // SAFETY: inputs hold n elements, out 5 n.
+    unsafe {
+        s.launch::<math_f64>(
+            LaunchConfig::new(4, 128),
+            (dx.as_ptr(), dy.as_ptr(), dz.as_ptr(), out.as_mut_ptr(), n as u32),
+        )
+    }
+    .unwrap();
+    let got = s.read_vec(&out).unwrap();
+    for i in 0..n {
+        let (a, b, c) = (xd[i], yd[i], zd[i]);
+        let r = &got[i * MATH_F64_OUTPUTS..][..MATH_F64_OUTPUTS];
+        assert_eq!(r[0].to_bits(), a.sqrt().to_bits(), "sqrt_f64({a:e}), element {i}");
+        // rsqrt.approx.f64: an estimate without a documented bound; at least
+        // single precision is expected (to be confirmed on a GPU).
+        let w = 1.0 / a.sqrt();
+        assert!((r[1] - w).abs() <= 1e-6 * w, "rsqrt_f64({a:e}), element {i}: {:e} vs {w:e}", r[1]);
+        assert_eq!(r[2].to_bits(), a.mul_add(b, c).to_bits(), "fma_f64({a:e}, {b:e}, {c:e}), element {i}");
+        assert_eq!(r[3], b.min(c), "min_f64, element {i}");
+        assert_eq!(r[4], b.max(c), "max_f64, element {i}");
+    }
+}
+
+/// Warp, tile and block reductions (sum, max, a custom op) on every thread,
+/// over full and partial warps, against host results.
+#[test]
+fn warp_tile_and_block_reductions_match_the_host() {
+    use devcomm_kernels::selftest::{reductions, REDUCTION_OUTPUTS as K};
+    let dev = test_device(0);
+    let s = dev.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(47);
+    for &(blocks, threads) in &[(1u32, 32u32), (3, 96), (2, 100), (1, 1), (2, 33), (1, 1024)] {
+        let total = (blocks * threads) as usize;
+        let fx: Vec<f32> = (0..total).map(|_| rng.gen_range(-10.0..10.0)).collect();
+        let ux: Vec<u32> = (0..total).map(|_| rng.gen()).collect();
+        let (dfx, dux) = (dev.alloc_from(&fx).unwrap(), dev.alloc_from(&ux).unwrap());
+        let fout = dev.alloc_from(&vec![f32::NAN; total * K]).unwrap();
+        let uout = dev.alloc_from(&vec![u32::MAX; total * K]).unwrap();
+        // SAFETY: one input and K outputs per thread; 256 bytes of shared memory.
+        unsafe {
+            s.launch::<reductions>(
+                LaunchConfig::new(blocks, threads).with_shared_mem(256),
+                (dfx.as_ptr(), dux.as_ptr(), fout.as_mut_ptr(), uout.as_mut_ptr()),
+            )
+        }
+        .unwrap();
+        let (gf, gu) = (s.read_vec(&fout).unwrap(), s.read_vec(&uout).unwrap());
+        let what = format!("{blocks} x {threads}");
+        let fsum = |r: std::ops::Range<usize>| fx[r].iter().map(|&v| v as f64).sum::<f64>();
+        let fmax = |r: std::ops::Range<usize>| fx[r].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let usum = |r: std::ops::Range<usize>| ux[r].iter().fold(0u32, |a, &v| a.wrapping_add(v));
+        let umax = |r: std::ops::Range<usize>| ux[r].iter().copied().max().unwrap();
+        let near = |g: f32, w: f64, t: usize, k: usize| {
+            assert!((g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()), "{what}: thread {t} output {k}: {g} vs {w}")
+        };
+        for b in 0..blocks as usize {
+            let block = b * threads as usize..(b + 1) * threads as usize;
+            let (bs, bm, bus, bum) =
+                (fsum(block.clone()), fmax(block.clone()), usum(block.clone()), umax(block.clone()));
+            let bmin = fx[block.clone()].iter().copied().fold(f32::INFINITY, f32::min);
+            let bumin = ux[block.clone()].iter().copied().min().unwrap();
+            let unegs = ux[block.clone()].iter().fold(0u32, |a, &v| a.wrapping_add(v.wrapping_neg()));
+            let unegm = ux[block.clone()].iter().map(|v| v.wrapping_neg()).max().unwrap();
+            let first = gf[block.start * K + 3];
+            for t in block.clone() {
+                let (f, u) = (&gf[t * K..][..K], &gu[t * K..][..K]);
+                let rank = t - block.start;
+                if (rank / 32 + 1) * 32 <= threads as usize {
+                    let warp = block.start + rank / 32 * 32..block.start + rank / 32 * 32 + 32;
+                    let tile = block.start + rank / 8 * 8..block.start + rank / 8 * 8 + 8;
+                    near(f[0], fsum(warp.clone()), t, 0);
+                    assert_eq!(f[1], fmax(warp.clone()), "{what}: warp max, thread {t}");
+                    near(f[2], fsum(tile.clone()), t, 2);
+                    assert_eq!(u[..3], [usum(warp.clone()), umax(warp), usum(tile)], "{what}: thread {t}");
+                    // Every lane of a warp has the same bits.
+                    assert_eq!(f[0].to_bits(), gf[warp_first(t, block.start) * K].to_bits(), "{what}: thread {t}");
+                }
+                near(f[3], bs, t, 3);
+                assert_eq!(f[3].to_bits(), first.to_bits(), "{what}: block sums differ between threads ({t})");
+                assert_eq!(f[4], bm, "{what}: block max, thread {t}");
+                near(f[5], -bs, t, 5);
+                assert_eq!(f[6], -bmin, "{what}: block max of -x, thread {t}");
+                assert_eq!(f[7], bmin, "{what}: block min, thread {t}");
+                assert_eq!(u[3..], [bus, bum, unegs, unegm, bumin], "{what}: thread {t}");
+            }
+        }
+    }
+}
+
+/// The first thread of `t`'s warp (its block starts at `block_start`).
+fn warp_first(t: usize, block_start: usize) -> usize {
+    block_start + (t - block_start) / 32 * 32
+}

@@ -11,6 +11,14 @@
 //! Kernels are declared with [`kernel!`], which yields a PTX entry point on
 //! the GPU target and, on the host, a callable function plus a marker type that
 //! implements [`Kernel`] so the host crate can launch it on either runtime.
+//! A kernel crate of your own starts with two crate attributes and
+//! [`kernel_crate!`]; the [`kernel`](mod@kernel) module shows a whole one, with its
+//! `build.rs` and the host code that loads its PTX.
+//!
+//! Kernels compute with [`math`] (`sqrt`, `rsqrt`, `exp`, `log`, `fma`,
+//! `min`, `max`: PTX instructions on the GPU, `core`-only versions on the
+//! host, since `core` has none of them) and combine values across a warp,
+//! a tile or a block with [`reduce`].
 //!
 //! ## Coming from NCCL's device API
 //!
@@ -53,8 +61,10 @@ pub mod error;
 pub mod gin;
 pub mod kernel;
 pub mod lsa;
+pub mod math;
+pub mod reduce;
 pub mod team;
 pub mod wait;
 
 pub use arch::Dim3;
-pub use kernel::{Kernel, KernelArgs, KernelParam};
+pub use kernel::{Kernel, KernelArgs, KernelParam, MAX_KERNEL_ARGS};

@@ -34,7 +34,8 @@
 //! **2. Symmetric memory and a window** (`ncclMemAlloc`,
 //! `ncclCommWindowRegister`): every rank allocates the same size and
 //! registers it collectively; each rank then sees every LSA peer's copy
-//! mapped into its own address space. Window memory starts zeroed.
+//! mapped into its own address space. Window memory does not start zeroed:
+//! write what kernels read first.
 //!
 //! **3. A device communicator** (`ncclDevCommCreate`): what kernels get,
 //! built from [`DevCommRequirements`]: here one LSA barrier, GIN to every
@@ -47,33 +48,19 @@
 //!
 //! **5. Clean up**: the device communicator, the window, the communicator.
 //!
+//! The kernel is `ring_step` in the repository's
+//! `examples/kernels/src/lib.rs` (a kernel crate of its own, as any user's: kernels run on a GPU from PTX,
+//! and that crate's PTX is committed beside it in `examples/ptx/`). It
+//! stores into the next rank's window, meets the others at LSA barrier 0,
+//! then puts 8 bytes to the next rank with `Gin::put` and a signal, and
+//! waits for the previous rank's.
+//!
 //! ```
 //! use devcomm::prelude::*;
-//! use devcomm_device::coop::{Coop, Cta};
-//! use devcomm_device::gin::{Gin, LocalAction, RemoteAction};
-//! use devcomm_device::lsa::LsaBarrierSession;
-//! use devcomm_device::atomic::Order;
-//!
-//! devcomm_device::kernel! {
-//!     /// Word 0 of the next rank's window := my rank + 100 (LSA store), then
-//!     /// word 2 of the next rank's window := my word 1 (GIN put + signal 0).
-//!     pub unsafe fn ring_step(comm: DevComm, win: WindowDesc, errors: *mut u32) {
-//!         let cta = Cta::new();
-//!         let next = (comm.rank() + 1) % comm.nranks();
-//!         if cta.is_leader() {
-//!             *win.lsa_ptr::<u64>(0, next) = comm.rank() as u64 + 100;
-//!         }
-//!         let r = LsaBarrierSession::new(&cta, &comm, 0).and_then(|mut b| b.sync(&cta, Order::AcqRel));
-//!         if let Err(e) = r { *errors = e.code(); return; }
-//!         let gin = match Gin::new(&comm, 0) { Ok(g) => g, Err(e) => { *errors = e.code(); return; } };
-//!         let signal = RemoteAction::SignalInc { signal: 0, strong: true };
-//!         let r = gin
-//!             .put(&cta, &comm.world(), next, &win, 16, &win, 8, 8, signal, LocalAction::None)
-//!             .and_then(|()| gin.wait_signal(&cta, 0, 1).map(drop))
-//!             .and_then(|()| gin.flush(&cta));
-//!         if let Err(e) = r { *errors = e.code(); }
-//!     }
-//! }
+//! use devcomm_example_kernels::ring_step;
+//! // The kernel crate's PTX, as a program embeds it (see `devcomm_device::kernel`).
+//! static PTX: &str =
+//!     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/ptx/devcomm_example_kernels.sm_90.ptx"));
 //!
 //! let comms = Communicator::init_all_count(RuntimeSelection::Emulated, 2)?;
 //! std::thread::scope(|s| {
@@ -90,12 +77,14 @@
 //!         req.gin_signal_count = 1;
 //!         req.use_window(&window);
 //!         let handle = comm.create_dev_comm(&req)?;
-//!         // 4. The kernel.
+//!         // 4. The kernel, from its crate's module.
+//!         let module = comm.device().load_module(PTX)?;
 //!         let errors = comm.device().alloc_from(&[0u32])?;
 //!         // SAFETY: the device communicator and window outlive the launch
 //!         // (the reads below synchronise the stream); `errors` holds one word.
 //!         unsafe {
-//!             stream.launch::<ring_step>(
+//!             stream.launch_in::<ring_step>(
+//!                 &module,
 //!                 LaunchConfig::new(1, 64),
 //!                 (handle.dev_comm(), window.desc(), errors.as_mut_ptr()),
 //!             )?;
@@ -121,10 +110,9 @@
 //! # Ok::<(), devcomm::Error>(())
 //! ```
 //!
-//! The same program on GPUs: open CUDA devices instead
-//! ([`RuntimeSelection::Cuda`], or `auto`), and build the kernel in a kernel
-//! crate of its own with `devcomm-build` (the README's quick start), since
-//! kernels declared in a program are host functions only.
+//! The same program runs on GPUs: open CUDA devices instead
+//! ([`RuntimeSelection::Cuda`], or `auto`); the module then holds the
+//! kernel's PTX for the driver.
 //!
 //! ## Modules
 //!

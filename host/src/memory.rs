@@ -47,7 +47,18 @@ impl fmt::Debug for SymmetricMemory {
 
 impl SymmetricMemory {
     /// Allocates `bytes` of symmetric memory on `device` (rounded up
-    /// internally to [`Device::shareable_granularity`]). The contents are undefined.
+    /// internally to [`Device::shareable_granularity`]).
+    ///
+    /// **The contents are undefined, not zeroed**, and registering the
+    /// memory as a window does not clear it either: the emulated runtime
+    /// fills fresh memory with `0xCB` bytes (so that a missing
+    /// initialisation shows), a GPU hands out whatever its driver gives
+    /// (often zeros, never promised). Write what kernels will read first
+    /// (with [`SymmetricMemory::write`], e.g. `mem.write(stream, 0, &vec![0u8;
+    /// mem.size()])`, or with a kernel), and make peers wait for it (e.g.
+    /// [`Communicator::bootstrap_barrier`]) before they read this rank's
+    /// window. What `create_dev_comm` allocates itself (barriers, resource
+    /// buffers) does start zeroed.
     ///
     /// Errors: [`Error::InvalidArgument`] for 0 bytes or a size that overflows;
     /// [`Error::CudaError`] / [`Error::SystemError`] when the memory cannot be had.
@@ -145,7 +156,8 @@ impl<'a> From<&'a SymmetricMemory> for MemRegion<'a> {
 
 impl Communicator {
     /// Allocates `bytes` of symmetric memory on this rank's device
-    /// (`ncclMemAlloc`); not collective. Free it by dropping it.
+    /// (`ncclMemAlloc`); not collective. Free it by dropping it. Its
+    /// contents are undefined, not zeroed (see [`SymmetricMemory::alloc`]).
     #[doc(alias = "ncclMemAlloc")]
     pub fn mem_alloc(&self, bytes: usize) -> Result<SymmetricMemory> {
         SymmetricMemory::alloc(self.device(), bytes)

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use clap::{Parser, Subcommand};
-use devcomm_build::committed::{self, Freshness, Origin, Sources, LIBRARY_KERNELS};
+use devcomm_build::committed::{self, Freshness, Origin, Sources, ALL_COMMITTED, LIBRARY_KERNELS};
 use devcomm_build::{PtxArtifact, PtxBuilder};
 
 /// Test targets that test the build itself (they run cargo or read the
@@ -47,7 +47,8 @@ enum Cmd {
         /// Where to copy the PTX (default: `<target dir>/ptx/devcomm_kernels.ptx`).
         #[arg(long, conflicts_with_all = ["update", "check"])]
         out: Option<PathBuf>,
-        /// Write the committed PTX (`host/ptx/devcomm_kernels.<arch>.ptx`) with its header.
+        /// Write the committed PTX (`host/ptx/devcomm_kernels.<arch>.ptx`, and the test kernel crate's
+        /// `tests/user-kernels/ptx/user_kernels.<arch>.ptx`) with its header.
         #[arg(long, conflicts_with = "check")]
         update: bool,
         /// Fail unless the committed PTX is fresh (inputs hash; a byte-for-byte rebuild where its toolchain is installed).
@@ -160,29 +161,32 @@ fn cmd_ptx(args: &PtxArgs, out: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// Rebuilds every committed PTX ([`committed::ALL`]).
+/// Refreshes every committed PTX ([`ALL_COMMITTED`]).
 fn cmd_ptx_update(args: &PtxArgs) -> Result<()> {
+    ALL_COMMITTED.iter().try_for_each(|s| ptx_update(s, args))
+}
+
+fn ptx_update(sources: &Sources, args: &PtxArgs) -> Result<()> {
     let root = workspace_root();
-    for sources in committed::ALL {
-        let ptx =
-            committed::build_committed(sources, &root, &builder_for(sources, args)?).map_err(|e| e.to_string())?;
-        let path = sources.committed_path(&root, &args.arch);
-        devcomm_build::write_if_changed(&path, &ptx.render()).map_err(|e| e.to_string())?;
-        let kernels = devcomm_build::check_ptx(&ptx.body).map_err(|e| e.to_string())?.len();
-        println!("{}: {kernels} kernels, built by {}, inputs {}", path.display(), ptx.toolchain, ptx.inputs);
-    }
+    let ptx = committed::build_committed(sources, &root, &builder_for(sources, args)?).map_err(|e| e.to_string())?;
+    let path = sources.committed_path(&root, &args.arch);
+    devcomm_build::write_if_changed(&path, &ptx.render()).map_err(|e| e.to_string())?;
+    println!(
+        "{}: {} kernels, built by {}, inputs {}",
+        path.display(),
+        devcomm_build::check_ptx(&ptx.body).map_err(|e| e.to_string())?.len(),
+        ptx.toolchain,
+        ptx.inputs
+    );
     Ok(())
 }
 
-/// Checks every committed PTX ([`committed::ALL`]).
+/// Checks every committed PTX ([`ALL_COMMITTED`]).
 fn cmd_ptx_check(args: &PtxArgs) -> Result<()> {
-    for sources in committed::ALL {
-        check_committed(sources, args)?;
-    }
-    Ok(())
+    ALL_COMMITTED.iter().try_for_each(|s| ptx_check(s, args))
 }
 
-fn check_committed(sources: &Sources, args: &PtxArgs) -> Result<()> {
+fn ptx_check(sources: &Sources, args: &PtxArgs) -> Result<()> {
     let root = workspace_root();
     let b = builder_for(sources, args)?;
     let path = sources.committed_path(&root, &args.arch);

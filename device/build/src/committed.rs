@@ -73,9 +73,20 @@ pub const EXAMPLE_KERNELS: Sources = Sources {
     file_stem: "devcomm_example_kernels",
 };
 
-/// Every committed PTX of this repository (what `cargo xtask ptx --update`
-/// and `--check` go through).
-pub const ALL: [&Sources; 2] = [&LIBRARY_KERNELS, &EXAMPLE_KERNELS];
+/// A kernel crate written as a user writes one (`tests/user-kernels`),
+/// committed beside it so that the tests launch it from its own PTX with
+/// `Stream::launch_in` on a GPU without a nightly toolchain.
+pub const USER_TEST_KERNELS: Sources = Sources {
+    package: "devcomm-test-user-kernels",
+    dirs: &["device/src", "tests/user-kernels/src"],
+    files: &["device/Cargo.toml", "tests/user-kernels/Cargo.toml", ".cargo/config.toml"],
+    committed_dir: "tests/user-kernels/ptx",
+    file_stem: "user_kernels",
+};
+
+/// Every committed PTX of the workspace, refreshed and checked together by
+/// `cargo xtask ptx --update` / `--check`.
+pub const ALL_COMMITTED: &[Sources] = &[LIBRARY_KERNELS, EXAMPLE_KERNELS, USER_TEST_KERNELS];
 
 impl Sources {
     /// The committed PTX file for `arch` under the workspace `root`.

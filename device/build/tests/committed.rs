@@ -77,6 +77,23 @@ fn the_repository_s_committed_ptx_is_fresh() {
 }
 
 #[test]
+fn the_test_user_kernel_crate_s_committed_ptx_is_fresh() {
+    use devcomm_build::committed::USER_TEST_KERNELS;
+    let b = PtxBuilder::new(USER_TEST_KERNELS.package);
+    match committed::freshness(&USER_TEST_KERNELS, &workspace(), &b).unwrap() {
+        Freshness::Fresh(c) => assert!(devcomm_build::check_ptx(&c.body).unwrap().len() >= 3),
+        other => panic!(
+            "tests/user-kernels/ptx/user_kernels.sm_90.ptx is not fresh: run `cargo xtask ptx --update` and commit it ({:?})",
+            match other {
+                Freshness::Stale { expected, committed } =>
+                    format!("inputs {} vs the tree's {expected}", committed.inputs),
+                _ => "missing".into(),
+            }
+        ),
+    }
+}
+
+#[test]
 fn a_changed_kernel_source_makes_the_committed_ptx_stale() {
     let root = copy_of_tree("freshness");
     let b = PtxBuilder::new(LIBRARY_KERNELS.package).toolchain("devcomm-test-no-such-toolchain");

@@ -5,11 +5,7 @@
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
 #![warn(missing_docs)]
 
-#[cfg(target_arch = "nvptx64")]
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
-    devcomm_device::arch::trap()
-}
+devcomm_device::kernel_crate!();
 
 pub mod gin;
 pub mod lsa;

@@ -286,3 +286,112 @@ kernel! {
         }
     }
 }
+
+/// Results per element of [`math_f32()`].
+pub const MATH_F32_OUTPUTS: usize = 10;
+/// Results per element of [`math_f64()`].
+pub const MATH_F64_OUTPUTS: usize = 5;
+
+kernel! {
+    /// Device math on `f32`, grid-stride: for each `i < n`, writes
+    /// `out[10 i..10 i + 10]` = sqrt(x), rsqrt(x), exp(y), log(x), exp2(y),
+    /// log2(x), fma(x, y, z), min(y, z), max(y, z), sqrt(-x) (NaN for x > 0).
+    ///
+    /// # Safety
+    /// `x`, `y`, `z` hold `n` elements, `out` `10 n`.
+    pub unsafe fn math_f32(x: *const f32, y: *const f32, z: *const f32, out: *mut f32, n: u32) {
+        use devcomm_device::math;
+        let mut i = global_thread_x();
+        while i < n {
+            let k = i as usize;
+            let (a, b, c) = (*x.add(k), *y.add(k), *z.add(k));
+            let r = [
+                math::sqrt(a),
+                math::rsqrt(a),
+                math::exp(b),
+                math::log(a),
+                math::exp2(b),
+                math::log2(a),
+                math::fma(a, b, c),
+                math::min(b, c),
+                math::max(b, c),
+                math::sqrt(-a),
+            ];
+            let o = out.add(k * MATH_F32_OUTPUTS);
+            for (j, v) in r.into_iter().enumerate() {
+                *o.add(j) = v;
+            }
+            i += grid_threads_x();
+        }
+    }
+
+    /// Device math on `f64`, grid-stride: for each `i < n`, writes
+    /// `out[5 i..5 i + 5]` = sqrt(x), rsqrt(x), fma(x, y, z), min(y, z), max(y, z).
+    ///
+    /// # Safety
+    /// `x`, `y`, `z` hold `n` elements, `out` `5 n`.
+    pub unsafe fn math_f64(x: *const f64, y: *const f64, z: *const f64, out: *mut f64, n: u32) {
+        use devcomm_device::math;
+        let mut i = global_thread_x();
+        while i < n {
+            let k = i as usize;
+            let (a, b, c) = (*x.add(k), *y.add(k), *z.add(k));
+            let r = [math::sqrt_f64(a), math::rsqrt_f64(a), math::fma_f64(a, b, c), math::min_f64(b, c), math::max_f64(b, c)];
+            let o = out.add(k * MATH_F64_OUTPUTS);
+            for (j, v) in r.into_iter().enumerate() {
+                *o.add(j) = v;
+            }
+            i += grid_threads_x();
+        }
+    }
+}
+
+/// Results per thread of [`reductions()`].
+pub const REDUCTION_OUTPUTS: usize = 8;
+
+kernel! {
+    /// Reductions over every coop kind: thread `t` of the grid (one value of
+    /// `fx[t]` and `ux[t]` each) writes, at `fout[8 t..]`: its warp's f32 sum
+    /// and max, its tile<8>'s f32 sum, its block's f32 sum and max (twice in
+    /// a row through the same scratch, the second time of `-fx`), and at
+    /// `uout[8 t..]`: the same of the `u32` values (sums wrapping). Warp and
+    /// tile results are only written where the warp is full (`uout`/`fout`
+    /// keep their contents elsewhere).
+    ///
+    /// # Safety
+    /// `fx`, `ux` hold one value per thread of the grid, `fout`, `uout` 8;
+    /// at least 256 bytes of dynamic shared memory.
+    pub unsafe fn reductions(fx: *const f32, ux: *const u32, fout: *mut f32, uout: *mut u32) {
+        use devcomm_device::arch::{block_rank_in_grid, thread_rank_in_block, threads_per_block};
+        use devcomm_device::coop::{Cta, Tile, Warp};
+        use devcomm_device::reduce;
+        let threads = threads_per_block();
+        let rank = thread_rank_in_block();
+        let t = (block_rank_in_grid() * threads + rank) as usize;
+        let (f, u) = (*fx.add(t), *ux.add(t));
+        let (fo, uo) = (fout.add(t * REDUCTION_OUTPUTS), uout.add(t * REDUCTION_OUTPUTS));
+        let full_warp = (rank / 32 + 1) * 32 <= threads;
+        if full_warp {
+            let (warp, tile) = (Warp::new(), Tile::<8>::new());
+            *fo = reduce::warp_sum(&warp, f);
+            *fo.add(1) = reduce::warp_max(&warp, f);
+            *fo.add(2) = reduce::tile_sum(&tile, f);
+            *uo = reduce::warp_sum(&warp, u);
+            *uo.add(1) = reduce::warp_max(&warp, u);
+            *uo.add(2) = reduce::tile_sum(&tile, u);
+        }
+        let cta = Cta::new();
+        let fs = dynamic_shared::<f32>();
+        let us = dynamic_shared::<u32>().add(32);
+        *fo.add(3) = reduce::block_sum(&cta, f, fs);
+        *fo.add(4) = reduce::block_max(&cta, f, fs);
+        *fo.add(5) = reduce::block_sum(&cta, -f, fs);
+        *fo.add(6) = reduce::block_max(&cta, -f, fs);
+        *fo.add(7) = reduce::block_reduce(&cta, f, devcomm_device::math::min, fs);
+        *uo.add(3) = reduce::block_sum(&cta, u, us);
+        *uo.add(4) = reduce::block_max(&cta, u, us);
+        *uo.add(5) = reduce::block_sum(&cta, u.wrapping_neg(), us);
+        *uo.add(6) = reduce::block_max(&cta, u.wrapping_neg(), us);
+        *uo.add(7) = reduce::block_reduce(&cta, u, |a: u32, b: u32| a.min(b), us);
+    }
+}

@@ -16,11 +16,7 @@ use devcomm_device::coop::{Coop, Cta};
 use devcomm_device::gin::{Gin, LocalAction, RemoteAction};
 use devcomm_device::{arch, kernel, lsa};
 
-#[cfg(target_arch = "nvptx64")]
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
-    arch::trap()
-}
+devcomm_device::kernel_crate!();
 
 /// Records the first non-zero error `code` in `*errors`.
 ///
@@ -102,6 +98,44 @@ kernel! {
         }
         if me == 0 && cta.is_leader() {
             *out = arch::global_timer_ns() - t0;
+        }
+    }
+}
+
+kernel! {
+    /// The `devcomm` crate's walkthrough kernel: word 0 of the next rank's
+    /// window := my rank + 100 (an LSA store), an LSA barrier, then word 2
+    /// of the next rank's window := my word 1 (a GIN put with signal 0),
+    /// waiting for the previous rank's. The first failure's device error
+    /// code goes to `*errors`.
+    ///
+    /// # Safety
+    /// `win` holds 24 bytes, is registered for GIN, and every rank is in
+    /// the LSA team; `comm` has LSA barrier 0 and GIN signal 0; one block.
+    pub unsafe fn ring_step(comm: DevComm, win: WindowDesc, errors: *mut u32) {
+        use devcomm_device::atomic::Order;
+        use devcomm_device::lsa::LsaBarrierSession;
+        let cta = Cta::new();
+        let next = (comm.rank() + 1) % comm.nranks();
+        if cta.is_leader() {
+            *win.lsa_ptr::<u64>(0, next) = comm.rank() as u64 + 100;
+        }
+        let r = LsaBarrierSession::new(&cta, &comm, 0).and_then(|mut b| b.sync(&cta, Order::AcqRel));
+        if let Err(e) = r {
+            report(errors, e.code());
+            return;
+        }
+        let gin = match Gin::new(&comm, 0) {
+            Ok(g) => g,
+            Err(e) => { report(errors, e.code()); return; }
+        };
+        let signal = RemoteAction::SignalInc { signal: 0, strong: true };
+        let r = gin
+            .put(&cta, &comm.world(), next, &win, 16, &win, 8, 8, signal, LocalAction::None)
+            .and_then(|()| gin.wait_signal(&cta, 0, 1).map(drop))
+            .and_then(|()| gin.flush(&cta));
+        if let Err(e) = r {
+            report(errors, e.code());
         }
     }
 }

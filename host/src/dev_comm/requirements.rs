@@ -129,7 +129,31 @@ impl DevCommRequirements {
 
     /// Declares that the device communicator's kernels use `window`: it stays
     /// registered while the device communicator lives (deregistering it
-    /// meanwhile is [`Error::InvalidUsage`]).
+    /// meanwhile is [`Error::InvalidUsage`]), and its descriptor comes from
+    /// [`DevCommHandle::window`](super::DevCommHandle::window).
+    ///
+    /// **GIN needs it**: `create_dev_comm` hands the GIN backend (the
+    /// proxy's transports: copy engine, TCP, verbs) only the declared
+    /// windows, on every rank (every rank declares the same windows, in the
+    /// same order). Forgetting it for a window that kernels `put` into
+    /// through GIN is seen as follows:
+    ///
+    /// * on the host, `DevCommHandle::window(&w)` is an
+    ///   [`Error::InvalidArgument`] ("window N was not declared with
+    ///   use_window for this device communicator");
+    /// * a kernel handed the window's descriptor another way (e.g.
+    ///   [`Window::desc`]) fails its GIN operation on that window: the proxy
+    ///   refuses the request ("window N of rank P is not mapped here (declare
+    ///   it with use_window)"), the ring fails, and the kernel sees only
+    ///   `GinError::Queue(QueueError::RingFailed)` (device error code 3);
+    ///   the words are in
+    ///   [`DevCommHandle::gin_error`](super::DevCommHandle::gin_error), and
+    ///   [`DevCommHandle::destroy`](super::DevCommHandle::destroy) returns
+    ///   the same error.
+    ///
+    /// LSA loads and stores reach every registered window without it (the
+    /// mapping is made by `register_window`), but then nothing keeps the
+    /// window registered while kernels run.
     pub fn use_window(&mut self, window: &Window<'_>) -> &mut Self {
         self.windows.push(Arc::downgrade(&window.shared));
         self

@@ -11,6 +11,30 @@
 //! [`RuntimeSelection`] picks one: explicitly, or `Auto` (CUDA when a GPU is
 //! present, else emulated), overridable with `DEVCOMM_RUNTIME=cuda|emulated|auto`.
 //!
+//! # Which launch
+//!
+//! Both runtimes accept and refuse the same launches, so a program that
+//! passes on the emulator does not fail on a GPU for being launched the
+//! wrong way:
+//!
+//! * [`Stream::launch::<K>`](Stream::launch) runs the library's own kernels
+//!   (those of `devcomm-kernels`, whose PTX is embedded in this crate). A
+//!   kernel of any other crate is an [`Error::InvalidUsage`] that names
+//!   `launch_in`, on both runtimes: the kernel's crate is known from its
+//!   [`Kernel::MODULE_PATH`].
+//! * [`Stream::launch_in::<K>(&module, ..)`](Stream::launch_in) runs `K`
+//!   from a [`Module`]: a user's kernel crate built to PTX with
+//!   `devcomm-build` and loaded with [`Device::load_module`] (once per
+//!   device; keep the `Module`), or [`Device::library`]. A kernel that the
+//!   module does not hold is an [`Error::InvalidArgument`] on both runtimes:
+//!   the emulated runtime does not compile the PTX, but reads its `.entry`
+//!   names. `devcomm_device::kernel` shows a whole user kernel crate, its
+//!   `build.rs`, and the embedding of its PTX.
+//!
+//! A module has no global registry to search: a kernel's name alone does
+//! not say which PTX holds it (two crates may both export an `axpy`), and
+//! a launch that names its module cannot pick the wrong one.
+//!
 //! ```no_run
 //! use devcomm::runtime::{Device, LaunchConfig, RuntimeSelection};
 //! use devcomm_kernels::selftest::axpy_f32;
@@ -358,21 +382,43 @@ impl Device {
         }
     }
 
-    /// Loads a PTX module (a user's kernel crate built with `devcomm-build`).
-    /// On the emulated runtime the PTX is not used: kernels run from their
-    /// host form, so any text is accepted.
+    /// Loads a PTX module (a user's kernel crate built with `devcomm-build`),
+    /// whose kernels [`Stream::launch_in`] launches. Load it once per device
+    /// and keep the [`Module`]: each call loads the PTX again.
+    ///
+    /// On the emulated runtime the PTX is not compiled (kernels run from
+    /// their host form), but its `.entry` names are read, so that launching
+    /// a kernel the module does not hold fails there as on a GPU.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for text with a NUL byte;
+    /// [`Error::CudaError`] when the driver rejects the PTX (not for sm_90,
+    /// incomplete).
     pub fn load_module(&self, ptx: &str) -> Result<Module> {
         match &self.inner {
-            DeviceInner::Cuda(d) => Ok(Module { inner: ModuleInner::Cuda(d.load_module(ptx)?) }),
-            DeviceInner::Emulated(_) => Ok(Module { inner: ModuleInner::Emulated }),
+            DeviceInner::Cuda(d) => Ok(Module { inner: ModuleInner::Cuda(d.load_module(ptx)?), library: false }),
+            DeviceInner::Emulated(_) => {
+                if ptx.contains('\0') {
+                    return Err(Error::invalid_argument("PTX text contains a NUL byte"));
+                }
+                Ok(Module { inner: ModuleInner::Emulated(Arc::new(cuda::ptx_entries(ptx))), library: false })
+            }
         }
     }
 
-    /// The library's own kernels (`devcomm-kernels`), loaded once per device.
+    /// The library's own kernels (`devcomm-kernels`), loaded once per device:
+    /// what [`Stream::launch`] launches from.
     pub fn library(&self) -> Result<Module> {
         match &self.inner {
-            DeviceInner::Cuda(d) => Ok(Module { inner: ModuleInner::Cuda(d.library()?) }),
-            DeviceInner::Emulated(_) => Ok(Module { inner: ModuleInner::Emulated }),
+            DeviceInner::Cuda(d) => Ok(Module { inner: ModuleInner::Cuda(d.library()?), library: true }),
+            DeviceInner::Emulated(_) => {
+                // The same entry names as on a GPU, where the PTX is there
+                // (none with DEVCOMM_SKIP_PTX: the launches still run).
+                static ENTRIES: std::sync::OnceLock<Arc<Vec<String>>> = std::sync::OnceLock::new();
+                let entries = ENTRIES.get_or_init(|| {
+                    Arc::new(crate::ptx::kernels_ptx().map(|p| cuda::ptx_entries(&p)).unwrap_or_default())
+                });
+                Ok(Module { inner: ModuleInner::Emulated(entries.clone()), library: true })
+            }
         }
     }
 }
@@ -459,25 +505,97 @@ impl AddressRange {
     }
 }
 
-/// A loaded kernel module.
+/// A loaded kernel module: a user's PTX ([`Device::load_module`]) or the
+/// library's ([`Device::library`]). Cheap to clone.
 #[derive(Clone)]
 pub struct Module {
     inner: ModuleInner,
+    /// Whether this is the library's module (`devcomm-kernels`).
+    library: bool,
 }
 
 #[derive(Clone)]
 enum ModuleInner {
     Cuda(Arc<cuda::CudaModule>),
-    Emulated,
+    /// The `.entry` names of the PTX (for the library's module: of its
+    /// embedded PTX, which holds exactly the kernels of `devcomm-kernels`).
+    Emulated(Arc<Vec<String>>),
+}
+
+impl Module {
+    /// The PTX entry names (`.entry`) of the module.
+    pub fn entry_names(&self) -> &[String] {
+        match &self.inner {
+            ModuleInner::Cuda(m) => m.entry_names(),
+            ModuleInner::Emulated(e) => e,
+        }
+    }
+
+    /// Whether this is the library's own module ([`Device::library`]).
+    pub fn is_library(&self) -> bool {
+        self.library
+    }
+
+    /// Checks, alike on both runtimes, that `K` is in this module: a
+    /// library kernel for the library's module, an entry of the PTX for a
+    /// user's. (The CUDA driver looks the entry up again at the launch.)
+    fn check_holds<K: Kernel>(&self) -> Result<()> {
+        if self.library {
+            if K::crate_name() == LIBRARY_KERNEL_CRATE {
+                return Ok(());
+            }
+            return Err(Error::invalid_argument(format!(
+                "kernel `{}` (declared in `{}`) is not in devcomm's library module: load its crate's PTX with \
+                 Device::load_module and launch it from that module",
+                K::NAME,
+                K::MODULE_PATH
+            )));
+        }
+        if self.entry_names().iter().any(|e| e == K::NAME) {
+            Ok(())
+        } else {
+            Err(Error::invalid_argument(format!(
+                "kernel {:?} is not in this module (entries: {}); was the PTX built from the crate that \
+                 declares it ({}), and rebuilt since?",
+                K::NAME,
+                self.entry_names().join(", "),
+                K::crate_name()
+            )))
+        }
+    }
 }
 
 impl fmt::Debug for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.inner {
-            ModuleInner::Cuda(m) => f.debug_struct("Module").field("entries", &m.entry_names()).finish(),
-            ModuleInner::Emulated => f.write_str("Module(emulated)"),
-        }
+        let runtime = match &self.inner {
+            ModuleInner::Cuda(_) => RuntimeKind::Cuda,
+            ModuleInner::Emulated(_) => RuntimeKind::Emulated,
+        };
+        f.debug_struct("Module")
+            .field("runtime", &runtime)
+            .field("library", &self.library)
+            .field("entries", &self.entry_names())
+            .finish()
     }
+}
+
+/// The crate of the library's own kernels, as `module_path!()` spells it.
+pub(crate) const LIBRARY_KERNEL_CRATE: &str = "devcomm_kernels";
+
+/// `Ok` when `K` is one of the library's kernels (declared in
+/// `devcomm-kernels`), else the error that sends the caller to `launch_in`.
+fn check_library_kernel<K: Kernel>() -> Result<()> {
+    if K::crate_name() == LIBRARY_KERNEL_CRATE {
+        return Ok(());
+    }
+    Err(Error::invalid_usage(format!(
+        "kernel `{}` (declared in `{}`) is not one of devcomm's own kernels ({LIBRARY_KERNEL_CRATE}), the only \
+         ones Stream::launch runs, on every runtime: build its crate to PTX with devcomm-build, load it once \
+         with Device::load_module, and launch with Stream::launch_in::<{}>(&module, ..)",
+        K::NAME,
+        K::MODULE_PATH,
+        K::NAME
+    )))
 }
 
 #[derive(Clone)]
@@ -500,7 +618,14 @@ impl fmt::Debug for Stream {
 }
 
 impl Stream {
-    /// Launches the library kernel `K` (from `devcomm-kernels`).
+    /// Launches the library kernel `K` (from `devcomm-kernels`), from the
+    /// library's embedded PTX on a GPU.
+    ///
+    /// Errors, alike on both runtimes: [`Error::InvalidUsage`] when `K` is
+    /// not one of the library's kernels (a kernel of your own crate: load its
+    /// PTX with [`Device::load_module`] and use [`Stream::launch_in`]; see
+    /// the [module docs](self)); [`Error::InvalidArgument`] for a launch
+    /// configuration beyond the GPU's limits.
     ///
     /// # Safety
     ///
@@ -508,6 +633,7 @@ impl Stream {
     /// be valid device memory of this device (or of peers it can reach) for
     /// the kernel's whole run, as the kernel's own contract says.
     pub unsafe fn launch<K: Kernel>(&self, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        check_library_kernel::<K>()?;
         cfg.validate()?;
         match &self.inner {
             StreamInner::Cuda(s) => {
@@ -520,18 +646,33 @@ impl Stream {
         }
     }
 
-    /// Launches kernel `K` from a user's `module`.
+    /// Launches kernel `K` from `module`: a user's kernel crate loaded with
+    /// [`Device::load_module`] (see the [module docs](self)), or the
+    /// library's ([`Device::library`]).
+    ///
+    /// Errors, alike on both runtimes: [`Error::InvalidArgument`] when
+    /// `module` does not hold `K` (not among its PTX entries; for the
+    /// library's module, not a kernel of `devcomm-kernels`) or for a launch
+    /// configuration beyond the GPU's limits; [`Error::InvalidUsage`] when
+    /// the module and the stream belong to different runtimes.
     ///
     /// # Safety
     ///
-    /// As for [`Stream::launch`].
+    /// As for [`Stream::launch`]; and the PTX of `module` was built from the
+    /// same source as `K` (its entry of that name takes `K::Args`).
     pub unsafe fn launch_in<K: Kernel>(&self, module: &Module, cfg: LaunchConfig, args: K::Args) -> Result<()> {
         cfg.validate()?;
         match (&self.inner, &module.inner) {
-            // SAFETY: forwarded from the caller.
-            (StreamInner::Cuda(s), ModuleInner::Cuda(m)) => unsafe { s.launch(m, K::NAME, cfg, &args) },
-            // SAFETY: forwarded from the caller.
-            (StreamInner::Emulated(s), ModuleInner::Emulated) => unsafe { s.launch::<K>(cfg, args) },
+            (StreamInner::Cuda(s), ModuleInner::Cuda(m)) => {
+                module.check_holds::<K>()?;
+                // SAFETY: forwarded from the caller.
+                unsafe { s.launch(m, K::NAME, cfg, &args) }
+            }
+            (StreamInner::Emulated(s), ModuleInner::Emulated(_)) => {
+                module.check_holds::<K>()?;
+                // SAFETY: forwarded from the caller.
+                unsafe { s.launch::<K>(cfg, args) }
+            }
             _ => Err(Error::invalid_usage("module and stream belong to different runtimes")),
         }
     }

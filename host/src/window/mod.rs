@@ -139,6 +139,17 @@ impl Communicator {
     /// registered on this communicator; [`Error::Timeout`] when the LSA peers
     /// do not exchange handles within the op timeout; [`Error::RemoteError`]
     /// when a peer fails.
+    ///
+    /// Registration maps the memory as it is: **a window does not start
+    /// zeroed** (nor does its [`SymmetricMemory`], see
+    /// [`SymmetricMemory::alloc`]; on the emulated runtime it reads as
+    /// `0xCB` bytes). Initialise it before kernels read it, and have peers
+    /// wait for that (e.g. [`Communicator::bootstrap_barrier`]).
+    ///
+    /// Kernels that put into the window through GIN need it declared with
+    /// [`DevCommRequirements::use_window`](crate::dev_comm::DevCommRequirements::use_window)
+    /// when their device communicator is created (what goes wrong without
+    /// it is said there); LSA loads and stores need only the registration.
     #[doc(alias = "ncclCommWindowRegister")]
     pub fn register_window<'m>(&self, buffer: impl Into<MemRegion<'m>>, flags: WindowFlags) -> Result<Window<'_>> {
         let region = buffer.into();
@@ -352,6 +363,10 @@ pub(crate) fn register<'c>(
 
 impl<'c> Window<'c> {
     /// The descriptor kernels take (`lsa_ptr`, `local_ptr`, `peer_ptr`).
+    /// For a kernel that uses GIN, take it from
+    /// [`DevCommHandle::window`](crate::dev_comm::DevCommHandle::window)
+    /// instead, which checks that the window was declared with
+    /// [`DevCommRequirements::use_window`](crate::dev_comm::DevCommRequirements::use_window).
     pub fn desc(&self) -> WindowDesc {
         self.shared.desc
     }
