@@ -229,6 +229,24 @@ impl Drop for PanicGuard {
 impl Worker {
     fn run(&mut self) {
         self.serve_until_stopped();
+        if std::env::var("DEVCOMM_GIN_DEBUG").is_ok() {
+            let m = *self.rings.memory();
+            for q in 0..self.rings.count() {
+                let mut line = format!(
+                    "GIN debug: ring {q} (peer {}): served {} completed {} failed {}",
+                    self.rings.peer_of(q),
+                    self.served[q],
+                    self.rings.completed(q),
+                    self.rings.is_failed(q)
+                );
+                for t in 0..4usize.min(m.depth as usize) {
+                    // SAFETY: inside the ring array; a debugging read.
+                    let w = unsafe { core::ptr::read_volatile(m.rings.add(q * m.depth as usize + t)) }.words;
+                    line += &format!("\n   slot {t}: {:016x?}", w);
+                }
+                eprintln!("{line}");
+            }
+        }
         if let Some(st) = &self.stats {
             tracing::info!(
                 "GIN proxy stats: {} turns, {} served descriptors ({} busy turns, {:.1} per busy turn, at most {}), \

@@ -292,3 +292,143 @@ kernel! {
         *out = global_timer_ns() - t0;
     }
 }
+
+/// A row word of [`gin_dispatch()`]: `(from << 48) | (to << 40) | (round << 24) | i`.
+pub const fn dispatch_word(from: u64, to: u64, round: u64, i: u64) -> u64 {
+    (from << 48) | (to << 40) | ((round & 0xffff) << 24) | (i & 0xff_ffff)
+}
+
+/// Flags of [`gin_dispatch()`].
+pub mod dispatch_flags {
+    /// Flush right after the two puts (error site 1).
+    pub const FLUSH_AFTER_PUTS: u32 = 1;
+    /// Thread 0 alone stages, puts and flushes (`ThreadCoop`) instead of the CTA.
+    pub const LEADER_ONLY: u32 = 2;
+    /// The block of this rank's own slot sends to itself through GIN too.
+    pub const GIN_TO_SELF: u32 = 4;
+    /// Counter increment on the two puts (as the passing stress does).
+    pub const COUNTER: u32 = 8;
+    /// No staging writes in the kernel (the puts send what the host left there).
+    pub const HOST_SRC: u32 = 16;
+    /// Only the rows' put (no metadata put).
+    pub const ONE_PUT: u32 = 32;
+    /// One block, sending to rank `(rank + 1) % nranks`.
+    pub const ONE_BLOCK: u32 = 64;
+    /// The posting thread fences at system scope after the puts (a workaround).
+    pub const FENCE_AFTER_PUTS: u32 = 128;
+}
+
+kernel! {
+    /// An MoE-style dispatch over GIN as issue 13 describes it. Block `p`
+    /// sends to world rank `p` (`gridDim.x == nranks`): the CTA copies `rows`
+    /// u64 words from the token area (window offset `tok_off + p * rows * 8`,
+    /// written by the host) into its staging area inside its own window
+    /// (`stage_off + p * slot`, through `lsa_ptr(.., own lsa rank)`), its
+    /// threads write 4 metadata words after them with `lsa::put_value`; the
+    /// CTA posts `Gin::put` of the rows and of the metadata into rank `p`'s
+    /// window at `rank * slot` (both `RemoteAction::None`); the leader posts
+    /// `put_value` of the row count into `p`'s window at `cnt_off + rank * 8`
+    /// with a strong `SignalInc` of signal 0; then `flush` over the CTA.
+    /// Errors: `errors[0] = site * 100 + code` (first wins), site 1: flush
+    /// after the puts, 2: the puts, 3: put_value, 4: final flush.
+    ///
+    /// # Safety
+    /// The window holds the areas named; GIN with 1 signal (and a counter
+    /// with [`dispatch_flags::COUNTER`]).
+    pub unsafe fn gin_dispatch(comm: DevComm, win: WindowDesc, slot: u64, tok_off: u64, stage_off: u64, cnt_off: u64, rows: u64, flags: u32, errors: *mut u32) {
+        use devcomm_device::lsa;
+        let tag = |site: u32, r: Result<(), GinError>| -> bool {
+            match r {
+                Ok(()) => true,
+                Err(e) => {
+                    report(errors, site * 100 + e.code());
+                    false
+                }
+            }
+        };
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let world = comm.world();
+        let me = comm.rank();
+        let p = if flags & dispatch_flags::ONE_BLOCK != 0 { (me + 1) % comm.nranks() } else { block_idx().x };
+        let tag = |site: u32, r: Result<(), GinError>| -> bool {
+            let ok = tag(site, r);
+            if !ok && thread_idx().x == 0 {
+                for q in 0..comm.nranks().min(8) {
+                    let done = devcomm_device::gin::proxy::completed(comm.gin(), q as u64).map(|v| v as u32).unwrap_or(u32::MAX - 1);
+                    *errors.add(2 + q as usize) = done.wrapping_add(1000 * site);
+                }
+            }
+            ok
+        };
+        if p >= comm.nranks() || (p == me && flags & dispatch_flags::GIN_TO_SELF == 0) {
+            return;
+        }
+        let bytes = rows * 8;
+        let stage = stage_off + p as u64 * slot;
+        let dst = me as u64 * slot;
+        let own = comm.lsa_rank();
+        let local = if flags & dispatch_flags::COUNTER != 0 { LocalAction::CounterInc { counter: 0 } } else { LocalAction::None };
+        if flags & dispatch_flags::LEADER_ONLY != 0 {
+            if thread_idx().x != 0 {
+                return;
+            }
+            let c = ThreadCoop;
+            if flags & dispatch_flags::HOST_SRC == 0 {
+            lsa::copy(&c, win.lsa_ptr::<u8>(stage, own), win.lsa_ptr::<u8>(tok_off + p as u64 * bytes, own), bytes as usize);
+            for k in 0..4u64 {
+                lsa::put_value(win.lsa_ptr::<u64>(stage + bytes + k * 8, own), dispatch_word(me as u64, p as u64, 0xffff, k));
+            }
+            }
+            let ok = tag(2, gin.put(&c, &world, p, &win, dst, &win, stage, bytes, RemoteAction::None, local))
+                && (flags & dispatch_flags::ONE_PUT != 0 || tag(2, gin.put(&c, &world, p, &win, dst + bytes, &win, stage + bytes, 32, RemoteAction::None, local)));
+            if flags & dispatch_flags::FENCE_AFTER_PUTS != 0 {
+                devcomm_device::atomic::fence_acq_rel(Scope::Sys);
+            }
+            if !ok || (flags & dispatch_flags::FLUSH_AFTER_PUTS != 0 && !tag(1, gin.flush(&c))) {
+                return;
+            }
+            let r = gin.put_value(&world, p, &win, cnt_off + me as u64 * 8, rows, RemoteAction::SignalInc { signal: 0, strong: true }, LocalAction::None);
+            if tag(3, r) {
+                tag(4, gin.flush(&c));
+            }
+            return;
+        }
+        let cta = Cta::new();
+        if flags & dispatch_flags::HOST_SRC == 0 {
+            lsa::copy(&cta, win.lsa_ptr::<u8>(stage, own), win.lsa_ptr::<u8>(tok_off + p as u64 * bytes, own), bytes as usize);
+            let t = thread_idx().x as u64;
+            if t < 4 {
+                lsa::put_value(win.lsa_ptr::<u64>(stage + bytes + t * 8, own), dispatch_word(me as u64, p as u64, 0xffff, t));
+            }
+        }
+        let ok = tag(2, gin.put(&cta, &world, p, &win, dst, &win, stage, bytes, RemoteAction::None, local))
+            && (flags & dispatch_flags::ONE_PUT != 0
+                || tag(2, gin.put(&cta, &world, p, &win, dst + bytes, &win, stage + bytes, 32, RemoteAction::None, local)));
+        if flags & dispatch_flags::FENCE_AFTER_PUTS != 0 && cta.is_leader() {
+            devcomm_device::atomic::fence_acq_rel(Scope::Sys);
+        }
+        if !ok || (flags & dispatch_flags::FLUSH_AFTER_PUTS != 0 && !tag(1, gin.flush(&cta))) {
+            return;
+        }
+        let r = if cta.is_leader() {
+            gin.put_value(&world, p, &win, cnt_off + me as u64 * 8, rows, RemoteAction::SignalInc { signal: 0, strong: true }, LocalAction::None)
+        } else {
+            Ok(())
+        };
+        if tag(3, cta.agree(r)) {
+            tag(4, gin.flush(&cta));
+        }
+    }
+
+    /// The second kernel of [`gin_dispatch()`]: the CTA waits (`Gin::wait_signal`)
+    /// until signal 0 has reached `target`. Error site 5.
+    ///
+    /// # Safety
+    /// GIN with 1 signal.
+    pub unsafe fn gin_dispatch_wait(comm: DevComm, target: u64, errors: *mut u32) {
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        if let Err(e) = gin.wait_signal(&Cta::new(), 0, target) {
+            report(errors, 500 + e.code());
+        }
+    }
+}

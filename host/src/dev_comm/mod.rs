@@ -213,6 +213,12 @@ impl Communicator {
             GinConnectionType::Full => self.gin_type(),
             GinConnectionType::Rail => self.railed_gin_type(),
         };
+        // Load the library's kernels now: CUDA loads a module's code at its
+        // first use, and loading waits for the device to go idle, which a
+        // kernel waiting on the GIN proxy never does while the load blocks
+        // the proxy's own stream work (issue 13). Users' modules are loaded
+        // whole by `load_module`; load them before GIN kernels run too.
+        let backend = backend.and_then(|b| self.device().library().map(|_| b));
         agree(self, "create_dev_comm (GIN backend)", backend.as_ref().map(|_| ()).map_err(Clone::clone))?;
         let backend = backend?;
         let res = crate::gin::resources::GinResources::create(self, req, backend);

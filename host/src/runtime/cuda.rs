@@ -174,7 +174,19 @@ impl CudaDevice {
         // SAFETY: `image` is a NUL-terminated PTX string that outlives the call.
         let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
             .map_err(cuda_err("cuModuleLoadData (is the PTX for sm_90 and complete?)"))?;
-        Ok(Arc::new(CudaModule { device: self.clone(), module, entries, functions: Mutex::new(HashMap::new()) }))
+        let m = Arc::new(CudaModule { device: self.clone(), module, entries, functions: Mutex::new(HashMap::new()) });
+        // Load every kernel now (issue 13). With CUDA's lazy loading (the
+        // default since CUDA 12.2) a kernel's code is loaded at its first
+        // cuModuleGetFunction, and loading may synchronize the context: a
+        // first launch queued behind a running kernel that waits for the GIN
+        // proxy (whose copies and stream writes then cannot run) deadlocks
+        // until the device wait times out.
+        if !super::preload_disabled() {
+            for name in m.entries.clone() {
+                m.function(&name, 0)?;
+            }
+        }
+        Ok(m)
     }
 
     pub(crate) fn library(self: &Arc<Self>) -> Result<Arc<CudaModule>> {

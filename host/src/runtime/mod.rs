@@ -405,12 +405,15 @@ impl Device {
         }
     }
 
-    /// The library's own kernels (`devcomm-kernels`), loaded once per device:
-    /// what [`Stream::launch`] launches from.
+    /// The library's own kernels (`devcomm-kernels`), loaded once per device
+    /// (every kernel at once: see [`NO_PRELOAD_ENV`]): what [`Stream::launch`]
+    /// launches from. `create_dev_comm` loads it when GIN is asked for, so
+    /// that no library kernel loads while a kernel waits for the GIN proxy.
     pub fn library(&self) -> Result<Module> {
         match &self.inner {
             DeviceInner::Cuda(d) => Ok(Module { inner: ModuleInner::Cuda(d.library()?), library: true }),
-            DeviceInner::Emulated(_) => {
+            DeviceInner::Emulated(d) => {
+                emulated::load_modules(d.ordinal)?;
                 // The same entry names as on a GPU, where the PTX is there
                 // (none with DEVCOMM_SKIP_PTX: the launches still run).
                 static ENTRIES: std::sync::OnceLock<Arc<Vec<String>>> = std::sync::OnceLock::new();
@@ -602,6 +605,17 @@ fn check_library_kernel<K: Kernel>() -> Result<()> {
 enum StreamInner {
     Cuda(Arc<cuda::CudaStreamHandle>),
     Emulated(Arc<emulated::EmuStream>),
+}
+
+/// Set (to anything) to stop `Device::load_module` from loading every
+/// kernel of a module when it loads it: the kernels then load at their
+/// first launch, as CUDA's lazy loading does. For tests of that hazard
+/// only: a first launch queued behind a running kernel that waits for the
+/// GIN proxy can then deadlock (issue 13; `benches/results/2026-11-23-h200x2-gin-lazy-loading.md`).
+pub const NO_PRELOAD_ENV: &str = "DEVCOMM_NO_PRELOAD";
+
+pub(crate) fn preload_disabled() -> bool {
+    std::env::var_os(NO_PRELOAD_ENV).is_some()
 }
 
 /// An in-order queue of work on one device. Cheap to clone.

@@ -23,6 +23,59 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
+/// Set to `1` to model CUDA's lazy loading (issue 13): a kernel's first
+/// launch on a device loads it, and loading synchronizes the context —
+/// it waits until every stream of the device is idle, and meanwhile every
+/// other call that queues work on the device waits for it. Normally a
+/// device's kernels all load together, at its first launch or at
+/// `Device::library` (as `load_module` preloads them on CUDA); with
+/// [`super::NO_PRELOAD_ENV`] set, each kernel loads at its own first launch
+/// (what CUDA does without preloading). CI runs the tests with it on.
+pub(crate) const LAZY_LOADING_ENV: &str = "DEVCOMM_EMU_LAZY_LOADING";
+
+/// The context lock and loaded kernels of one emulated device (see [`LAZY_LOADING_ENV`]).
+#[derive(Default)]
+struct LoadState {
+    ctx: std::sync::RwLock<()>,
+    loaded: Mutex<std::collections::HashSet<&'static str>>,
+}
+
+fn lazy_loading() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var(LAZY_LOADING_ENV).is_ok_and(|v| v.trim() == "1"))
+}
+
+/// The model's name for "every kernel of the device's modules", loaded at
+/// once (what `load_module`'s preloading does on CUDA).
+const MODULE_KEY: &str = "<module>";
+
+/// Loads `key` on device `ordinal` if it is not loaded yet, as lazy loading
+/// does: holding the context and waiting until the device is idle.
+fn load_lazily(ordinal: usize, key: &'static str) -> Result<()> {
+    let ls = load_state(ordinal);
+    if !ls.loaded.lock().unwrap_or_else(|p| p.into_inner()).contains(key) {
+        let _ctx = ls.ctx.write().unwrap_or_else(|p| p.into_inner());
+        EmuDevice::open(ordinal)?.synchronize()?;
+        ls.loaded.lock().unwrap_or_else(|p| p.into_inner()).insert(key);
+    }
+    Ok(())
+}
+
+/// Loads device `ordinal`'s modules now (under the lazy-loading model;
+/// nothing otherwise), as `Device::library` does on CUDA.
+pub(crate) fn load_modules(ordinal: usize) -> Result<()> {
+    if lazy_loading() && !super::preload_disabled() {
+        load_lazily(ordinal, MODULE_KEY)?;
+    }
+    Ok(())
+}
+
+fn load_state(ordinal: usize) -> Arc<LoadState> {
+    static STATES: OnceLock<Mutex<HashMap<usize, Arc<LoadState>>>> = OnceLock::new();
+    let mut m = STATES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    m.entry(ordinal).or_default().clone()
+}
+
 /// SM count the emulator reports (a launch-sizing hint only).
 pub(crate) const EMULATED_SM_COUNT: u32 = 8;
 const DEFAULT_DEVICE_COUNT: usize = 8;
@@ -137,6 +190,7 @@ struct StreamState {
 
 /// An in-order queue served by one worker thread.
 pub(crate) struct EmuStream {
+    ordinal: usize,
     tx: Mutex<Option<mpsc::Sender<Op>>>,
     state: Arc<(Mutex<StreamState>, Condvar)>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -166,10 +220,13 @@ impl EmuStream {
                 }
             })
             .expect("spawning an emulated stream thread");
-        Arc::new(EmuStream { tx: Mutex::new(Some(tx)), state, worker: Mutex::new(Some(worker)) })
+        Arc::new(EmuStream { ordinal, tx: Mutex::new(Some(tx)), state, worker: Mutex::new(Some(worker)) })
     }
 
     fn submit(&self, op: Op) -> Result<()> {
+        // A kernel being loaded holds the context: queueing work waits.
+        let ls = lazy_loading().then(|| load_state(self.ordinal));
+        let _ctx = ls.as_ref().map(|l| l.ctx.read().unwrap_or_else(|p| p.into_inner()));
         let tx = self.tx.lock().map_err(|_| Error::internal("stream poisoned"))?;
         let tx = tx.as_ref().ok_or_else(|| Error::invalid_usage("stream is destroyed"))?;
         self.state.0.lock().map_err(|_| Error::internal("stream poisoned"))?.submitted += 1;
@@ -179,6 +236,10 @@ impl EmuStream {
     /// # Safety
     /// The kernel's pointer arguments must be valid for its whole run.
     pub(crate) unsafe fn launch<K: Kernel>(&self, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        if lazy_loading() {
+            let key = if super::preload_disabled() { K::NAME } else { MODULE_KEY };
+            load_lazily(self.ordinal, key)?;
+        }
         let job = grid::GridJob::<K::Args> { func: K::emulate, args, cfg, name: K::NAME };
         let job = grid::SendJob(job);
         self.submit(Box::new(move || {
