@@ -611,7 +611,7 @@ enum StreamInner {
 /// kernel of a module when it loads it: the kernels then load at their
 /// first launch, as CUDA's lazy loading does. For tests of that hazard
 /// only: a first launch queued behind a running kernel that waits for the
-/// GIN proxy can then deadlock (issue 13; `benches/results/2026-11-23-h200x2-gin-lazy-loading.md`).
+/// GIN proxy can then deadlock (issue 13; `benches/results/2026-11-23-h200-gin-lazy-loading.md`).
 pub const NO_PRELOAD_ENV: &str = "DEVCOMM_NO_PRELOAD";
 
 pub(crate) fn preload_disabled() -> bool {
