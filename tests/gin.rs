@@ -222,7 +222,29 @@ fn child_body(comm: &Communicator) {
     }
     comm.bootstrap_barrier().unwrap();
 
-    // 6. Calls that must fail, with their codes (full connection: the rail probe is accepted).
+    // 6. Shadows: each round every rank sends 5 weak SignalIncs of signal 3 to
+    // the next; every thread of the receiving CTA gets (before, delta) from
+    // wait_signal_follow_shadow (NCCL's meaning: the shadow follows what was seen).
+    const K: u64 = 5;
+    for round in 0..4u64 {
+        let threads = 64u32;
+        let out = dev.alloc_from(&vec![u64::MAX; 2 * threads as usize + 1]).unwrap();
+        let e = launch_errors(&stream, &dev, "shadow round", |err| unsafe {
+            // SAFETY: GIN with 4 signals (`gin_requirements`); `out` holds 2 * 64 + 1 words; one block.
+            stream
+                .launch::<gin_shadow_round>(LaunchConfig::new(1, threads), (dc, K as u32, out.as_mut_ptr(), err))
+                .unwrap()
+        });
+        assert_eq!(e, 0, "shadow round {round} (proxy: {:?})", handle.gin_error());
+        let got = stream.read_vec(&out).unwrap();
+        for t in 0..threads as usize {
+            assert_eq!((got[2 * t], got[2 * t + 1]), (K * round, K), "round {round}, thread {t}: (before, delta)");
+        }
+        assert_eq!(got[2 * threads as usize], K * (round + 1), "round {round}: wait_signal_meet_shadow");
+        comm.bootstrap_barrier().unwrap();
+    }
+
+    // 7. Calls that must fail, with their codes (full connection: the rail probe is accepted).
     let codes = dev.alloc_from(&[u32::MAX; 6]).unwrap();
     // SAFETY: `codes` holds the 6 `u32`s the kernel writes and outlives the
     // launch (read back after it); `dc` and `win` are this communicator's, alive.

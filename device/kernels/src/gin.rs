@@ -432,3 +432,37 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// One round of following a signal's shadow: thread 0 posts `k` weak
+    /// `SignalInc`s of signal 3 to the next world rank (`Gin::signal`
+    /// alone), then the CTA waits with `wait_signal_follow_shadow(3, k)`;
+    /// thread `t` writes the `(before, delta)` it got to `out[2t..2t + 2]`,
+    /// and thread 0 writes what `wait_signal_meet_shadow(3)` returns (at
+    /// once: the shadow was just moved to the signal) to `out[2 * blockDim.x]`.
+    ///
+    /// # Safety
+    /// GIN with at least 4 signals; `out` holds `2 * blockDim.x + 1` words;
+    /// one block; the previous rank runs the same round.
+    pub unsafe fn gin_shadow_round(comm: DevComm, k: u32, out: *mut u64, errors: *mut u32) {
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let cta = Cta::new();
+        let next = (comm.rank() + 1) % comm.nranks();
+        if cta.is_leader() {
+            for _ in 0..k {
+                if check(errors, gin.signal(&comm.world(), next, RemoteAction::SignalInc { signal: 3, strong: false })).is_none() {
+                    break;
+                }
+            }
+        }
+        let Some((before, delta)) = check(errors, gin.wait_signal_follow_shadow(&cta, 3, k as u64)) else { return };
+        let t = thread_idx().x as usize;
+        *out.add(2 * t) = before;
+        *out.add(2 * t + 1) = delta;
+        if let Some(met) = check(errors, gin.wait_signal_meet_shadow(&cta, 3)) {
+            if cta.is_leader() {
+                *out.add(2 * cta.size() as usize) = met;
+            }
+        }
+    }
+}
