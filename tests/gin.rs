@@ -398,6 +398,55 @@ fn gin_bad_input() {
     ranks("child_gin_bad_input", 2, 1);
 }
 
+/// Child: rank 0 puts from and to a window the device communicator was not
+/// given (`use_window`): the proxy cannot carry it out, and says so — the
+/// flush and a later signal wait end with `RingFailed` (code 3) at once, not
+/// with a timeout, and `gin_error()` names the cause.
+#[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
+fn child_gin_unusable_window() {
+    if !is_child("child_gin_unusable_window") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    let dev = comm.device().clone();
+    let stream = dev.new_stream().unwrap();
+    let (mem, other) = (comm.mem_alloc(1 << 16).unwrap(), comm.mem_alloc(1 << 16).unwrap());
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    let unused = comm.register_window(&other, WindowFlags::COLL_SYMMETRIC).unwrap();
+    let mut req = gin_requirements(GinConnectionType::Full, 8);
+    req.use_window(&window); // not `unused`
+    let handle = comm.create_dev_comm(&req).unwrap();
+    comm.bootstrap_barrier().unwrap();
+    if comm.rank() == 0 {
+        let codes = dev.alloc_from(&[u32::MAX; 2]).unwrap();
+        let t = Instant::now();
+        // SAFETY: `unused` holds 64 bytes; GIN with signals; `codes` holds 2 words; one thread.
+        unsafe {
+            stream
+                .launch::<gin_unusable_window>(
+                    LaunchConfig::new(1, 1),
+                    (handle.dev_comm(), unused.desc(), codes.as_mut_ptr()),
+                )
+                .unwrap()
+        };
+        let got = stream.read_vec(&codes).unwrap();
+        let failed = devcomm_device::error::DeviceError::RingFailed.code();
+        assert_eq!(got, vec![failed, failed], "flush and wait (proxy: {:?})", handle.gin_error());
+        assert!(t.elapsed() < Duration::from_secs(20), "took {:?}: a timeout, not the ring's failure", t.elapsed());
+        let why = handle.gin_error().expect("the proxy's error");
+        eprintln!("gin_error: {why}");
+    }
+    comm.bootstrap_barrier().unwrap();
+    drop(handle);
+    comm.finalize().unwrap();
+}
+
+#[test]
+fn gin_unusable_window_fails_the_ring_not_a_timeout() {
+    ranks("child_gin_unusable_window", 2, 1);
+}
+
 /// Child: rank 0 keeps putting to rank 1 and waits for its reply signal;
 /// rank 1 dies. Rank 0's kernel ends with an error code (ring failed or
 /// aborted) and its communicator reports the failure — no hang.
@@ -432,6 +481,7 @@ fn child_gin_peer_dies() {
             )
             .unwrap()
     });
+    eprintln!("ping-pong with a dead peer ended with device error {e} after {:?}", t.elapsed());
     assert!(e == 2 || e == 3, "expected aborted (2) or ring failed (3), got {e}");
     assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
     assert!(comm.get_async_error().is_err());

@@ -466,3 +466,29 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// A put the proxy cannot carry out (`win` is a window the device
+    /// communicator was not given with `use_window`), to the next world
+    /// rank; then `flush` and a wait for signal 0, which nobody sends. Thread
+    /// 0 writes the flush's device error code to `codes[0]` and the wait's
+    /// to `codes[1]` (0: no error).
+    ///
+    /// # Safety
+    /// `win` holds 64 bytes; GIN with a signal; `codes` holds 2 words; one thread.
+    pub unsafe fn gin_unusable_window(comm: DevComm, win: WindowDesc, codes: *mut u32) {
+        let code = |r: Result<(), GinError>| r.err().map_or(0, |e| e.code());
+        let gin = match Gin::new(&comm, 0) {
+            Ok(g) => g,
+            Err(e) => {
+                *codes = e.code();
+                return;
+            }
+        };
+        let next = (comm.rank() + 1) % comm.nranks();
+        let t = ThreadCoop;
+        let r = gin.put(&t, &comm.world(), next, &win, 0, &win, 0, 64, RemoteAction::None, LocalAction::None);
+        *codes = code(r.and_then(|()| gin.flush(&t)));
+        *codes.add(1) = code(gin.wait_signal(&t, 0, 1).map(drop));
+    }
+}

@@ -54,6 +54,10 @@ pub use proxy::QueueError;
 /// source's bytes, read by the posting thread).
 pub const INLINE_PUT_BYTES: u64 = 8;
 
+/// How many failed polls of a signal or counter pass between two looks at
+/// the context's ring error words (one PCIe read per peer), in waits.
+pub const RING_CHECK_EVERY: u32 = 16 * crate::wait::CHECK_EVERY;
+
 /// The `bytes` (1..=8) bytes at `p` as a little-endian u64: one load where
 /// they are one aligned 8-, 4-, 2- or 1-byte word, else byte by byte.
 ///
@@ -575,17 +579,55 @@ impl<'a> Gin<'a> {
     }
 
     pub(crate) fn wait_signal_any(&self, id: u32, least: u64) -> Result<u64, GinError> {
-        let mut deadline = Deadline::new(&self.comm.abort);
         // SAFETY: the callers check `id`: below `signal_count` (`wait_signal`)
         // or below `total_signals()` (GIN barriers' internal signals), and
         // `GinState::from_parts`'s contract makes `signals` this rank's live
         // array of `total_signals()` aligned u64s, accessed only atomically.
-        Ok(unsafe { wait::wait_ge_u64(self.signal_ptr(id), least, Scope::Sys, &mut deadline) }?)
+        unsafe { self.wait_word(self.signal_ptr(id), least) }
+    }
+
+    /// Waits until the `u64` at `p` has reached `least` (rolling), ending
+    /// with the abort flag, the timeout, or — checked every
+    /// [`RING_CHECK_EVERY`] misses — [`QueueError::RingFailed`] once the
+    /// proxy has failed a ring of this context: a signal or a completion
+    /// that depends on a dead peer or a broken transport never comes, and
+    /// saying so beats a timeout.
+    ///
+    /// # Safety
+    /// `p` is valid, aligned, and written only atomically.
+    unsafe fn wait_word(&self, p: *const u64, least: u64) -> Result<u64, GinError> {
+        let mut deadline = Deadline::new(&self.comm.abort);
+        let mut misses = 0u32;
+        loop {
+            // SAFETY: the caller's contract.
+            let v = unsafe { atomic::load_acquire(p, Scope::Sys) };
+            if wait::rolling_ge_u64(v, least) {
+                return Ok(v);
+            }
+            misses = misses.wrapping_add(1);
+            if misses % RING_CHECK_EVERY == 0 && self.any_ring_failed() {
+                return Err(GinError::Queue(QueueError::RingFailed));
+            }
+            deadline.poll()?;
+        }
+    }
+
+    /// Whether the proxy marked any ring of this context failed.
+    fn any_ring_failed(&self) -> bool {
+        let n = self.comm.nranks;
+        (0..n).any(|peer| {
+            let ring = self.state().ring_index(self.context, peer, n);
+            // SAFETY: `peer < nranks` and `context < contexts` (`Gin::new`),
+            // so the ring exists in the live GIN memory of `GinState`'s contract.
+            unsafe { proxy::ring_failed(self.state(), ring) }
+        })
     }
 
     /// Waits (the coop's leader polls) until signal `id` has reached `least`
     /// (rolling), then joins the coop. Returns the value seen (to the leader;
-    /// the others get `least`); an error reaches every thread of the coop.
+    /// the others get `least`); an error reaches every thread of the coop:
+    /// a timeout, the abort flag, or a ring of this context that the proxy
+    /// failed (a dead peer: `GinError::Queue(QueueError::RingFailed)`).
     #[doc(alias = "waitSignal")]
     pub fn wait_signal<C: Coop>(&self, coop: &C, id: u32, least: u64) -> Result<u64, GinError> {
         self.check_signal(id)?;
@@ -682,11 +724,10 @@ impl<'a> Gin<'a> {
     pub fn wait_counter<C: Coop>(&self, coop: &C, id: u32, least: u64) -> Result<u64, GinError> {
         self.check_counter(id)?;
         let r = if coop.is_leader() {
-            let mut deadline = Deadline::new(&self.comm.abort);
-            // SAFETY: `id < counter_count` (checked above); `GinState::from_parts`'s
-            // contract makes `counters` this rank's live array of `counter_count`
-            // aligned u64s, accessed only atomically.
-            unsafe { wait::wait_ge_u64(self.counter_ptr(id), least, Scope::Sys, &mut deadline) }.map_err(GinError::from)
+            // SAFETY: id checked (`check_counter`); `GinState::from_parts`'s
+            // contract makes `counters` this rank's live array of
+            // `counter_count` aligned u64s, accessed only atomically.
+            unsafe { self.wait_word(self.counter_ptr(id), least) }
         } else {
             Ok(least)
         };

@@ -26,6 +26,18 @@ fn tail_of(g: &GinState, ring: u64) -> *const QueueTail {
     (g.tails + ring * TAIL_STRIDE as u64) as *const QueueTail
 }
 
+/// Whether the proxy marked ring `ring` failed (dead peer, transport error).
+///
+/// # Safety
+/// As for [`completed`].
+#[inline(always)]
+pub unsafe fn ring_failed(g: &GinState, ring: u64) -> bool {
+    let tail = tail_of(g, ring);
+    // SAFETY: as in `completed`: ring `ring`'s live, aligned `QueueTail`,
+    // whose `error` word the proxy writes only atomically.
+    unsafe { atomic::load_relaxed(core::ptr::addr_of!((*tail).error), Scope::Sys) != 0 }
+}
+
 /// Tickets completed by the proxy on `ring`, or the ring's failure.
 ///
 /// # Safety
