@@ -484,7 +484,14 @@ fn child_gin_peer_dies() {
     eprintln!("ping-pong with a dead peer ended with device error {e} after {:?}", t.elapsed());
     assert!(e == 2 || e == 3, "expected aborted (2) or ring failed (3), got {e}");
     assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
-    assert!(comm.get_async_error().is_err());
+    // The kernel may end by the failed ring (3) before the bootstrap has
+    // noticed the dead rank: the communicator reports it soon after.
+    let noticed = Instant::now();
+    while comm.get_async_error().is_ok() {
+        assert!(noticed.elapsed() < Duration::from_secs(15), "the communicator never reported the dead peer");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(handle.gin_error().is_some() || e == 2, "device error {e} without a GIN error");
     std::process::exit(0);
 }
 
