@@ -53,6 +53,7 @@
 pub mod abi;
 pub mod arch;
 pub mod atomic;
+pub mod coll;
 pub mod comm;
 pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]

@@ -134,6 +134,7 @@ pub use error::{Error, ErrorCode, Result};
 pub use runtime::{Device, DeviceBuffer, Event, LaunchConfig, Module, RuntimeKind, RuntimeSelection, Stream};
 
 pub mod bootstrap;
+pub mod coll;
 pub mod comm;
 pub mod dev_comm;
 pub mod env;

@@ -7,6 +7,7 @@
 
 devcomm_device::kernel_crate!();
 
+pub mod coll;
 pub mod gin;
 pub mod lsa;
 mod report;

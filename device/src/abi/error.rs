@@ -32,11 +32,17 @@ pub enum DeviceError {
     ValueTooWide = 39,
     /// A GIN barrier index is out of range.
     GinBarrierOutOfRange = 40,
+    /// A collective's part is not below the context's part count.
+    CollPartOutOfRange = 48,
+    /// A collective's message does not fit the algorithm's scratch (LL).
+    CollTooLarge = 49,
+    /// A collective's datatype, operator, root or algorithm code is invalid.
+    CollBadArgument = 50,
 }
 
 impl DeviceError {
     /// Every code, in order.
-    pub const ALL: [DeviceError; 13] = [
+    pub const ALL: [DeviceError; 16] = [
         DeviceError::Timeout,
         DeviceError::Aborted,
         DeviceError::RingFailed,
@@ -50,6 +56,9 @@ impl DeviceError {
         DeviceError::OutOfWindow,
         DeviceError::ValueTooWide,
         DeviceError::GinBarrierOutOfRange,
+        DeviceError::CollPartOutOfRange,
+        DeviceError::CollTooLarge,
+        DeviceError::CollBadArgument,
     ];
 
     /// The code kernels report.
@@ -86,6 +95,9 @@ impl DeviceError {
             DeviceError::OutOfWindow => "offset + bytes past the window's end (or a window not in use_window)",
             DeviceError::ValueTooWide => "put_value of a type wider than 8 bytes",
             DeviceError::GinBarrierOutOfRange => "GIN barrier index out of range",
+            DeviceError::CollPartOutOfRange => "collective part (CTA) index or count beyond the context's parts",
+            DeviceError::CollTooLarge => "collective message larger than the LL slots of the context",
+            DeviceError::CollBadArgument => "collective datatype, operator, root or algorithm code invalid",
         }
     }
 }

@@ -8,12 +8,14 @@
 //! |---|---|
 //! | here | [`DevComm`], [`WindowDesc`], [`AbortInfo`] |
 //! | [`gin`] | [`gin::GinState`] and the proxy's rings: descriptors, slots, tails, the connection and backend codes |
+//! | [`coll`] | [`coll::CollContext`], [`coll::CollArgs`]: the collectives' scratch, barriers and launch arguments |
 //! | [`error`] | [`error::DeviceError`], the one table of error codes kernels report |
 //!
 //! Fields are private: the structures are made through `unsafe`
 //! constructors whose contracts say what memory they promise, so that the
 //! device API's safe functions can trust them.
 
+pub mod coll;
 pub mod error;
 pub mod gin;
 
@@ -46,6 +48,11 @@ pub struct WindowDesc {
 }
 
 impl WindowDesc {
+    /// No window: no peers mapped (every pointer it gives is null). What
+    /// the ABI structures hold where an operand is not in a window.
+    pub const NONE: WindowDesc =
+        WindowDesc { lsa_base: 0, stride: 0, size: 0, lsa_rank: 0, lsa_size: 0, flags: 0, id: 0 };
+
     /// A window descriptor from its parts.
     ///
     /// # Safety

@@ -921,6 +921,18 @@ impl<T> fmt::Debug for DeviceBuffer<T> {
     }
 }
 
+impl<T> Drop for DeviceBuffer<T> {
+    /// On the emulated runtime, waits for the device first, as freeing
+    /// device memory does on CUDA (`cuMemFree` waits for the work queued
+    /// before it): stream-ordered work that reads the buffer finishes
+    /// before the memory goes.
+    fn drop(&mut self) {
+        if matches!(self.raw, RawAlloc::Emulated(_)) {
+            let _ = self.device.synchronize();
+        }
+    }
+}
+
 impl<T> DeviceBuffer<T> {
     /// Number of elements.
     pub fn len(&self) -> usize {

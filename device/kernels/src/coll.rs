@@ -1,0 +1,180 @@
+//! The kernels behind `devcomm`'s host collectives: each is one call of a
+//! device-callable collective of [`devcomm_device::coll`], by every CTA of
+//! the grid (CTA `b` is [`Part`] `b`), with its arguments in one
+//! [`CollArgs`]. Reducing collectives have one kernel per datatype
+//! (`all_reduce_f32`, ...); the others move bytes (`all_gather`, ...).
+
+use devcomm_device::atomic::{self, Order, Scope};
+use devcomm_device::coll::{self, Algorithm, CollArgs, CollBuffer, CollError, Element, Input, Part, RedOp, Reduction};
+use devcomm_device::comm::SymPtr;
+use devcomm_device::coop::{Coop, Cta};
+use devcomm_device::kernel;
+
+/// The input `b` describes.
+#[inline(always)]
+fn input<T>(b: &CollBuffer) -> Input<T> {
+    if b.in_window != 0 {
+        Input::Window(SymPtr::new(b.window, b.offset))
+    } else {
+        Input::Local(b.ptr as *const T)
+    }
+}
+
+/// Records the coop's error in `args.errors` (the first one a CTA reports
+/// stays; every thread of the coop has the same result, the leader writes).
+///
+/// # Safety
+/// `args.errors` is a valid `u32` of device memory, accessed atomically.
+#[inline(always)]
+unsafe fn report(cta: &Cta, args: &CollArgs, r: Result<(), CollError>) {
+    if let Err(e) = r {
+        if cta.is_leader() {
+            // SAFETY: the contract: a valid device `u32`, accessed atomically.
+            unsafe {
+                atomic::compare_exchange(args.errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys);
+            }
+        }
+    }
+}
+
+/// The reduction `args` asks for.
+///
+/// # Safety
+/// `args.scalar_ptr` is 0 or a valid `T` of device memory.
+#[inline(always)]
+unsafe fn reduction<T: Element>(args: &CollArgs) -> Result<Reduction<T>, CollError> {
+    let op = RedOp::from_code(args.op).ok_or(CollError::BadArgument)?;
+    let scalar = if args.scalar_ptr != 0 {
+        // SAFETY: the contract.
+        unsafe { (args.scalar_ptr as *const T).read_volatile() }
+    } else {
+        let bytes = args.scalar.to_le_bytes();
+        // SAFETY: `size_of::<T>() <= 8`: the low bytes of the scalar;
+        // every bit pattern is a `T`.
+        unsafe { (bytes.as_ptr() as *const T).read_unaligned() }
+    };
+    Ok(Reduction::new(op, scalar, args.ctx.scratch().lsa_size()))
+}
+
+macro_rules! reducing_kernels {
+    ($($t:ty => $all_reduce:ident, $reduce:ident, $reduce_scatter:ident;)*) => {$(
+        kernel! {
+            /// `ncclAllReduce` of `args.count` elements (see [`coll::all_reduce`]).
+            ///
+            /// # Safety
+            /// `args` made by the host collectives: live context, buffers
+            /// of the sizes the collective needs, the same call on every rank.
+            pub unsafe fn $all_reduce(args: CollArgs) {
+                let cta = Cta::new();
+                let r = match (reduction::<$t>(&args), Algorithm::from_code(args.algorithm)) {
+                    (Ok(red), Some(algorithm)) => coll::all_reduce(
+                        &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
+                        args.count as usize, &red, algorithm, args.seq,
+                    ),
+                    _ => Err(CollError::BadArgument),
+                };
+                report(&cta, &args, r);
+            }
+
+            /// `ncclReduce` to `args.root` (see [`coll::reduce`]).
+            ///
+            /// # Safety
+            /// As for the all-reduce kernel.
+            pub unsafe fn $reduce(args: CollArgs) {
+                let cta = Cta::new();
+                let r = match reduction::<$t>(&args) {
+                    Ok(red) => coll::reduce(
+                        &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
+                        args.count as usize, &red, args.root,
+                    ),
+                    Err(e) => Err(e),
+                };
+                report(&cta, &args, r);
+            }
+
+            /// `ncclReduceScatter` of `args.count` elements per rank (see
+            /// [`coll::reduce_scatter`]).
+            ///
+            /// # Safety
+            /// As for the all-reduce kernel.
+            pub unsafe fn $reduce_scatter(args: CollArgs) {
+                let cta = Cta::new();
+                let r = match reduction::<$t>(&args) {
+                    Ok(red) => coll::reduce_scatter(
+                        &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
+                        args.count as usize, &red,
+                    ),
+                    Err(e) => Err(e),
+                };
+                report(&cta, &args, r);
+            }
+        }
+    )*};
+}
+
+reducing_kernels! {
+    i8 => all_reduce_i8, reduce_i8, reduce_scatter_i8;
+    u8 => all_reduce_u8, reduce_u8, reduce_scatter_u8;
+    i32 => all_reduce_i32, reduce_i32, reduce_scatter_i32;
+    u32 => all_reduce_u32, reduce_u32, reduce_scatter_u32;
+    i64 => all_reduce_i64, reduce_i64, reduce_scatter_i64;
+    u64 => all_reduce_u64, reduce_u64, reduce_scatter_u64;
+    coll::F16 => all_reduce_f16, reduce_f16, reduce_scatter_f16;
+    f32 => all_reduce_f32, reduce_f32, reduce_scatter_f32;
+    f64 => all_reduce_f64, reduce_f64, reduce_scatter_f64;
+    coll::Bf16 => all_reduce_bf16, reduce_bf16, reduce_scatter_bf16;
+    coll::Fp8E4M3 => all_reduce_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
+    coll::Fp8E5M2 => all_reduce_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
+}
+
+kernel! {
+    /// `ncclAllGather` of `args.count` bytes per rank (see [`coll::all_gather`]).
+    ///
+    /// # Safety
+    /// As for the all-reduce kernels.
+    pub unsafe fn all_gather(args: CollArgs) {
+        let cta = Cta::new();
+        let r = coll::all_gather(&cta, &args.ctx, Part::block(), input::<u8>(&args.src), args.dst.ptr as *mut u8, args.count as usize);
+        report(&cta, &args, r);
+    }
+
+    /// `ncclBroadcast` of `args.count` bytes from `args.root` (see [`coll::broadcast`]).
+    ///
+    /// # Safety
+    /// As for the all-reduce kernels.
+    pub unsafe fn broadcast(args: CollArgs) {
+        let cta = Cta::new();
+        let r = coll::broadcast(&cta, &args.ctx, Part::block(), input::<u8>(&args.src), args.dst.ptr as *mut u8, args.count as usize, args.root);
+        report(&cta, &args, r);
+    }
+
+    /// `ncclGather` of `args.count` bytes per rank to `args.root` (see [`coll::gather`]).
+    ///
+    /// # Safety
+    /// As for the all-reduce kernels.
+    pub unsafe fn gather(args: CollArgs) {
+        let cta = Cta::new();
+        let r = coll::gather(&cta, &args.ctx, Part::block(), input::<u8>(&args.src), args.dst.ptr as *mut u8, args.count as usize, args.root);
+        report(&cta, &args, r);
+    }
+
+    /// `ncclScatter` of `args.count` bytes per rank from `args.root` (see [`coll::scatter`]).
+    ///
+    /// # Safety
+    /// As for the all-reduce kernels.
+    pub unsafe fn scatter(args: CollArgs) {
+        let cta = Cta::new();
+        let r = coll::scatter(&cta, &args.ctx, Part::block(), input::<u8>(&args.src), args.dst.ptr as *mut u8, args.count as usize, args.root);
+        report(&cta, &args, r);
+    }
+
+    /// `ncclAllToAll` of `args.count` bytes per pair of ranks (see [`coll::all_to_all`]).
+    ///
+    /// # Safety
+    /// As for the all-reduce kernels.
+    pub unsafe fn all_to_all(args: CollArgs) {
+        let cta = Cta::new();
+        let r = coll::all_to_all(&cta, &args.ctx, Part::block(), input::<u8>(&args.src), args.dst.ptr as *mut u8, args.count as usize);
+        report(&cta, &args, r);
+    }
+}

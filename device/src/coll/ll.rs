@@ -1,0 +1,152 @@
+//! Low-latency all-reduce: no barrier; every 8 bytes of payload travel
+//! with two copies of a flag in one 16-byte store (as NCCL's LL protocol),
+//! so their arrival is the signal.
+//!
+//! Each rank stores its input into slot `[seq & 1][me]` of every peer's LL
+//! area with flag `seq`, then reduces, word by word, its own input and the
+//! slots `[seq & 1][p]` once both flags of a word read `seq`. Reuse is safe
+//! with two parities: a rank writes parity `seq & 1` again only at call
+//! `seq + 2`, after it received every peer's call `seq + 1`, which each
+//! peer sent after it finished reading its call-`seq` slots.
+
+use super::element::Element;
+use super::op::Reduction;
+use super::{CollContext, CollError, Part};
+use crate::atomic::{self, Scope};
+use crate::coop::Coop;
+use crate::wait::Deadline;
+use core::mem::size_of;
+
+/// Payload word `w` (8 bytes, zero-padded past `bytes`) of `src`.
+///
+/// # Safety
+/// `src` valid for `bytes`, `8 * w < bytes`.
+#[inline(always)]
+unsafe fn read_word(src: *const u8, bytes: usize, w: usize) -> u64 {
+    let at = w * 8;
+    if at + 8 <= bytes && (src as usize) % 8 == 0 {
+        // SAFETY: 8 bytes inside `src`, aligned (both `src` and `at` are
+        // multiples of 8).
+        unsafe { (src.add(at) as *const u64).read_volatile() }
+    } else {
+        let mut v = 0u64;
+        for k in 0..(bytes - at).min(8) {
+            // SAFETY: `at + k < bytes`.
+            v |= (unsafe { src.add(at + k).read_volatile() } as u64) << (8 * k);
+        }
+        v
+    }
+}
+
+/// Stores the valid bytes of payload word `w` to `dst`.
+///
+/// # Safety
+/// `dst` valid for `bytes`, `8 * w < bytes`, the bytes the caller's alone.
+#[inline(always)]
+unsafe fn write_word(dst: *mut u8, bytes: usize, w: usize, v: u64) {
+    let at = w * 8;
+    if at + 8 <= bytes && (dst as usize) % 8 == 0 {
+        // SAFETY: as in `read_word`.
+        unsafe { (dst.add(at) as *mut u64).write_volatile(v) }
+    } else {
+        for k in 0..(bytes - at).min(8) {
+            // SAFETY: `at + k < bytes`.
+            unsafe { dst.add(at + k).write_volatile((v >> (8 * k)) as u8) };
+        }
+    }
+}
+
+/// Element `l` of an 8-byte payload word.
+#[inline(always)]
+fn lane<T: Element>(v: u64, l: usize) -> T {
+    let bytes = v.to_le_bytes();
+    // SAFETY: `l < 8 / size_of::<T>()`: inside the 8 bytes; every bit
+    // pattern is a `T`.
+    unsafe { (bytes.as_ptr().add(l * size_of::<T>()) as *const T).read_unaligned() }
+}
+
+/// The LL all-reduce (see the module docs).
+///
+/// # Safety
+/// As for [`super::all_reduce`]; `src` and `dst` are local.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: *const T,
+    dst: *mut T,
+    count: usize,
+    red: &Reduction<T>,
+    seq: u32,
+) -> Result<(), CollError> {
+    let bytes = count * size_of::<T>();
+    if bytes as u64 > ctx.ll_bytes() || seq == 0 {
+        return coop.agree(Err(if seq == 0 { CollError::BadArgument } else { CollError::TooLarge }));
+    }
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
+    let words = bytes.div_ceil(8);
+    let (wb, we) = super::staging::piece(words, 1, part.count as usize, part.index as usize);
+    let flag = (seq as u64) << 32;
+    let (src8, dst8) = (src as *const u8, dst as *mut u8);
+    let slot = |peer: u32, from: u32| -> *mut u64 { ctx.scratch().lsa_ptr(ctx.ll_slot_offset(seq, from), peer) };
+    // Send: word `w` of the input to every peer.
+    let mut w = wb + t;
+    while w < we {
+        // SAFETY: `8w < bytes`: inside `src` (the contract).
+        let v = unsafe { read_word(src8, bytes, w) };
+        let pair = [(v & 0xffff_ffff) | flag, (v >> 32) | flag];
+        for k in 1..n {
+            let peer = (me + k) % n;
+            // SAFETY: slot `[seq & 1][me]` of `peer` holds `2 * ll_bytes
+            // >= 2 * 8 * words` bytes (checked above), 16-byte aligned (the
+            // context's contract); slots are accessed only atomically.
+            unsafe { atomic::store_pair_relaxed(slot(peer, me).add(2 * w), pair, Scope::Sys) };
+        }
+        w += nt;
+    }
+    // Receive and reduce, in rank order (the same bits on every rank).
+    let lanes = 8 / size_of::<T>();
+    let mut deadline = Deadline::new(&ctx.comm().abort());
+    let mut result = Ok(());
+    let mut w = wb + t;
+    'words: while w < we {
+        let mut acc = [red.first(lane::<T>(0, 0)); 8];
+        for p in 0..n {
+            let v = if p == me {
+                // SAFETY: as for the send.
+                unsafe { read_word(src8, bytes, w) }
+            } else {
+                let at = slot(me, p).wrapping_add(2 * w);
+                loop {
+                    // SAFETY: the caller's own slot `[seq & 1][p]`, word
+                    // pair `w` (in bounds as above), only accessed atomically.
+                    let (lo, hi) =
+                        unsafe { (atomic::load_relaxed(at, Scope::Sys), atomic::load_relaxed(at.add(1), Scope::Sys)) };
+                    if lo & !0xffff_ffff == flag && hi & !0xffff_ffff == flag {
+                        break (lo & 0xffff_ffff) | (hi << 32);
+                    }
+                    if let Err(e) = deadline.poll() {
+                        result = Err(CollError::Wait(e));
+                        break 'words;
+                    }
+                }
+            };
+            for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+                let x = lane::<T>(v, l);
+                *a = if p == 0 { red.first(x) } else { red.step(*a, x) };
+            }
+        }
+        let mut out = [0u8; 8];
+        for (l, a) in acc.iter().enumerate().take(lanes) {
+            let r = red.finish(*a);
+            // SAFETY: lane `l` of the 8 bytes; `T` is plain data.
+            unsafe { (out.as_mut_ptr().add(l * size_of::<T>()) as *mut T).write_unaligned(r) };
+        }
+        // SAFETY: `8w < bytes`, inside `dst`; word `w` is this thread's.
+        unsafe { write_word(dst8, bytes, w, u64::from_le_bytes(out)) };
+        w += nt;
+    }
+    coop.agree(result)
+}

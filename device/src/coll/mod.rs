@@ -1,0 +1,234 @@
+//! Collectives callable from a kernel, over the LSA team: all-reduce,
+//! reduce-scatter, all-gather, broadcast, reduce, all-to-all, gather,
+//! scatter.
+//!
+//! NCCL's device API gives building blocks only; these are what a kernel
+//! that fuses compute with communication calls between its own steps, and
+//! what `devcomm`'s host collectives (`devcomm::coll::Collectives`) launch.
+//! One implementation serves both.
+//!
+//! ## Who works
+//!
+//! Every rank of the LSA team calls the same collective with the same
+//! arguments (counts, root, algorithm, `seq`). On each rank a collective
+//! is done by one or more **parts**: a coop (usually a CTA, [`Cta`](crate::coop::Cta)) that
+//! takes [`Part`] `index` of `count`. One CTA can do all of it
+//! ([`Part::WHOLE`]); a grid can share it ([`Part::block`]: CTA `b` of
+//! `grid_dim`). Part `b` synchronises with part `b` of the other ranks
+//! only, through LSA barrier `barrier_base + b` of the [`CollContext`].
+//!
+//! ## Where data lives
+//!
+//! The input is an [`Input`]: a local pointer (the collective copies it
+//! through the context's staging area, in chunks) or a [`SymPtr`] into a
+//! registered window, which peers read in place (zero copy). The output is
+//! a local pointer (a window's [`SymPtr::local`] works too). Input and
+//! output may be the same memory (in place) where the collective says so.
+//!
+//! ## Ordering
+//!
+//! Before the call, the input a part reads must be complete on every rank:
+//! written by an earlier kernel, or by the same part (coop) before the call.
+//! After the call, the part's share of the output is complete on the
+//! caller, and every peer is done reading the caller's input (the caller
+//! may overwrite it). Across parts there is no ordering: a kernel that
+//! reads output another CTA produced syncs the grid first.
+//!
+//! ## Algorithms
+//!
+//! | [`Algorithm`] | how | barriers per chunk | for |
+//! |---|---|---|---|
+//! | `Ll` (all-reduce) | each rank stores its input with a flag in every 8 bytes into every peer's LL slot; arrival is the signal | none | ≤ [`CollContext::ll_bytes`] |
+//! | `OneShot` | every rank reads every peer's input and reduces all of it | 2 | small and medium, 2 ranks |
+//! | `TwoShot` | rank `r` reduces shard `r`, stores it into every peer's result area, each copies the results out | 2 | large, more than 2 ranks |
+//!
+//! [`Algorithm::Auto`] picks by size ([`Algorithm::choose`]).
+//!
+//! ## Building blocks for fusing
+//!
+//! An all-reduce is a [`reduce_scatter`] then an [`all_gather`]: a kernel
+//! can run its own computation on its shard in between (all-reduce, then
+//! RMSNorm, computed once per shard instead of once per rank).
+
+pub mod element;
+mod ll;
+mod movement;
+pub mod op;
+mod pack;
+mod reduce;
+mod staging;
+
+pub use crate::abi::coll::{CollArgs, CollBuffer, CollContext};
+pub use element::{Accumulator, Bf16, DataType, Element, Fp8E4M3, Fp8E5M2, F16};
+pub use movement::{all_gather, all_to_all, broadcast, gather, scatter};
+pub use op::{RedOp, Reduction};
+pub use reduce::{all_reduce, reduce, reduce_scatter};
+
+use crate::arch;
+use crate::comm::SymPtr;
+use crate::error::{DeviceError, ErrorCode};
+use crate::lsa::BarrierError;
+use crate::wait::WaitError;
+
+/// Which share of a collective the calling coop does: part `index` of
+/// `count` (see the [module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// This coop's part.
+    pub index: u32,
+    /// How many parts share the collective (on every rank alike).
+    pub count: u32,
+}
+
+impl Part {
+    /// One coop does all of it.
+    pub const WHOLE: Part = Part { index: 0, count: 1 };
+
+    /// CTA `block_idx.x` of `grid_dim.x`.
+    #[inline(always)]
+    pub fn block() -> Part {
+        Part { index: arch::block_idx().x, count: arch::grid_dim().x }
+    }
+}
+
+/// A collective's input.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<T> {
+    /// Local device memory: staged through the context's scratch.
+    Local(*const T),
+    /// A registered window: peers read it in place.
+    Window(SymPtr<T>),
+}
+
+impl<T> Input<T> {
+    /// The caller's own address of element 0.
+    #[inline(always)]
+    pub fn local(&self) -> *const T {
+        match self {
+            Input::Local(p) => *p,
+            Input::Window(s) => s.local(),
+        }
+    }
+}
+
+/// How an all-reduce moves its data (see the [module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Algorithm {
+    /// [`Algorithm::choose`] decides.
+    Auto = 0,
+    /// Low-latency: data and flag in each store, no barrier.
+    Ll = 1,
+    /// Every rank reduces everything.
+    OneShot = 2,
+    /// Reduce-scatter, then all-gather.
+    TwoShot = 3,
+}
+
+/// All-reduce messages up to this many bytes take [`Algorithm::Ll`] (when
+/// the context's LL slots hold them).
+pub const LL_MAX_BYTES: u64 = 16 << 10;
+/// Above this many bytes, and with more than two ranks, all-reduce takes
+/// [`Algorithm::TwoShot`].
+pub const ONE_SHOT_MAX_BYTES: u64 = 512 << 10;
+
+impl Algorithm {
+    /// The algorithm with this code, if any.
+    pub const fn from_code(code: u32) -> Option<Algorithm> {
+        match code {
+            0 => Some(Algorithm::Auto),
+            1 => Some(Algorithm::Ll),
+            2 => Some(Algorithm::OneShot),
+            3 => Some(Algorithm::TwoShot),
+            _ => None,
+        }
+    }
+
+    /// The all-reduce algorithm for `bytes` per rank on `ctx`: LL up to
+    /// [`LL_MAX_BYTES`] (and the LL slots' size), one-shot up to
+    /// [`ONE_SHOT_MAX_BYTES`] or with two ranks, two-shot beyond.
+    #[inline(always)]
+    pub const fn choose(bytes: u64, ctx: &CollContext) -> Algorithm {
+        if bytes <= LL_MAX_BYTES && bytes <= ctx.ll_bytes() {
+            Algorithm::Ll
+        } else if bytes <= ONE_SHOT_MAX_BYTES || ctx.scratch().lsa_size() <= 2 {
+            Algorithm::OneShot
+        } else {
+            Algorithm::TwoShot
+        }
+    }
+}
+
+/// Why a collective failed (the same on every thread of the coop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollError {
+    /// `part` is not within the context's parts.
+    PartOutOfRange,
+    /// The message is larger than the algorithm's scratch (LL slots).
+    TooLarge,
+    /// A root, datatype, operator or algorithm is invalid.
+    BadArgument,
+    /// A barrier failed (timeout, abort).
+    Barrier(BarrierError),
+    /// A wait failed (timeout, abort).
+    Wait(WaitError),
+}
+
+impl From<BarrierError> for CollError {
+    fn from(e: BarrierError) -> Self {
+        CollError::Barrier(e)
+    }
+}
+
+impl From<WaitError> for CollError {
+    fn from(e: WaitError) -> Self {
+        CollError::Wait(e)
+    }
+}
+
+impl ErrorCode for CollError {
+    fn code(self) -> u32 {
+        match self {
+            CollError::PartOutOfRange => DeviceError::CollPartOutOfRange as u32,
+            CollError::TooLarge => DeviceError::CollTooLarge as u32,
+            CollError::BadArgument => DeviceError::CollBadArgument as u32,
+            CollError::Barrier(b) => b.code(),
+            CollError::Wait(w) => w.code(),
+        }
+    }
+    fn from_code(code: u32) -> Self {
+        match DeviceError::from_code(code) {
+            Some(DeviceError::CollPartOutOfRange) => CollError::PartOutOfRange,
+            Some(DeviceError::CollTooLarge) => CollError::TooLarge,
+            Some(DeviceError::CollBadArgument) => CollError::BadArgument,
+            Some(DeviceError::LsaBarrierOutOfRange) => CollError::Barrier(BarrierError::IndexOutOfRange),
+            _ => CollError::Wait(WaitError::from_code(code)),
+        }
+    }
+}
+
+impl CollError {
+    /// The non-zero code kernels report.
+    pub fn code(self) -> u32 {
+        ErrorCode::code(self)
+    }
+}
+
+/// Checks `part` against `ctx` (the same answer on every thread).
+#[inline(always)]
+pub(crate) fn check_part(ctx: &CollContext, part: Part) -> Result<(), CollError> {
+    if part.count == 0 || part.index >= part.count || part.count > ctx.parts() {
+        Err(CollError::PartOutOfRange)
+    } else {
+        Ok(())
+    }
+}
+
+/// Elements of `T` per chunk of staged input when `blocks` blocks of the
+/// chunk share the part's staging slice: whole 16-byte units, at least one.
+#[inline(always)]
+pub(crate) fn chunk_elems<T>(ctx: &CollContext, part: Part, blocks: u32) -> usize {
+    let size = core::mem::size_of::<T>();
+    let per_block = (staging::slice(ctx, part).1 / blocks.max(1) as usize) / 16 * 16;
+    (per_block / size).max(16 / size)
+}

@@ -1,0 +1,110 @@
+//! Reduction operators: NCCL's `ncclRedOp_t`, and what one reduction of a
+//! collective computes per element.
+
+use super::element::{Accumulator, Element};
+
+/// A reduction operator, numbered as NCCL's `ncclRedOp_t` (NCCL makes
+/// pre-multiplied sums with `ncclRedOpCreatePreMulSum`; here it is an
+/// operator of its own with its scalar beside it).
+#[doc(alias = "ncclRedOp_t")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum RedOp {
+    /// Sum (`ncclSum`; wrapping for integers).
+    Sum = 0,
+    /// Product (`ncclProd`; wrapping for integers).
+    Prod = 1,
+    /// Maximum (`ncclMax`; NaN if any input is NaN).
+    Max = 2,
+    /// Minimum (`ncclMin`; NaN if any input is NaN).
+    Min = 3,
+    /// Average (`ncclAvg`): floats sum `x / n` (each input scaled by
+    /// `1/n` first), integers divide the (wrapping) sum by `n`.
+    Avg = 4,
+    /// `sum(scalar * x)` (`ncclRedOpCreatePreMulSum`), the scalar given
+    /// as a value or read from device memory.
+    #[doc(alias = "ncclRedOpCreatePreMulSum")]
+    PreMulSum = 5,
+}
+
+impl RedOp {
+    /// Every operator.
+    pub const ALL: [RedOp; 6] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg, RedOp::PreMulSum];
+
+    /// The operator with this code, if any.
+    pub const fn from_code(code: u32) -> Option<RedOp> {
+        if (code as usize) < Self::ALL.len() {
+            Some(Self::ALL[code as usize])
+        } else {
+            None
+        }
+    }
+}
+
+/// The combining step of a [`Reduction`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Combine {
+    Sum,
+    Prod,
+    Max,
+    Min,
+}
+
+/// One reduction as the device computes it: `finish(step(..step(first(x0), x1).., xn-1))`,
+/// over the inputs in rank order (so every rank that reduces the same
+/// inputs gets the same bits).
+#[derive(Clone, Copy, Debug)]
+pub struct Reduction<T: Element> {
+    combine: Combine,
+    /// Each input is multiplied by this first (`PreMulSum`; `Avg` of floats).
+    pre: Option<T::Acc>,
+    /// The result is divided by this (`Avg` of integers), 0: not.
+    post_div: u32,
+}
+
+impl<T: Element> Reduction<T> {
+    /// `op` over `nranks` inputs; `scalar` is `PreMulSum`'s factor (ignored
+    /// by the other operators).
+    #[inline(always)]
+    pub fn new(op: RedOp, scalar: T, nranks: u32) -> Self {
+        let plain = |combine| Reduction { combine, pre: None, post_div: 0 };
+        match op {
+            RedOp::Sum => plain(Combine::Sum),
+            RedOp::Prod => plain(Combine::Prod),
+            RedOp::Max => plain(Combine::Max),
+            RedOp::Min => plain(Combine::Min),
+            RedOp::PreMulSum => Reduction { combine: Combine::Sum, pre: Some(scalar.to_acc()), post_div: 0 },
+            RedOp::Avg if T::DTYPE.is_float() => {
+                Reduction { combine: Combine::Sum, pre: Some(T::Acc::from_f64(1.0 / nranks as f64)), post_div: 0 }
+            }
+            RedOp::Avg => Reduction { combine: Combine::Sum, pre: None, post_div: nranks },
+        }
+    }
+
+    /// The first input, ready to combine.
+    #[inline(always)]
+    pub fn first(&self, x: T) -> T::Acc {
+        match self.pre {
+            Some(s) => x.to_acc().mul(s),
+            None => x.to_acc(),
+        }
+    }
+
+    /// `acc` combined with the next input.
+    #[inline(always)]
+    pub fn step(&self, acc: T::Acc, x: T) -> T::Acc {
+        let x = self.first(x);
+        match self.combine {
+            Combine::Sum => acc.add(x),
+            Combine::Prod => acc.mul(x),
+            Combine::Max => acc.maximum(x),
+            Combine::Min => acc.minimum(x),
+        }
+    }
+
+    /// The result.
+    #[inline(always)]
+    pub fn finish(&self, acc: T::Acc) -> T {
+        T::from_acc(if self.post_div != 0 { acc.div_u32(self.post_div) } else { acc })
+    }
+}

@@ -1,0 +1,108 @@
+//! Element-wise reduction of the LSA peers' copies, 16 bytes at a time.
+
+use super::element::Element;
+use super::op::Reduction;
+use crate::arch::{load16, store16};
+use core::mem::size_of;
+
+/// Peers whose 16-byte vectors a thread loads before combining them.
+const BATCH: usize = 8;
+
+/// Lane `l` of a 16-byte vector as `T`.
+#[inline(always)]
+fn lane<T: Element>(v: &[u32; 4], l: usize) -> T {
+    // SAFETY: `l < 16 / size_of::<T>()` (callers' loops), so the read stays
+    // inside the 16-byte array; `Element` types accept every bit pattern.
+    unsafe { (v.as_ptr() as *const u8).add(l * size_of::<T>()).cast::<T>().read_unaligned() }
+}
+
+/// Sets lane `l` of a 16-byte vector.
+#[inline(always)]
+fn set_lane<T: Element>(v: &mut [u32; 4], l: usize, x: T) {
+    // SAFETY: as in `lane`.
+    unsafe { (v.as_mut_ptr() as *mut u8).add(l * size_of::<T>()).cast::<T>().write_unaligned(x) }
+}
+
+/// For elements `i` in `[begin, end)`: `out(q)[i] = red over p in 0..n of
+/// src(p)[i]` for every `q < nout`, by thread `t` of `nt`. 16-byte vectors
+/// when every address is 16-byte aligned at `begin` (the same choice on
+/// every thread), elements otherwise and for the tail.
+///
+/// # Safety
+/// `src(p)` for `p < n` are valid for reads and `out(q)` for `q < nout` for
+/// writes of elements `begin..end`, written before (and made visible) /
+/// read after by barriers; `n >= 1`; every thread `t < nt` calls with the
+/// same arguments.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn reduce_into<T: Element>(
+    t: usize,
+    nt: usize,
+    n: u32,
+    src: &impl Fn(u32) -> *const T,
+    nout: u32,
+    out: &impl Fn(u32) -> *mut T,
+    begin: usize,
+    end: usize,
+    red: &Reduction<T>,
+) {
+    let lanes = 16 / size_of::<T>();
+    let mut aligned = true;
+    for p in 0..n {
+        aligned &= (src(p) as usize + begin * size_of::<T>()) % 16 == 0;
+    }
+    for q in 0..nout {
+        aligned &= (out(q) as usize + begin * size_of::<T>()) % 16 == 0;
+    }
+    let packs = if aligned { (end - begin) / lanes } else { 0 };
+    let mut k = t;
+    while k < packs {
+        let at = begin + k * lanes;
+        // SAFETY: `at + lanes <= end`: the pack lies in every source
+        // (valid, 16-byte aligned: checked above).
+        let v0 = unsafe { load16(src(0).add(at) as *const u8) };
+        let mut acc = [red.first(lane::<T>(&v0, 0)); 16];
+        for (l, a) in acc.iter_mut().enumerate().take(lanes).skip(1) {
+            *a = red.first(lane::<T>(&v0, l));
+        }
+        let mut p = 1;
+        while p < n {
+            let batch = ((n - p) as usize).min(BATCH);
+            let mut v = [[0u32; 4]; BATCH];
+            for (j, slot) in v.iter_mut().enumerate().take(batch) {
+                // SAFETY: as for `v0`, peer `p + j < n`.
+                *slot = unsafe { load16(src(p + j as u32).add(at) as *const u8) };
+            }
+            for vj in v.iter().take(batch) {
+                for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+                    *a = red.step(*a, lane::<T>(vj, l));
+                }
+            }
+            p += batch as u32;
+        }
+        let mut r = [0u32; 4];
+        for (l, a) in acc.iter().enumerate().take(lanes) {
+            set_lane::<T>(&mut r, l, red.finish(*a));
+        }
+        for q in 0..nout {
+            // SAFETY: the pack lies in every output (valid, aligned).
+            unsafe { store16(out(q).add(at) as *mut u8, r) };
+        }
+        k += nt;
+    }
+    let mut i = begin + packs * lanes + t;
+    while i < end {
+        // SAFETY: `i < end`: inside every source and output.
+        let mut acc = red.first(unsafe { src(0).add(i).read_volatile() });
+        for p in 1..n {
+            // SAFETY: as above, peer `p < n`.
+            acc = red.step(acc, unsafe { src(p).add(i).read_volatile() });
+        }
+        let r = red.finish(acc);
+        for q in 0..nout {
+            // SAFETY: as above; element `i` is this thread's alone.
+            unsafe { out(q).add(i).write_volatile(r) };
+        }
+        i += nt;
+    }
+}

@@ -1,0 +1,285 @@
+//! The reducing collectives: all-reduce (LL, one-shot, two-shot), reduce,
+//! reduce-scatter.
+
+use super::element::Element;
+use super::op::Reduction;
+use super::pack::reduce_into;
+use super::staging::{piece, slice, stage_in, Staged};
+use super::{check_part, chunk_elems, ll, Algorithm, CollContext, CollError, Input, Part};
+use crate::atomic::Order;
+use crate::coop::Coop;
+use crate::lsa::{ops::copy_strided, LsaBarrierSession};
+use core::mem::size_of;
+
+/// Where the peers find elements `c0..c0 + m` of `blocks` input blocks
+/// (`in_stride` elements apart in the input): the window itself, or the
+/// part's staging slice, `m` elements per block, after this rank stages
+/// them.
+///
+/// # Safety
+/// As for the collectives: `src` valid for the elements staged; `blocks *
+/// m` elements fit the part's slice.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stage<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: Input<T>,
+    c0: usize,
+    in_stride: usize,
+    m: usize,
+    blocks: u32,
+) -> Staged {
+    let size = size_of::<T>();
+    match src {
+        Input::Window(s) => Staged::new(s.window, s.offset + (c0 * size) as u64, (in_stride * size) as u64),
+        Input::Local(p) => {
+            let staged = Staged::new(ctx.scratch(), ctx.stage_in_offset() + slice(ctx, part).0, (m * size) as u64);
+            let me = ctx.scratch().lsa_rank();
+            // SAFETY: the caller's contract: the input holds the blocks'
+            // elements `c0..c0 + m`; the part's slice holds `blocks * m`.
+            unsafe {
+                stage_in(
+                    coop.thread_rank() as usize,
+                    coop.size() as usize,
+                    &staged,
+                    me,
+                    p.add(c0) as *const u8,
+                    in_stride * size,
+                    blocks,
+                    0,
+                    m * size,
+                )
+            };
+            staged
+        }
+    }
+}
+
+/// Whether `count` elements at `a` and at `b` share a byte.
+#[inline(always)]
+fn overlaps<T>(a: *const T, b: *const T, count: usize) -> bool {
+    let bytes = count * size_of::<T>();
+    (a as usize) < b as usize + bytes && (b as usize) < a as usize + bytes
+}
+
+/// `dst[i] = red over the LSA ranks of src[i]` for `i < count`, on every
+/// rank (`ncclAllReduce`). In place when `dst` is `src`'s local address.
+///
+/// `seq` numbers the collective calls made with `ctx` (non-zero, one more
+/// per call, the same on every rank): LL uses it as its flag.
+///
+/// # Safety
+/// `ctx` is live; `src` holds `count` elements on every rank (in a window:
+/// at the same offset), `dst` `count` elements; the ordering of the
+/// [module docs](super); every thread of `coop` calls with the same
+/// arguments, and every rank with the same `count`, parts, `algorithm` and
+/// `seq`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn all_reduce<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: Input<T>,
+    dst: *mut T,
+    count: usize,
+    red: &Reduction<T>,
+    algorithm: Algorithm,
+    seq: u32,
+) -> Result<(), CollError> {
+    check_part(ctx, part)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let algorithm = match algorithm {
+        Algorithm::Auto => Algorithm::choose((count * size_of::<T>()) as u64, ctx),
+        a => a,
+    };
+    // One-shot reads the peers' inputs while writing its output: an output
+    // that overlaps a window input (in place) would change what the peers
+    // still read, so such an input goes through the staging area.
+    let src = match src {
+        Input::Window(s) if algorithm == Algorithm::OneShot && overlaps(s.local(), dst, count) => {
+            Input::Local(s.local())
+        }
+        s => s,
+    };
+    // SAFETY: this function's contract.
+    unsafe {
+        match algorithm {
+            Algorithm::Ll => ll::all_reduce(coop, ctx, part, src.local(), dst, count, red, seq),
+            Algorithm::TwoShot => two_shot(coop, ctx, part, src, dst, count, red),
+            _ => one_shot(coop, ctx, part, src, dst, count, red, None),
+        }
+    }
+}
+
+/// One-shot: every rank (or only `root`) reduces the part's range.
+///
+/// # Safety
+/// As for [`all_reduce`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_shot<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: Input<T>,
+    dst: *mut T,
+    count: usize,
+    red: &Reduction<T>,
+    root: Option<u32>,
+) -> Result<(), CollError> {
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
+    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    let chunk = match src {
+        Input::Window(_) => (pe - pb).max(1),
+        Input::Local(_) => chunk_elems::<T>(ctx, part, 1),
+    };
+    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
+    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut c0 = pb;
+    while c0 < pe {
+        let m = chunk.min(pe - c0);
+        // SAFETY: the contract; one block of `m <= chunk` elements.
+        let staged = unsafe { stage(coop, ctx, part, src, c0, count, m, 1) };
+        // SAFETY: as above.
+        unsafe { bar.sync(coop, Order::AcqRel) }?;
+        if root.is_none_or(|r| r == me) {
+            // SAFETY: every peer's staged chunk holds its `m` elements
+            // (staged before the barrier), `dst` holds the chunk.
+            unsafe { reduce_into(t, nt, n, &|p| staged.at(p, 0, 0) as *const T, 1, &|_| dst.add(c0), 0, m, red) };
+        }
+        // SAFETY: as above.
+        unsafe { bar.sync(coop, Order::AcqRel) }?;
+        c0 += m;
+    }
+    Ok(())
+}
+
+/// Two-shot: for each chunk of the part's range, rank `r` reduces shard `r`
+/// and stores it into every peer's result slice; then each copies the
+/// results out.
+///
+/// # Safety
+/// As for [`all_reduce`].
+unsafe fn two_shot<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: Input<T>,
+    dst: *mut T,
+    count: usize,
+    red: &Reduction<T>,
+) -> Result<(), CollError> {
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
+    let unit = 16 / size_of::<T>();
+    let size = size_of::<T>();
+    let (pb, pe) = piece(count, unit, part.count as usize, part.index as usize);
+    let chunk = chunk_elems::<T>(ctx, part, 1);
+    let result = Staged::new(ctx.scratch(), ctx.stage_out_offset() + slice(ctx, part).0, 0);
+    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
+    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut c0 = pb;
+    while c0 < pe {
+        let m = chunk.min(pe - c0);
+        // SAFETY: the contract; one block of `m <= chunk` elements.
+        let staged = unsafe { stage(coop, ctx, part, src, c0, count, m, 1) };
+        // SAFETY: as above.
+        unsafe { bar.sync(coop, Order::AcqRel) }?;
+        let (b, e) = piece(m, unit, n as usize, me as usize);
+        // SAFETY: every peer staged the chunk before the barrier; the
+        // result slices hold `chunk` elements on every peer, read by their
+        // owners only after the next barrier.
+        unsafe {
+            reduce_into(t, nt, n, &|p| staged.at(p, 0, 0) as *const T, n, &|q| result.at(q, 0, 0) as *mut T, b, e, red)
+        };
+        // SAFETY: as above.
+        unsafe { bar.sync(coop, Order::AcqRel) }?;
+        // SAFETY: every shard of the chunk is in the caller's result slice
+        // (stored by its owner before the barrier); `dst` holds the chunk.
+        unsafe { copy_strided(t, nt, dst.add(c0) as *mut u8, result.at(me, 0, 0), m * size) };
+        c0 += m;
+    }
+    // The result slice is next written after the next chunk's (or call's)
+    // first barrier, which every peer reaches only after copying out; the
+    // input was read before the second barrier. No closing barrier needed.
+    Ok(())
+}
+
+/// `dst[i] = red over the LSA ranks of src[i]` on `root` only
+/// (`ncclReduce`); other ranks' `dst` is not touched (may be null).
+///
+/// # Safety
+/// As for [`all_reduce`], with `root < lsa_size` the same on every rank.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn reduce<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: Input<T>,
+    dst: *mut T,
+    count: usize,
+    red: &Reduction<T>,
+    root: u32,
+) -> Result<(), CollError> {
+    check_part(ctx, part)?;
+    if root >= ctx.scratch().lsa_size() {
+        return Err(CollError::BadArgument);
+    }
+    if count == 0 {
+        return Ok(());
+    }
+    // SAFETY: this function's contract.
+    unsafe { one_shot(coop, ctx, part, src, dst, count, red, Some(root)) }
+}
+
+/// `dst[i] = red over the LSA ranks r of src_r[me * count + i]` for `i <
+/// count` (`ncclReduceScatter`): `src` holds `lsa_size * count` elements,
+/// `dst` `count`.
+///
+/// # Safety
+/// As for [`all_reduce`] (no LL), with those sizes; `dst` does not overlap
+/// `src` except as `src`'s own shard (`src + me * count`, in place).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn reduce_scatter<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: Input<T>,
+    dst: *mut T,
+    count: usize,
+    red: &Reduction<T>,
+) -> Result<(), CollError> {
+    check_part(ctx, part)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
+    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    let chunk = match src {
+        Input::Window(_) => (pe - pb).max(1),
+        Input::Local(_) => chunk_elems::<T>(ctx, part, n),
+    };
+    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
+    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut c0 = pb;
+    while c0 < pe {
+        let m = chunk.min(pe - c0);
+        // SAFETY: the contract: `n` shards of `count` elements; `n * m`
+        // fit the part's slice (`chunk_elems` with `n` blocks).
+        let staged = unsafe { stage(coop, ctx, part, src, c0, count, m, n) };
+        // SAFETY: as above.
+        unsafe { bar.sync(coop, Order::AcqRel) }?;
+        // SAFETY: every peer staged shard `me` of the chunk before the
+        // barrier; `dst` holds the chunk.
+        unsafe { reduce_into(t, nt, n, &|p| staged.at(p, me, 0) as *const T, 1, &|_| dst.add(c0), 0, m, red) };
+        // SAFETY: as above.
+        unsafe { bar.sync(coop, Order::AcqRel) }?;
+        c0 += m;
+    }
+    Ok(())
+}

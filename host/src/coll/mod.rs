@@ -1,0 +1,829 @@
+//! Host collectives, NCCL's set with Rust names: all-reduce, reduce,
+//! reduce-scatter, all-gather, broadcast, gather, scatter, all-to-all.
+//!
+//! They are launches of the device-callable collectives of
+//! [`devcomm_device::coll`] (one implementation for both): a
+//! [`Collectives`] holds what they need (a device communicator with one LSA
+//! barrier per CTA, and scratch: LL slots and staging areas), made once per
+//! communicator, collectively:
+//!
+//! ```
+//! use devcomm::coll::Op;
+//! use devcomm::prelude::*;
+//!
+//! let comms = Communicator::init_all_count(RuntimeSelection::Emulated, 2)?;
+//! std::thread::scope(|s| {
+//!     for comm in &comms {
+//!         s.spawn(move || -> devcomm::Result<()> {
+//!             let coll = comm.collectives()?;
+//!             let stream = comm.device().stream();
+//!             let x = comm.device().alloc_from(&[comm.rank() as f32 + 1.0; 5])?;
+//!             let y = comm.device().alloc::<f32>(5)?;
+//!             coll.all_reduce(&x, &y, Op::Sum, stream)?;
+//!             assert_eq!(stream.read_vec(&y)?, vec![3.0; 5]);
+//!             Ok(())
+//!         });
+//!     }
+//! });
+//! # Ok::<(), devcomm::Error>(())
+//! ```
+//!
+//! Operands ([`Operand`]) are device buffers, or ranges of registered
+//! windows: a window the peers read in place (zero copy); a buffer is
+//! copied through the scratch's staging area, in chunks. The input must be
+//! of the same kind on every rank (all windows or all buffers; checked in
+//! checking mode); broadcast and scatter stage the root's input always
+//! (the other ranks cannot know where it lies). Every call is
+//! stream-ordered and returns once queued; a failure on the device
+//! (a timeout, an abort) is kept and returned by the next call and by
+//! [`Collectives::synchronize`].
+//!
+//! Today the collectives run over one LSA team (all ranks on one node, or
+//! `DEVCOMM_LSA_SIZE` equal to the rank count); a world of several LSA
+//! teams (GIN between them) is refused with [`Error::InvalidUsage`].
+//!
+//! Operations of one `Collectives` must run in the same order on every
+//! rank and one at a time: issue them on one stream (or synchronise between
+//! streams); two at once on different streams share the scratch and give
+//! wrong results or a device timeout.
+
+mod datatype;
+
+pub use datatype::{CollType, DataType, Fp8E4M3, Fp8E5M2};
+pub use devcomm_device::coll::{Algorithm, RedOp, LL_MAX_BYTES, ONE_SHOT_MAX_BYTES};
+
+use crate::comm::Communicator;
+use crate::dev_comm::{DevCommHandle, DevCommRequirements};
+use crate::error::{Error, Result};
+use crate::runtime::HostMappedWord;
+use crate::runtime::{DeviceBuffer, LaunchConfig, RuntimeKind, Stream};
+use crate::window::{Window, WindowFlags};
+use devcomm_device::coll::{CollArgs, CollBuffer, CollContext};
+use devcomm_device::comm::WindowDesc;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Env: `1` turns on [`CollConfig::check_arguments`] for every
+/// [`Collectives`] of the process.
+pub const CHECK_ENV: &str = "DEVCOMM_COLL_CHECK";
+
+/// How a [`Collectives`] is built.
+#[derive(Clone, Debug)]
+pub struct CollConfig {
+    /// Most CTAs one collective uses (each has its own LSA barrier).
+    pub max_ctas: u32,
+    /// Threads per CTA (0: 512 on GPUs, 64 on the emulated runtime).
+    pub threads: u32,
+    /// A collective gets one CTA per this many bytes (per rank), up to `max_ctas`.
+    pub bytes_per_cta: usize,
+    /// Payload bytes of each LL slot: the largest LL all-reduce.
+    pub ll_bytes: usize,
+    /// Bytes of each staging area (input, result): the chunk in which
+    /// device buffers are copied through scratch.
+    pub stage_bytes: usize,
+    /// Before each collective, compare its operation, datatype, counts and
+    /// root across ranks (through the bootstrap: slow) and return
+    /// [`Error::InvalidArgument`] naming the rank that differs, instead of
+    /// running a mismatched collective. Also on with `DEVCOMM_COLL_CHECK=1`.
+    pub check_arguments: bool,
+}
+
+impl Default for CollConfig {
+    fn default() -> Self {
+        CollConfig {
+            max_ctas: 32,
+            threads: 0,
+            bytes_per_cta: 256 << 10,
+            ll_bytes: LL_MAX_BYTES as usize,
+            stage_bytes: 8 << 20,
+            check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
+        }
+    }
+}
+
+/// A reduction (`ncclRedOp_t`), with `PreMulSum`'s scalar.
+#[derive(Clone, Copy, Debug)]
+pub enum Op<'a, T> {
+    /// `ncclSum`.
+    Sum,
+    /// `ncclProd`.
+    Prod,
+    /// `ncclMax`.
+    Max,
+    /// `ncclMin`.
+    Min,
+    /// `ncclAvg`.
+    Avg,
+    /// `sum(scalar * x)` (`ncclRedOpCreatePreMulSum`, scalar on the host).
+    PreMulSum(T),
+    /// `sum(scalar * x)`, the scalar read from element 0 of a device buffer
+    /// when the collective runs (`ncclScalarDevice`).
+    PreMulSumDevice(&'a DeviceBuffer<T>),
+}
+
+impl<T: CollType> Op<'_, T> {
+    fn code(&self) -> RedOp {
+        match self {
+            Op::Sum => RedOp::Sum,
+            Op::Prod => RedOp::Prod,
+            Op::Max => RedOp::Max,
+            Op::Min => RedOp::Min,
+            Op::Avg => RedOp::Avg,
+            Op::PreMulSum(_) | Op::PreMulSumDevice(_) => RedOp::PreMulSum,
+        }
+    }
+
+    /// (scalar bits, scalar address).
+    fn scalar(&self) -> Result<(u64, u64)> {
+        match self {
+            Op::PreMulSum(s) => {
+                let mut bits = [0u8; 8];
+                bits[..std::mem::size_of::<T>()].copy_from_slice(bytemuck::bytes_of(s));
+                Ok((u64::from_le_bytes(bits), 0))
+            }
+            Op::PreMulSumDevice(b) => {
+                if b.is_empty() {
+                    return Err(Error::invalid_argument("PreMulSumDevice: the scalar's buffer is empty"));
+                }
+                Ok((0, b.device_addr()))
+            }
+            _ => Ok((0, 0)),
+        }
+    }
+}
+
+/// One operand of a collective: a device buffer, a range of a registered
+/// window, or nothing ([`Operand::null`], where a rank's operand is unused).
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<'a, T> {
+    ptr: u64,
+    len: usize,
+    ordinal: usize,
+    window: Option<(WindowDesc, u64, usize)>,
+    _t: PhantomData<&'a T>,
+}
+
+impl<'a, T: CollType> From<&'a DeviceBuffer<T>> for Operand<'a, T> {
+    fn from(b: &'a DeviceBuffer<T>) -> Self {
+        Operand { ptr: b.device_addr(), len: b.len(), ordinal: b.device().ordinal(), window: None, _t: PhantomData }
+    }
+}
+
+impl<'a, T: CollType> From<&'a mut DeviceBuffer<T>> for Operand<'a, T> {
+    fn from(b: &'a mut DeviceBuffer<T>) -> Self {
+        Operand::from(&*b)
+    }
+}
+
+impl<'a, T: CollType> Operand<'a, T> {
+    /// `len` elements at byte `offset` of `window` (peers read it in place).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a range past the window's end,
+    /// an offset not a multiple of `T`'s size, or a window not registered
+    /// with [`WindowFlags::COLL_SYMMETRIC`].
+    pub fn window(window: &'a Window<'_>, offset: usize, len: usize) -> Result<Self> {
+        let size = std::mem::size_of::<T>();
+        let end = len.checked_mul(size).and_then(|b| b.checked_add(offset));
+        if end.is_none_or(|e| e > window.size()) {
+            return Err(Error::invalid_argument(format!(
+                "operand of {len} elements of {size} bytes at offset {offset}: past the window's {} bytes",
+                window.size()
+            )));
+        }
+        if offset % size != 0 {
+            return Err(Error::invalid_argument(format!("window offset {offset} is not a multiple of {size} bytes")));
+        }
+        if window.desc().flags() & WindowFlags::COLL_SYMMETRIC.bits() == 0 {
+            return Err(Error::invalid_argument(
+                "collectives read windows in place on every rank: register the window with WindowFlags::COLL_SYMMETRIC",
+            ));
+        }
+        // The window's own LSA mapping (not `user_ptr`, another mapping of
+        // the same memory): the device compares addresses to detect in-place
+        // operands, so every window operand uses the same one.
+        Ok(Operand {
+            ptr: {
+                let d = window.desc();
+                d.lsa_base() + d.lsa_rank() as u64 * d.stride() + offset as u64
+            },
+            len,
+            ordinal: window.comm().device().ordinal(),
+            window: Some((window.desc(), offset as u64, crate::window::comm_key(window.comm()))),
+            _t: PhantomData,
+        })
+    }
+
+    /// Elements `start..start + len` of `buffer` (NCCL's pointer + count).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a range past the buffer's end.
+    pub fn range(buffer: &'a DeviceBuffer<T>, start: usize, len: usize) -> Result<Self> {
+        if start.checked_add(len).is_none_or(|e| e > buffer.len()) {
+            return Err(Error::invalid_argument(format!(
+                "operand range {start}..{start}+{len} past the buffer's {} elements",
+                buffer.len()
+            )));
+        }
+        let mut op = Operand::from(buffer);
+        op.ptr += (start * std::mem::size_of::<T>()) as u64;
+        op.len = len;
+        Ok(op)
+    }
+
+    /// No operand: for the operands a rank does not use (the output of
+    /// `reduce` and `gather` on ranks other than the root, the input of
+    /// `broadcast` and `scatter` there).
+    pub fn null() -> Self {
+        Operand { ptr: 0, len: 0, ordinal: usize::MAX, window: None, _t: PhantomData }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn is_null(&self) -> bool {
+        self.ptr == 0
+    }
+
+    fn buffer(&self) -> CollBuffer {
+        match self.window {
+            Some((window, offset, _)) => CollBuffer { ptr: self.ptr, window, offset, in_window: 1, reserved: 0 },
+            None => CollBuffer { ptr: self.ptr, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 },
+        }
+    }
+}
+
+/// Which collective (and which kernel family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+enum Kind {
+    AllReduce = 1,
+    Reduce = 2,
+    ReduceScatter = 3,
+    AllGather = 4,
+    Broadcast = 5,
+    Gather = 6,
+    Scatter = 7,
+    AllToAll = 8,
+}
+
+/// What runs the host collectives of one communicator (see the [module docs](self)).
+pub struct Collectives<'c> {
+    comm: &'c Communicator,
+    handle: DevCommHandle<'c>,
+    ctx: CollContext,
+    config: CollConfig,
+    threads: u32,
+    seq: AtomicU32,
+    error: HostMappedWord,
+}
+
+impl std::fmt::Debug for Collectives<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collectives").field("rank", &self.comm.rank()).field("config", &self.config).finish()
+    }
+}
+
+impl Communicator {
+    /// The host collectives of this communicator, with the default
+    /// [`CollConfig`]. Collective: every rank calls it.
+    ///
+    /// Errors: [`Error::InvalidUsage`] when the ranks span several LSA
+    /// teams (not supported yet); those of [`Communicator::create_dev_comm`].
+    #[doc(alias = "ncclAllReduce")]
+    #[doc(alias = "ncclBroadcast")]
+    #[doc(alias = "ncclReduce")]
+    #[doc(alias = "ncclAllGather")]
+    #[doc(alias = "ncclReduceScatter")]
+    #[doc(alias = "ncclAlltoAll")]
+    pub fn collectives(&self) -> Result<Collectives<'_>> {
+        self.collectives_with(&CollConfig::default())
+    }
+
+    /// [`Communicator::collectives`] with `config`.
+    ///
+    /// Errors as [`Communicator::collectives`], and
+    /// [`Error::InvalidArgument`] for a config out of range.
+    pub fn collectives_with(&self, config: &CollConfig) -> Result<Collectives<'_>> {
+        let n = self.count();
+        let lsa = self.lsa_size()?;
+        if lsa != n {
+            return Err(Error::invalid_usage(format!(
+                "collectives over several LSA teams (here {n} ranks in teams of {lsa}) need the hierarchical \
+                 LSA + GIN path, which is not built yet; run with one LSA team (DEVCOMM_LSA_SIZE={n})"
+            )));
+        }
+        if config.max_ctas == 0 || config.max_ctas > 128 {
+            return Err(Error::invalid_argument(format!("max_ctas {} not in 1..=128", config.max_ctas)));
+        }
+        if config.threads > 1024 || (config.threads != 0 && config.threads % 32 != 0) {
+            return Err(Error::invalid_argument(format!("threads {} not a multiple of 32 up to 1024", config.threads)));
+        }
+        if config.ll_bytes % 16 != 0 || config.ll_bytes > (1 << 20) {
+            return Err(Error::invalid_argument(format!(
+                "ll_bytes {} not a multiple of 16 up to 1 MiB",
+                config.ll_bytes
+            )));
+        }
+        if config.stage_bytes % 16 != 0
+            || config.stage_bytes < 16 * n * config.max_ctas as usize
+            || config.stage_bytes > (1 << 30)
+        {
+            return Err(Error::invalid_argument(format!(
+                "stage_bytes {} not a multiple of 16 between 16 * ranks * max_ctas and 1 GiB",
+                config.stage_bytes
+            )));
+        }
+        if config.bytes_per_cta == 0 {
+            return Err(Error::invalid_argument("bytes_per_cta is 0"));
+        }
+        let ll_area = 2 * n * 2 * config.ll_bytes;
+        let mut req = DevCommRequirements::new();
+        req.lsa_barrier_count = config.max_ctas;
+        let scratch = req.add_resource((ll_area + 2 * config.stage_bytes) as u64, 256);
+        let handle = self.create_dev_comm(&req)?;
+        let offset = handle.resource_offset(scratch)?;
+        let window = handle.resource_window();
+        // LL slots start zeroed (a flag from garbage could match), on every
+        // rank before any rank writes into a peer's slots.
+        let stream = self.device().stream();
+        stream.write_raw(window.local_ptr::<u8>(offset) as u64, &vec![0u8; ll_area])?;
+        stream.synchronize()?;
+        self.bootstrap_barrier()?;
+        // SAFETY: the device communicator has `max_ctas` LSA barriers that
+        // nothing else uses (it is this object's own); its resource window
+        // holds, on every rank, the LL area (zeroed above, on every rank
+        // before the barrier) and the two staging areas at `offset`, 256-byte
+        // aligned, sizes multiples of 16 (checked above).
+        let ctx = unsafe {
+            CollContext::from_raw_parts(
+                handle.dev_comm(),
+                window,
+                offset,
+                config.ll_bytes as u64,
+                offset + ll_area as u64,
+                config.stage_bytes as u64,
+                0,
+                config.max_ctas,
+            )
+        };
+        let threads = match (config.threads, self.device().kind()) {
+            (0, RuntimeKind::Cuda) => 512,
+            (0, RuntimeKind::Emulated) => 64,
+            (t, _) => t,
+        };
+        let error = HostMappedWord::new(self.device())?;
+        Ok(Collectives { comm: self, handle, ctx, config: config.clone(), threads, seq: AtomicU32::new(0), error })
+    }
+}
+
+impl<'c> Collectives<'c> {
+    /// The communicator.
+    pub fn comm(&self) -> &'c Communicator {
+        self.comm
+    }
+
+    /// The context kernels of your own pass to [`devcomm_device::coll`]'s
+    /// collectives (fusing them with compute). It shares the scratch and
+    /// barriers with this object's host collectives: do not run both at once.
+    pub fn context(&self) -> CollContext {
+        self.ctx
+    }
+
+    /// The device communicator behind the context.
+    pub fn dev_comm(&self) -> &DevCommHandle<'c> {
+        &self.handle
+    }
+
+    /// A fresh sequence number for a device-side collective of
+    /// [`Collectives::context`] (the LL flag): non-zero, one more per call;
+    /// every rank gets the same numbers when it makes the same calls.
+    pub fn next_seq(&self) -> u32 {
+        loop {
+            let s = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            if s != 0 {
+                return s;
+            }
+        }
+    }
+
+    /// The failure a collective's kernel reported, if any (kept until this
+    /// object is dropped: the scratch's state is unknown after it).
+    pub fn error(&self) -> Option<Error> {
+        Error::from_device_code(self.error.get(), "a collective")
+    }
+
+    /// Waits for `stream`, then returns the first failure a collective
+    /// reported ([`Collectives::error`]).
+    pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+        stream.synchronize()?;
+        self.error().map_or(Ok(()), Err)
+    }
+
+    /// `recv[i] = op over ranks of send[i]` on every rank (`ncclAllReduce`);
+    /// `send` and `recv` of the same length; in place when they are the
+    /// same memory. The algorithm is chosen by size
+    /// ([`Algorithm::choose`]).
+    #[doc(alias = "ncclAllReduce")]
+    pub fn all_reduce<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        op: Op<'_, T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.all_reduce_with(send, recv, op, Algorithm::Auto, stream)
+    }
+
+    /// [`Collectives::all_reduce`] with a given algorithm.
+    pub fn all_reduce_with<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        op: Op<'_, T>,
+        algorithm: Algorithm,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.check_operand("all_reduce send", &send)?;
+        self.check_operand("all_reduce recv", &recv)?;
+        same_len("all_reduce", &send, send.len, &recv, recv.len)?;
+        let count = send.len;
+        let bytes = (count * std::mem::size_of::<T>()) as u64;
+        if algorithm == Algorithm::Ll && bytes > self.ctx.ll_bytes() {
+            return Err(Error::invalid_argument(format!(
+                "all_reduce with Algorithm::Ll: {bytes} bytes exceed the LL slots' {} (CollConfig::ll_bytes)",
+                self.ctx.ll_bytes()
+            )));
+        }
+        let resolved = match algorithm {
+            Algorithm::Auto => Algorithm::choose(bytes, &self.ctx),
+            a => a,
+        };
+        self.run::<T>(Kind::AllReduce, &send, &recv, count, &op, 0, resolved, bytes as usize, stream)
+    }
+
+    /// `recv[i] = op over ranks of send[i]` on `root` only (`ncclReduce`);
+    /// `recv` may be [`Operand::null`] elsewhere.
+    #[doc(alias = "ncclReduce")]
+    pub fn reduce<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        op: Op<'_, T>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.check_root("reduce", root)?;
+        self.check_operand("reduce send", &send)?;
+        if self.comm.rank() == root {
+            self.check_operand("reduce recv (on the root)", &recv)?;
+            same_len("reduce", &send, send.len, &recv, recv.len)?;
+        }
+        let bytes = send.len * std::mem::size_of::<T>();
+        self.run::<T>(Kind::Reduce, &send, &recv, send.len, &op, root, Algorithm::OneShot, bytes, stream)
+    }
+
+    /// `recv[i] = op over ranks r of send_r[rank * recv.len() + i]`
+    /// (`ncclReduceScatter`): `send` holds `ranks * recv.len()` elements.
+    #[doc(alias = "ncclReduceScatter")]
+    pub fn reduce_scatter<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        op: Op<'_, T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.check_operand("reduce_scatter send", &send)?;
+        self.check_operand("reduce_scatter recv", &recv)?;
+        let n = self.comm.count();
+        if Some(send.len) != recv.len.checked_mul(n) {
+            return Err(Error::invalid_argument(format!(
+                "reduce_scatter: send holds {} elements, it must hold ranks ({n}) × recv ({}) elements",
+                send.len, recv.len
+            )));
+        }
+        let bytes = send.len * std::mem::size_of::<T>();
+        self.run::<T>(Kind::ReduceScatter, &send, &recv, recv.len, &op, 0, Algorithm::OneShot, bytes, stream)
+    }
+
+    /// `recv[r * send.len() + i] = send_r[i]` on every rank
+    /// (`ncclAllGather`): `recv` holds `ranks * send.len()` elements.
+    #[doc(alias = "ncclAllGather")]
+    pub fn all_gather<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.check_operand("all_gather send", &send)?;
+        self.check_operand("all_gather recv", &recv)?;
+        let n = self.comm.count();
+        if Some(recv.len) != send.len.checked_mul(n) {
+            return Err(Error::invalid_argument(format!(
+                "all_gather: recv holds {} elements, it must hold ranks ({n}) × send ({}) elements",
+                recv.len, send.len
+            )));
+        }
+        let bytes = recv.len * std::mem::size_of::<T>();
+        self.run::<T>(Kind::AllGather, &send, &recv, send.len, &Op::Sum, 0, Algorithm::OneShot, bytes, stream)
+    }
+
+    /// `recv = send_root` on every rank (`ncclBroadcast`); `send` is read
+    /// on the root only ([`Operand::null`] elsewhere); in place when the
+    /// root's `send` and `recv` are the same memory.
+    #[doc(alias = "ncclBroadcast")]
+    pub fn broadcast<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.check_root("broadcast", root)?;
+        self.check_operand("broadcast recv", &recv)?;
+        if self.comm.rank() == root {
+            self.check_operand("broadcast send (on the root)", &send)?;
+            same_len("broadcast", &send, send.len, &recv, recv.len)?;
+        }
+        let bytes = recv.len * std::mem::size_of::<T>();
+        self.run::<T>(Kind::Broadcast, &send, &recv, recv.len, &Op::Sum, root, Algorithm::OneShot, bytes, stream)
+    }
+
+    /// `recv[r * send.len() + i] = send_r[i]` on `root` (`ncclGather`):
+    /// the root's `recv` holds `ranks * send.len()` elements
+    /// ([`Operand::null`] elsewhere).
+    #[doc(alias = "ncclGather")]
+    pub fn gather<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.check_root("gather", root)?;
+        self.check_operand("gather send", &send)?;
+        let n = self.comm.count();
+        if self.comm.rank() == root {
+            self.check_operand("gather recv (on the root)", &recv)?;
+            if Some(recv.len) != send.len.checked_mul(n) {
+                return Err(Error::invalid_argument(format!(
+                    "gather: the root's recv holds {} elements, it must hold ranks ({n}) × send ({})",
+                    recv.len, send.len
+                )));
+            }
+        }
+        let bytes = send.len * n * std::mem::size_of::<T>();
+        self.run::<T>(Kind::Gather, &send, &recv, send.len, &Op::Sum, root, Algorithm::OneShot, bytes, stream)
+    }
+
+    /// `recv = send_root[rank * recv.len() ..][.. recv.len()]` (`ncclScatter`):
+    /// the root's `send` holds `ranks * recv.len()` elements ([`Operand::null`] elsewhere).
+    #[doc(alias = "ncclScatter")]
+    pub fn scatter<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.check_root("scatter", root)?;
+        self.check_operand("scatter recv", &recv)?;
+        let n = self.comm.count();
+        if self.comm.rank() == root {
+            self.check_operand("scatter send (on the root)", &send)?;
+            if Some(send.len) != recv.len.checked_mul(n) {
+                return Err(Error::invalid_argument(format!(
+                    "scatter: the root's send holds {} elements, it must hold ranks ({n}) × recv ({})",
+                    send.len, recv.len
+                )));
+            }
+        }
+        let bytes = recv.len * n * std::mem::size_of::<T>();
+        self.run::<T>(Kind::Scatter, &send, &recv, recv.len, &Op::Sum, root, Algorithm::OneShot, bytes, stream)
+    }
+
+    /// `recv[r * c + i] = send_r[rank * c + i]` for `c = send.len() / ranks`
+    /// (`ncclAlltoAll`): `send` and `recv` of the same length, a multiple
+    /// of the rank count, not overlapping.
+    #[doc(alias = "ncclAlltoAll")]
+    pub fn all_to_all<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.check_operand("all_to_all send", &send)?;
+        self.check_operand("all_to_all recv", &recv)?;
+        same_len("all_to_all", &send, send.len, &recv, recv.len)?;
+        let n = self.comm.count();
+        if send.len % n != 0 {
+            return Err(Error::invalid_argument(format!(
+                "all_to_all: {} elements is not a multiple of the rank count {n}",
+                send.len
+            )));
+        }
+        let bytes = send.len * std::mem::size_of::<T>();
+        if overlap(&send, &recv, bytes) {
+            return Err(Error::invalid_argument("all_to_all: send and recv overlap (no in-place all-to-all)"));
+        }
+        self.run::<T>(Kind::AllToAll, &send, &recv, send.len / n, &Op::Sum, 0, Algorithm::OneShot, bytes, stream)
+    }
+
+    fn check_root(&self, what: &str, root: usize) -> Result<()> {
+        if root >= self.comm.count() {
+            return Err(Error::invalid_argument(format!(
+                "{what}: root {root} is not below the rank count {}",
+                self.comm.count()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_operand<T: CollType>(&self, what: &str, op: &Operand<'_, T>) -> Result<()> {
+        if op.is_null() {
+            return Err(Error::invalid_argument(format!("{what}: Operand::null() where this rank needs a buffer")));
+        }
+        if op.ordinal != self.comm.device().ordinal() {
+            return Err(Error::invalid_argument(format!(
+                "{what}: the buffer is on device {}, the communicator on device {}",
+                op.ordinal,
+                self.comm.device().ordinal()
+            )));
+        }
+        if let Some((_, _, key)) = op.window {
+            if key != crate::window::comm_key(self.comm) {
+                return Err(Error::invalid_argument(format!("{what}: the window belongs to another communicator")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues one collective.
+    #[allow(clippy::too_many_arguments)]
+    fn run<T: CollType>(
+        &self,
+        kind: Kind,
+        send: &Operand<'_, T>,
+        recv: &Operand<'_, T>,
+        count: usize,
+        op: &Op<'_, T>,
+        root: usize,
+        algorithm: Algorithm,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        let (scalar, scalar_ptr) = op.scalar()?;
+        if self.config.check_arguments {
+            self.check_across_ranks(kind, T::DTYPE, count, root, op.code(), send.window.is_some())?;
+        }
+        let seq = self.next_seq();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let ctas = if algorithm == Algorithm::Ll {
+            1
+        } else {
+            bytes.div_ceil(self.config.bytes_per_cta).clamp(1, self.config.max_ctas as usize) as u32
+        };
+        let size = std::mem::size_of::<T>() as u64;
+        let unit = match kind {
+            Kind::AllReduce | Kind::Reduce | Kind::ReduceScatter => 1,
+            _ => size,
+        };
+        // Where the peers read the input must be the same kind on every
+        // rank. Broadcast and scatter read the root's alone, and the other
+        // ranks cannot know whether it lies in a window: the root stages it.
+        let mut src = send.buffer();
+        if matches!(kind, Kind::Broadcast | Kind::Scatter) {
+            src.in_window = 0;
+        }
+        let args = CollArgs {
+            ctx: self.ctx,
+            src,
+            dst: recv.buffer(),
+            count: count as u64 * unit,
+            scalar,
+            scalar_ptr,
+            errors: self.error.device_addr(),
+            op: op.code() as u32,
+            root: root as u32,
+            algorithm: algorithm as u32,
+            seq,
+        };
+        let cfg = LaunchConfig::new(ctas, self.threads);
+        // SAFETY: `args` describes this object's live context and scratch,
+        // operands checked above for device, communicator and length (and
+        // kept alive by the caller's borrows for the call; freeing device
+        // memory waits for the device), the same collective on every rank
+        // (the caller's contract, checked in checking mode); the error
+        // word is this object's host-mapped word.
+        unsafe { launch(stream, kind, T::DTYPE, cfg, args) }
+    }
+
+    /// Compares a collective's signature across ranks (checking mode).
+    fn check_across_ranks(
+        &self,
+        kind: Kind,
+        dtype: DataType,
+        count: usize,
+        root: usize,
+        op: RedOp,
+        in_window: bool,
+    ) -> Result<()> {
+        let in_window = in_window && !matches!(kind, Kind::Broadcast | Kind::Scatter);
+        let mine = [kind as u64, dtype as u64, count as u64, root as u64, op as u64, in_window as u64];
+        let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = self.comm.bootstrap_allgather(&bytes)?;
+        const FIELDS: [&str; 6] =
+            ["collective", "datatype", "count", "root", "reduction", "input in a window (or not)"];
+        for (rank, theirs) in all.iter().enumerate() {
+            if theirs != &bytes {
+                let field =
+                    (0..5).find(|&i| theirs.get(i * 8..i * 8 + 8) != Some(&bytes[i * 8..i * 8 + 8])).unwrap_or(0);
+                return Err(Error::invalid_argument(format!(
+                    "collective arguments differ between ranks: rank {rank}'s {} differs from rank {}'s ({:?} {:?} count {count} root {root} {:?})",
+                    FIELDS[field],
+                    self.comm.rank(),
+                    kind,
+                    dtype,
+                    op
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn same_len<T>(what: &str, _a: &Operand<'_, T>, a: usize, _b: &Operand<'_, T>, b: usize) -> Result<()> {
+    if a != b {
+        return Err(Error::invalid_argument(format!("{what}: send holds {a} elements and recv {b}; they must match")));
+    }
+    Ok(())
+}
+
+fn overlap<T>(a: &Operand<'_, T>, b: &Operand<'_, T>, bytes: usize) -> bool {
+    let (a, b, n) = (a.ptr as usize, b.ptr as usize, bytes);
+    a < b + n && b < a + n
+}
+
+/// Launches kernel `kind` for `dtype`.
+///
+/// # Safety
+/// As for the kernel (see `run`).
+unsafe fn launch(stream: &Stream, kind: Kind, dtype: DataType, cfg: LaunchConfig, args: CollArgs) -> Result<()> {
+    use devcomm_kernels::coll as k;
+    macro_rules! by_type {
+        ($($d:ident => $ar:ident, $r:ident, $rs:ident;)*) => {
+            match (kind, dtype) {
+                $(
+                    // SAFETY: the caller's contract.
+                    (Kind::AllReduce, DataType::$d) => unsafe { stream.launch::<k::$ar>(cfg, (args,)) },
+                    // SAFETY: the caller's contract.
+                    (Kind::Reduce, DataType::$d) => unsafe { stream.launch::<k::$r>(cfg, (args,)) },
+                    // SAFETY: the caller's contract.
+                    (Kind::ReduceScatter, DataType::$d) => unsafe { stream.launch::<k::$rs>(cfg, (args,)) },
+                )*
+                // SAFETY: the caller's contract.
+                (Kind::AllGather, _) => unsafe { stream.launch::<k::all_gather>(cfg, (args,)) },
+                // SAFETY: the caller's contract.
+                (Kind::Broadcast, _) => unsafe { stream.launch::<k::broadcast>(cfg, (args,)) },
+                // SAFETY: the caller's contract.
+                (Kind::Gather, _) => unsafe { stream.launch::<k::gather>(cfg, (args,)) },
+                // SAFETY: the caller's contract.
+                (Kind::Scatter, _) => unsafe { stream.launch::<k::scatter>(cfg, (args,)) },
+                // SAFETY: the caller's contract.
+                (Kind::AllToAll, _) => unsafe { stream.launch::<k::all_to_all>(cfg, (args,)) },
+            }
+        };
+    }
+    by_type! {
+        I8 => all_reduce_i8, reduce_i8, reduce_scatter_i8;
+        U8 => all_reduce_u8, reduce_u8, reduce_scatter_u8;
+        I32 => all_reduce_i32, reduce_i32, reduce_scatter_i32;
+        U32 => all_reduce_u32, reduce_u32, reduce_scatter_u32;
+        I64 => all_reduce_i64, reduce_i64, reduce_scatter_i64;
+        U64 => all_reduce_u64, reduce_u64, reduce_scatter_u64;
+        F16 => all_reduce_f16, reduce_f16, reduce_scatter_f16;
+        F32 => all_reduce_f32, reduce_f32, reduce_scatter_f32;
+        F64 => all_reduce_f64, reduce_f64, reduce_scatter_f64;
+        Bf16 => all_reduce_bf16, reduce_bf16, reduce_scatter_bf16;
+        Fp8E4M3 => all_reduce_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
+        Fp8E5M2 => all_reduce_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
+    }
+}

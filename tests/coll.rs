@@ -1,0 +1,541 @@
+//! Host collectives (`devcomm::coll`) across ranks in separate processes:
+//! every collective × datatype × reduction against a host reference (f64
+//! for floats, exact wrapping arithmetic for integers), outputs poisoned
+//! beforehand and the elements around them checked; sizes 0, 1, odd, not a
+//! multiple of 16 bytes, and many chunks (the scratch is made tiny so that
+//! every path runs at small sizes: LL, one-shot, two-shot, chunked staging,
+//! several CTAs); device buffers and windows (zero copy), in place and out
+//! of place; bad input; mismatched arguments in checking mode.
+//!
+//! Runs on the runtime `DEVCOMM_RUNTIME` names (default emulated) with 1,
+//! 2, 3, 4 and 8 ranks; on CUDA ranks share the GPUs there are.
+
+mod common;
+
+use common::is_child;
+use devcomm::coll::{Algorithm, CollConfig, CollType, Collectives, Fp8E4M3, Fp8E5M2, Op, Operand};
+use devcomm::comm::Communicator;
+use devcomm::runtime::{DeviceBuffer, Stream};
+use devcomm::{Error, WindowFlags};
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Elements of poison kept on each side of every output.
+const GUARD: usize = 5;
+const POISON: u8 = 0xA5;
+
+/// An element type with its test data, reference and tolerance.
+trait TestElem: CollType {
+    /// Integers: exact wrapping references.
+    const INT: bool;
+    /// Relative tolerance of a float result (unused for integers).
+    const EPS: f64;
+    /// A random value (`prod`: near 1, so products stay in range).
+    fn random(rng: &mut StdRng, prod: bool) -> Self;
+    /// As `i128` (integers).
+    fn to_i128(self) -> i128 {
+        self.to_f64() as i128
+    }
+    /// `v` wrapped into the type (integers).
+    fn wrap(v: i128) -> Self {
+        Self::from_f64(v as f64)
+    }
+}
+
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
+        impl TestElem for $t {
+            const INT: bool = true;
+            const EPS: f64 = 0.0;
+            fn random(rng: &mut StdRng, prod: bool) -> Self {
+                if prod { rng.gen_range(0..4) as $t } else { rng.gen() }
+            }
+            fn to_i128(self) -> i128 { self as i128 }
+            fn wrap(v: i128) -> Self { v as $t }
+        }
+    )*};
+}
+int_elem!(i8, u8, i32, u32, i64, u64);
+
+macro_rules! float_elem {
+    ($($t:ty => $eps:expr),*) => {$(
+        impl TestElem for $t {
+            const INT: bool = false;
+            const EPS: f64 = $eps;
+            fn random(rng: &mut StdRng, prod: bool) -> Self {
+                let x: f64 = if prod { rng.gen_range(0.5..1.5) } else { rng.gen_range(-2.0..2.0) };
+                <$t as CollType>::from_f64(x)
+            }
+        }
+    )*};
+}
+float_elem!(f32 => 1e-6, f64 => 1e-14, f16 => 1.0 / 1024.0, bf16 => 1.0 / 128.0, Fp8E4M3 => 1.0 / 8.0, Fp8E5M2 => 1.0 / 4.0);
+
+/// Rank `r`'s input of case `case`, `len` elements.
+fn input<T: TestElem>(case: u64, r: usize, len: usize, prod: bool) -> Vec<T> {
+    let mut rng = StdRng::seed_from_u64(case.wrapping_mul(0x9E37_79B9) ^ (r as u64) << 40);
+    (0..len).map(|_| T::random(&mut rng, prod)).collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum R {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+    PreMul,
+}
+const REDS: [R; 6] = [R::Sum, R::Prod, R::Max, R::Min, R::Avg, R::PreMul];
+
+fn scalar<T: TestElem>() -> T {
+    if T::INT {
+        T::wrap(3)
+    } else {
+        T::from_f64(0.75)
+    }
+}
+
+fn op<T: TestElem>(r: R) -> Op<'static, T> {
+    match r {
+        R::Sum => Op::Sum,
+        R::Prod => Op::Prod,
+        R::Max => Op::Max,
+        R::Min => Op::Min,
+        R::Avg => Op::Avg,
+        R::PreMul => Op::PreMulSum(scalar::<T>()),
+    }
+}
+
+/// Whether `got` is the reduction `r` of `xs` (one value per rank).
+fn check_one<T: TestElem>(r: R, xs: &[T], got: T) -> Result<(), String> {
+    let n = xs.len() as i128;
+    if T::INT {
+        let v: Vec<i128> = xs.iter().map(|x| x.to_i128()).collect();
+        let s = scalar::<T>().to_i128();
+        let want = match r {
+            R::Sum => T::wrap(v.iter().sum()),
+            R::Prod => T::wrap(v.iter().fold(1u128, |a, &x| a.wrapping_mul(x as u128)) as i128),
+            R::Max => T::wrap(*v.iter().max().unwrap()),
+            R::Min => T::wrap(*v.iter().min().unwrap()),
+            R::Avg => T::wrap(T::wrap(v.iter().sum()).to_i128() / n),
+            R::PreMul => T::wrap(v.iter().map(|x| x.wrapping_mul(s)).sum()),
+        };
+        return if want == got { Ok(()) } else { Err(format!("want {want:?}")) };
+    }
+    let v: Vec<f64> = xs.iter().map(|x| x.to_f64()).collect();
+    let s = scalar::<T>().to_f64();
+    let want = match r {
+        R::Sum => v.iter().sum(),
+        R::Prod => v.iter().product(),
+        R::Max => v.iter().cloned().fold(f64::MIN, f64::max),
+        R::Min => v.iter().cloned().fold(f64::MAX, f64::min),
+        R::Avg => v.iter().sum::<f64>() / n as f64,
+        R::PreMul => v.iter().map(|x| x * s).sum(),
+    };
+    let scale = v.iter().map(|x| x.abs()).fold(want.abs(), f64::max).max(1.0);
+    let tol = T::EPS * scale * 2.0 + 1e-30;
+    if (got.to_f64() - want).abs() <= tol {
+        Ok(())
+    } else {
+        Err(format!("want {want} (tolerance {tol})"))
+    }
+}
+
+/// A poisoned output of `len` elements with guards.
+fn output<T: TestElem>(c: &Ctx, len: usize) -> DeviceBuffer<T> {
+    let mut b = c.comm.device().alloc::<T>(len + 2 * GUARD).unwrap();
+    c.stream.memset(&mut b, POISON).unwrap();
+    b
+}
+
+/// The output's elements, after checking its guards kept their poison.
+fn read_out<T: TestElem>(stream: &Stream, b: &DeviceBuffer<T>, what: &str) -> Vec<T> {
+    let all = stream.read_vec(b).unwrap();
+    let len = all.len() - 2 * GUARD;
+    let bytes: &[u8] = bytemuck::cast_slice(&all);
+    let size = std::mem::size_of::<T>();
+    let guard_ok = bytes[..GUARD * size].iter().chain(&bytes[(GUARD + len) * size..]).all(|&x| x == POISON);
+    assert!(guard_ok, "{what}: bytes around the output were written");
+    all[GUARD..GUARD + len].to_vec()
+}
+
+struct Ctx<'c> {
+    comm: &'c Communicator,
+    coll: Collectives<'c>,
+    stream: &'c Stream,
+    n: usize,
+    me: usize,
+    case: u64,
+}
+
+impl Ctx<'_> {
+    fn next_case(&mut self) -> u64 {
+        self.case += 1;
+        self.case
+    }
+}
+
+/// all_reduce, reduce and reduce_scatter of `T` for every reduction, with
+/// `len` elements per rank (reduce_scatter: per rank's shard).
+fn reductions<T: TestElem>(c: &mut Ctx, len: usize, algorithm: Algorithm) {
+    let (n, me) = (c.n, c.me);
+    for r in REDS {
+        let case = c.next_case();
+        let prod = r == R::Prod;
+        let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, len * n, prod)).collect();
+        let send = c.comm.device().alloc_from(&ins[me]).unwrap();
+        let what = format!("{:?} {r:?} len {len} {algorithm:?}", T::DTYPE);
+        // all_reduce of the first `len` elements.
+        let out = output::<T>(c, len);
+        let s = Operand::range(&send, 0, len).unwrap();
+        c.coll.all_reduce_with(s, Operand::range(&out, GUARD, len).unwrap(), op(r), algorithm, c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("all_reduce {what}: {e}"));
+        let got = read_out(c.stream, &out, &what);
+        for (i, g) in got.iter().enumerate() {
+            let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
+            check_one(r, &xs, *g).unwrap_or_else(|e| panic!("all_reduce {what} element {i}: got {g:?}, {e}"));
+        }
+        // reduce to the last rank.
+        let root = n - 1;
+        let out = output::<T>(c, len);
+        let recv = if me == root { Operand::range(&out, GUARD, len).unwrap() } else { Operand::null() };
+        c.coll.reduce(Operand::range(&send, 0, len).unwrap(), recv, op(r), root, c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("reduce {what}: {e}"));
+        let got = read_out(c.stream, &out, &what);
+        if me == root {
+            for (i, g) in got.iter().enumerate() {
+                let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
+                check_one(r, &xs, *g).unwrap_or_else(|e| panic!("reduce {what} element {i}: got {g:?}, {e}"));
+            }
+        } else {
+            let poison = bytemuck::cast_slice::<T, u8>(&got).iter().all(|&b| b == POISON);
+            assert!(poison, "reduce {what}: a non-root's output was written");
+        }
+        // reduce_scatter: shard `me` of `n * len`.
+        let out = output::<T>(c, len);
+        c.coll.reduce_scatter(&send, Operand::range(&out, GUARD, len).unwrap(), op(r), c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("reduce_scatter {what}: {e}"));
+        let got = read_out(c.stream, &out, &what);
+        for (i, g) in got.iter().enumerate() {
+            let xs: Vec<T> = ins.iter().map(|v| v[me * len + i]).collect();
+            check_one(r, &xs, *g).unwrap_or_else(|e| panic!("reduce_scatter {what} element {i}: got {g:?}, {e}"));
+        }
+    }
+}
+
+/// all_reduce (sum) of `len` elements in place and out of place, from a
+/// window (zero copy) and from a buffer, with `algorithm`.
+fn all_reduce_places<T: TestElem>(c: &mut Ctx, len: usize, algorithm: Algorithm) {
+    let (n, me) = (c.n, c.me);
+    let size = std::mem::size_of::<T>();
+    let case = c.next_case();
+    let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, len, false)).collect();
+    let what = format!("{:?} len {len} {algorithm:?}", T::DTYPE);
+    let check = |got: &[T], how: &str| {
+        for (i, g) in got.iter().enumerate() {
+            let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
+            check_one(R::Sum, &xs, *g)
+                .unwrap_or_else(|e| panic!("all_reduce {how} {what} element {i}: got {g:?}, {e}"));
+        }
+    };
+    // In place in a buffer.
+    let buf = c.comm.device().alloc_from(&ins[me]).unwrap();
+    c.coll.all_reduce_with(&buf, &buf, Op::Sum, algorithm, c.stream).unwrap();
+    c.coll.synchronize(c.stream).unwrap();
+    check(&c.stream.read_vec(&buf).unwrap(), "in place (buffer)");
+    // From a window at an odd element offset, out of place and in place.
+    let off = 3 * size;
+    let mem = c.comm.mem_alloc((off + len * size).max(1)).unwrap();
+    let window = c.comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    if len > 0 {
+        window.write(c.stream, off, &ins[me]).unwrap();
+    }
+    let out = output::<T>(c, len);
+    let src = Operand::window(&window, off, len).unwrap();
+    c.coll.all_reduce_with(src, Operand::range(&out, GUARD, len).unwrap(), Op::Sum, algorithm, c.stream).unwrap();
+    c.coll.synchronize(c.stream).unwrap();
+    check(&read_out(c.stream, &out, &what), "window → buffer");
+    c.coll.all_reduce_with(src, src, Op::Sum, algorithm, c.stream).unwrap();
+    c.coll.synchronize(c.stream).unwrap();
+    let mut got = vec![T::zeroed(); len];
+    window.read(c.stream, off, &mut got).unwrap();
+    check(&got, "in place (window)");
+    c.stream.synchronize().unwrap();
+    window.deregister().unwrap();
+}
+
+/// all_gather, broadcast, gather, scatter and all_to_all of `len` elements
+/// per rank (per pair for all_to_all), from buffers and windows.
+fn movements<T: TestElem>(c: &mut Ctx, len: usize) {
+    let (n, me) = (c.n, c.me);
+    let size = std::mem::size_of::<T>();
+    let case = c.next_case();
+    let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, len * n, false)).collect();
+    let what = format!("{:?} len {len}", T::DTYPE);
+    let send = c.comm.device().alloc_from(&ins[me]).unwrap();
+    let mem = c.comm.mem_alloc((len * n * size).max(1)).unwrap();
+    let window = c.comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    if len > 0 {
+        window.write(c.stream, 0, &ins[me]).unwrap();
+    }
+    c.stream.synchronize().unwrap();
+    for from_window in [false, true] {
+        let src = |count: usize| {
+            if from_window {
+                Operand::window(&window, 0, count).unwrap()
+            } else {
+                Operand::range(&send, 0, count).unwrap()
+            }
+        };
+        let how = if from_window { "window" } else { "buffer" };
+        // all_gather
+        let out = output::<T>(c, n * len);
+        c.coll.all_gather(src(len), Operand::range(&out, GUARD, n * len).unwrap(), c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap();
+        let got = read_out(c.stream, &out, &what);
+        let want: Vec<T> = (0..n).flat_map(|q| ins[q][..len].to_vec()).collect();
+        assert_eq!(got, want, "all_gather {what} ({how})");
+        // broadcast from each root
+        for root in 0..n {
+            let out = output::<T>(c, len);
+            let s = if me == root { src(len) } else { Operand::null() };
+            c.coll.broadcast(s, Operand::range(&out, GUARD, len).unwrap(), root, c.stream).unwrap();
+            c.coll.synchronize(c.stream).unwrap();
+            assert_eq!(
+                read_out(c.stream, &out, &what),
+                ins[root][..len].to_vec(),
+                "broadcast {what} root {root} ({how})"
+            );
+        }
+        // gather to the last rank, scatter from rank 0
+        let out = output::<T>(c, n * len);
+        let recv = if me == n - 1 { Operand::range(&out, GUARD, n * len).unwrap() } else { Operand::null() };
+        c.coll.gather(src(len), recv, n - 1, c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap();
+        let got = read_out(c.stream, &out, &what);
+        if me == n - 1 {
+            assert_eq!(got, want, "gather {what} ({how})");
+        }
+        let out = output::<T>(c, len);
+        let s = if me == 0 { src(n * len) } else { Operand::null() };
+        c.coll.scatter(s, Operand::range(&out, GUARD, len).unwrap(), 0, c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap();
+        assert_eq!(
+            read_out(c.stream, &out, &what),
+            ins[0][me * len..(me + 1) * len].to_vec(),
+            "scatter {what} ({how})"
+        );
+        // all_to_all
+        let out = output::<T>(c, n * len);
+        c.coll.all_to_all(src(n * len), Operand::range(&out, GUARD, n * len).unwrap(), c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap();
+        let want: Vec<T> = (0..n).flat_map(|q| ins[q][me * len..(me + 1) * len].to_vec()).collect();
+        assert_eq!(read_out(c.stream, &out, &what), want, "all_to_all {what} ({how})");
+    }
+    // In-place broadcast (the root's send is its recv) and all_gather
+    // (send is the rank's own block of recv).
+    let buf = c.comm.device().alloc_from(&ins[me][..len]).unwrap();
+    c.coll.broadcast(&buf, &buf, 0, c.stream).unwrap();
+    c.coll.synchronize(c.stream).unwrap();
+    assert_eq!(c.stream.read_vec(&buf).unwrap(), ins[0][..len].to_vec(), "broadcast in place {what}");
+    let mut all = vec![T::zeroed(); n * len];
+    all[me * len..(me + 1) * len].copy_from_slice(&ins[me][..len]);
+    let buf = c.comm.device().alloc_from(&all).unwrap();
+    c.coll.all_gather(Operand::range(&buf, me * len, len).unwrap(), &buf, c.stream).unwrap();
+    c.coll.synchronize(c.stream).unwrap();
+    let want: Vec<T> = (0..n).flat_map(|q| ins[q][..len].to_vec()).collect();
+    assert_eq!(c.stream.read_vec(&buf).unwrap(), want, "all_gather in place {what}");
+    window.deregister().unwrap();
+}
+
+/// Bad input returns typed errors (on this rank alone: nothing is launched).
+fn bad_input(c: &mut Ctx) {
+    let n = c.n;
+    let a = c.comm.device().alloc::<f32>(10).unwrap();
+    let b = c.comm.device().alloc::<f32>(11).unwrap();
+    let inv = |r: devcomm::Result<()>, what: &str| match r {
+        Err(Error::InvalidArgument(m)) => assert!(!m.is_empty(), "{what}"),
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    };
+    inv(c.coll.all_reduce(&a, &b, Op::Sum, c.stream), "all_reduce lengths differ");
+    inv(c.coll.reduce(&a, &a, Op::Sum, n, c.stream), "reduce root out of range");
+    inv(c.coll.broadcast(&a, &a, n + 3, c.stream), "broadcast root out of range");
+    inv(c.coll.all_reduce(Operand::null(), &a, Op::Sum, c.stream), "null send");
+    inv(Operand::range(&a, 5, 6).map(|_| ()), "range past the end");
+    inv(Operand::range(&a, usize::MAX, 2).map(|_| ()), "range overflows");
+    let big = c.comm.device().alloc::<f32>(10_000).unwrap();
+    inv(c.coll.all_reduce_with(&big, &big, Op::Sum, Algorithm::Ll, c.stream), "LL too large");
+    if n > 1 {
+        inv(c.coll.all_gather(&a, &a, c.stream), "all_gather recv not ranks × send");
+    }
+    let mem = c.comm.mem_alloc(64).unwrap();
+    let plain = c.comm.register_window(&mem, WindowFlags::DEFAULT).unwrap();
+    inv(Operand::<f32>::window(&plain, 0, 4).map(|_| ()), "window without COLL_SYMMETRIC");
+    plain.deregister().unwrap();
+    let mem = c.comm.mem_alloc(64).unwrap();
+    let w = c.comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    inv(Operand::<f32>::window(&w, 0, 17).map(|_| ()), "window range past the end");
+    inv(Operand::<f32>::window(&w, 2, 4).map(|_| ()), "window offset misaligned");
+    w.deregister().unwrap();
+    if n > 1 {
+        let odd = c.comm.device().alloc::<f32>(n * 3 + 1).unwrap();
+        let out = c.comm.device().alloc::<f32>(n * 3 + 1).unwrap();
+        inv(c.coll.all_to_all(&odd, &out, c.stream), "all_to_all count not a multiple of ranks");
+    }
+    inv(c.coll.all_to_all(&a, &a, c.stream), "all_to_all in place");
+}
+
+macro_rules! every_type {
+    ($f:ident, $($arg:expr),*) => {
+        $f::<i8>($($arg),*);
+        $f::<u8>($($arg),*);
+        $f::<i32>($($arg),*);
+        $f::<u32>($($arg),*);
+        $f::<i64>($($arg),*);
+        $f::<u64>($($arg),*);
+        $f::<f16>($($arg),*);
+        $f::<f32>($($arg),*);
+        $f::<f64>($($arg),*);
+        $f::<bf16>($($arg),*);
+        $f::<Fp8E4M3>($($arg),*);
+        $f::<Fp8E5M2>($($arg),*);
+    };
+}
+
+/// A scratch small enough that small messages take every path: LL up to
+/// 256 bytes, chunks of 1 KiB, a CTA per 512 bytes (up to 4).
+fn tiny() -> CollConfig {
+    CollConfig { max_ctas: 4, bytes_per_cta: 512, ll_bytes: 256, stage_bytes: 1024, ..CollConfig::default() }
+}
+
+fn child_body(comm: &Communicator) {
+    let stream = comm.device().new_stream().unwrap();
+    let coll = comm.collectives_with(&tiny()).unwrap();
+    let mut c = Ctx { comm, coll, stream: &stream, n: comm.count(), me: comm.rank(), case: 0 };
+    // Every type and reduction, at an odd size (LL for the narrow types).
+    every_type!(reductions, &mut c, 37, Algorithm::Auto);
+    // More than one chunk and several CTAs, one-shot and two-shot: every
+    // reduction for a type of each width.
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+        reductions::<i8>(&mut c, 700, algorithm);
+        reductions::<bf16>(&mut c, 700, algorithm);
+        reductions::<f32>(&mut c, 300, algorithm);
+        reductions::<u64>(&mut c, 300, algorithm);
+    }
+    // Sizes and places for every algorithm.
+    for len in [0, 1, 7, 33, 1000] {
+        for algorithm in [Algorithm::Ll, Algorithm::OneShot, Algorithm::TwoShot] {
+            if algorithm == Algorithm::Ll && len * 8 > 256 {
+                continue; // bad_input covers LL past its slots
+            }
+            all_reduce_places::<f32>(&mut c, len, algorithm);
+            all_reduce_places::<bf16>(&mut c, len, algorithm);
+            all_reduce_places::<u64>(&mut c, len, algorithm);
+            all_reduce_places::<i8>(&mut c, len, algorithm);
+        }
+    }
+    // Data movement: every type at odd sizes, and past several chunks.
+    for len in [0, 1, 33] {
+        every_type!(movements, &mut c, len);
+    }
+    movements::<u8>(&mut c, 1500);
+    movements::<f64>(&mut c, 300);
+    bad_input(&mut c);
+    stream.synchronize().unwrap();
+    assert!(c.coll.error().is_none());
+    drop(c);
+    comm.finalize().unwrap();
+}
+
+#[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
+fn child_coll() {
+    if !is_child("child_coll") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    child_body(&comm);
+}
+
+/// Device waits get 60 s: 8 emulated ranks on a 2-core machine are slow.
+fn slow() -> [(&'static str, String); 1] {
+    [("DEVCOMM_OP_TIMEOUT_MS", "60000".to_string())]
+}
+
+#[test]
+fn coll_1_rank() {
+    common::run_on_runtime("child_coll", 1, &slow());
+}
+
+#[test]
+fn coll_2_ranks() {
+    common::run_on_runtime("child_coll", 2, &slow());
+}
+
+#[test]
+fn coll_3_ranks() {
+    common::run_on_runtime("child_coll", 3, &slow());
+}
+
+#[test]
+fn coll_4_ranks() {
+    common::run_on_runtime("child_coll", 4, &slow());
+}
+
+#[test]
+fn coll_8_ranks() {
+    common::run_on_runtime("child_coll", 8, &slow());
+}
+
+/// Checking mode: ranks that disagree on a count get `InvalidArgument`
+/// naming the field, on every rank, and nothing runs.
+#[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
+fn child_coll_mismatch() {
+    if !is_child("child_coll_mismatch") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    let coll = comm.collectives_with(&CollConfig { check_arguments: true, ..tiny() }).unwrap();
+    let stream = comm.device().stream();
+    let len = 8 + comm.rank();
+    let x = comm.device().alloc_from(&vec![1.0f32; len]).unwrap();
+    match coll.all_reduce(&x, &x, Op::Sum, stream) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("count"), "{m}"),
+        other => panic!("mismatched counts: expected InvalidArgument, got {other:?}"),
+    }
+    // Matching calls still run afterwards.
+    let y = comm.device().alloc_from(&[2.0f32; 4]).unwrap();
+    coll.all_reduce(&y, &y, Op::Sum, stream).unwrap();
+    coll.synchronize(stream).unwrap();
+    assert_eq!(stream.read_vec(&y).unwrap(), vec![2.0 * comm.count() as f32; 4]);
+    drop(coll);
+    comm.finalize().unwrap();
+}
+
+#[test]
+fn coll_mismatched_counts_are_refused_in_checking_mode() {
+    common::run_on_runtime("child_coll_mismatch", 3, &[]);
+}
+
+/// Several LSA teams are refused, saying what to do.
+#[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
+fn child_coll_two_teams() {
+    if !is_child("child_coll_two_teams") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    match comm.collectives() {
+        Err(Error::InvalidUsage(m)) => assert!(m.contains("LSA"), "{m}"),
+        other => panic!("expected InvalidUsage, got {other:?}"),
+    }
+    comm.finalize().unwrap();
+}
+
+#[test]
+fn coll_over_two_lsa_teams_is_refused() {
+    common::run_on_runtime("child_coll_two_teams", 4, &[("DEVCOMM_LSA_SIZE", "2".to_string())]);
+}
