@@ -11,7 +11,7 @@
 use devcomm::comm::Communicator;
 use devcomm::runtime::{Event, LaunchConfig, RuntimeKind};
 use devcomm::{Error, Result};
-use devcomm_kernels::selftest::block_sum_u64;
+use devcomm_kernels::util::block_sum_u64;
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 

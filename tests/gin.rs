@@ -15,7 +15,8 @@ use devcomm::gin::{GinConnectionType, GinType};
 use devcomm::runtime::{LaunchConfig, Stream};
 use devcomm::{DevCommRequirements, Error, WindowFlags};
 use devcomm_device::comm::{DevComm, WindowDesc};
-use devcomm_kernels::gin::*;
+use devcomm_test_kernels::gin::*;
+use devcomm_tests::test_kernels;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
@@ -86,6 +87,9 @@ fn child_body(comm: &Communicator) {
     let (n, me) = (comm.count(), comm.rank());
     let dev = comm.device().clone();
     let stream = dev.new_stream().unwrap();
+    // The test kernels' module, loaded whole before any GIN kernel runs (as
+    // `create_dev_comm` loads the library's: issue 13).
+    let kernels = test_kernels(&dev);
     assert_eq!(comm.lsa_size().unwrap(), 1, "each rank is its own node here");
     assert_eq!(comm.gin_type().unwrap(), GinType::Proxy);
     let (src_off, stress_off, total) = layout(n as u64);
@@ -107,7 +111,8 @@ fn child_body(comm: &Communicator) {
         // signals and a counter (`gin_requirements`); `dc`, `win` and `err` (2 words) stay alive
         // until `errors_of` has synchronised the stream.
         stream
-            .launch::<gin_put_all>(
+            .launch_in::<gin_put_all>(
+                &kernels,
                 LaunchConfig::new(1, 64),
                 (dc, win, src_off, SLOT, BYTES, 0u32, 0u32, n as u64, n as u64, err),
             )
@@ -139,7 +144,8 @@ fn child_body(comm: &Communicator) {
             // SAFETY: as for `put_all`: the kernel's window layout and GIN resources are set up
             // above; `dc`, `win` and `err` outlive the launch (`errors_of` synchronises).
             stream
-                .launch::<gin_put_all>(
+                .launch_in::<gin_put_all>(
+                    &kernels,
                     LaunchConfig::new(1, 32),
                     (dc, win, src_off + shift, SMALL_SLOT, bytes, 0u32, released, target, target, err),
                 )
@@ -164,7 +170,11 @@ fn child_body(comm: &Communicator) {
         // SAFETY: as for `put_all`: `n` slots in the window, GIN with 4 signals
         // (the kernel needs two); `dc`, `win` and `err` outlive the launch.
         stream
-            .launch::<gin_put_values>(LaunchConfig::new(1, 32), (dc, win, SLOT, 5u32, 9_000_000u64, 5 * n as u64, err))
+            .launch_in::<gin_put_values>(
+                &kernels,
+                LaunchConfig::new(1, 32),
+                (dc, win, SLOT, 5u32, 9_000_000u64, 5 * n as u64, err),
+            )
             .unwrap()
     });
     assert_eq!(e, 0, "put_values error code (proxy: {:?})", handle.gin_error());
@@ -181,7 +191,7 @@ fn child_body(comm: &Communicator) {
         // SAFETY: GIN with 4 signals on every rank (the kernel uses signal 1;
         // `gin_requirements`); `dc` and `err` outlive the launch (`errors_of`
         // synchronises).
-        stream.launch::<gin_signal_team>(LaunchConfig::new(1, 32), (dc, 0u32, target, err)).unwrap()
+        stream.launch_in::<gin_signal_team>(&kernels, LaunchConfig::new(1, 32), (dc, 0u32, target, err)).unwrap()
     });
     assert_eq!(e, 0);
     comm.bootstrap_barrier().unwrap();
@@ -191,7 +201,9 @@ fn child_body(comm: &Communicator) {
         let e = launch_errors(&stream, &dev, "gin barrier", |err| unsafe {
             // SAFETY: GIN with one rail and one world barrier (`gin_requirements`); `dc` and `err`
             // outlive the launch.
-            stream.launch::<gin_barrier_rounds>(LaunchConfig::new(1, 64), (dc, team, 0u32, 20u32, err)).unwrap()
+            stream
+                .launch_in::<gin_barrier_rounds>(&kernels, LaunchConfig::new(1, 64), (dc, team, 0u32, 20u32, err))
+                .unwrap()
         });
         assert_eq!(e, 0, "barrier over team {team} (proxy: {:?})", handle.gin_error());
     }
@@ -204,7 +216,8 @@ fn child_body(comm: &Communicator) {
         // SAFETY: the stress area follows the slots in the window (`layout`); `dc`, `win` and `err`
         // outlive the launch (`errors_of` synchronises).
         stream
-            .launch::<gin_stress>(
+            .launch_in::<gin_stress>(
+                &kernels,
                 LaunchConfig::new(STRESS_BLOCKS, 32),
                 (dc, win, stress_off, STRESS_PER_BLOCK, posted, err),
             )
@@ -232,7 +245,11 @@ fn child_body(comm: &Communicator) {
         let e = launch_errors(&stream, &dev, "shadow round", |err| unsafe {
             // SAFETY: GIN with 4 signals (`gin_requirements`); `out` holds 2 * 64 + 1 words; one block.
             stream
-                .launch::<gin_shadow_round>(LaunchConfig::new(1, threads), (dc, K as u32, out.as_mut_ptr(), err))
+                .launch_in::<gin_shadow_round>(
+                    &kernels,
+                    LaunchConfig::new(1, threads),
+                    (dc, K as u32, out.as_mut_ptr(), err),
+                )
                 .unwrap()
         });
         assert_eq!(e, 0, "shadow round {round} (proxy: {:?})", handle.gin_error());
@@ -250,7 +267,11 @@ fn child_body(comm: &Communicator) {
     // launch (read back after it); `dc` and `win` are this communicator's, alive.
     unsafe {
         stream
-            .launch::<gin_bad_calls>(LaunchConfig::new(1, 32), (dc, win, ((me + 1) % n) as u32, codes.as_mut_ptr()))
+            .launch_in::<gin_bad_calls>(
+                &kernels,
+                LaunchConfig::new(1, 32),
+                (dc, win, ((me + 1) % n) as u32, codes.as_mut_ptr()),
+            )
             .unwrap()
     };
     use devcomm_device::error::DeviceError as D;
@@ -329,6 +350,9 @@ fn child_gin_rail() {
     assert_eq!(comm.lsa_size().unwrap(), 2);
     let dev = comm.device().clone();
     let stream = dev.new_stream().unwrap();
+    // The test kernels' module, loaded whole before any GIN kernel runs (as
+    // `create_dev_comm` loads the library's: issue 13).
+    let kernels = test_kernels(&dev);
     let mem = comm.mem_alloc(1 << 16).unwrap();
     let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
     let mut req = gin_requirements(GinConnectionType::Rail, 0);
@@ -340,7 +364,11 @@ fn child_gin_rail() {
     let codes = dev.alloc_from(&[u32::MAX; 6]).unwrap();
     // SAFETY: `codes` holds the 6 `u32`s the kernel writes and outlives the
     // launch (read back after it); `dc` and `win` are this communicator's, alive.
-    unsafe { stream.launch::<gin_bad_calls>(LaunchConfig::new(1, 32), (dc, win, probe, codes.as_mut_ptr())).unwrap() };
+    unsafe {
+        stream
+            .launch_in::<gin_bad_calls>(&kernels, LaunchConfig::new(1, 32), (dc, win, probe, codes.as_mut_ptr()))
+            .unwrap()
+    };
     assert_eq!(stream.read_vec(&codes).unwrap()[5], 35, "a put outside the rail is refused");
     comm.bootstrap_barrier().unwrap();
     // Rail signals: the rail of rank r is {r % 2, r % 2 + 2}.
@@ -348,12 +376,14 @@ fn child_gin_rail() {
     let e = launch_errors(&stream, &dev, "rail signals", |err| unsafe {
         // SAFETY: a rail GIN connection with 4 signals (the kernel uses signal
         // 1; `gin_requirements`); `dc` and `err` outlive the launch.
-        stream.launch::<gin_signal_team>(LaunchConfig::new(1, 32), (dc, 1u32, target, err)).unwrap()
+        stream.launch_in::<gin_signal_team>(&kernels, LaunchConfig::new(1, 32), (dc, 1u32, target, err)).unwrap()
     });
     assert_eq!(e, 0);
     let e = launch_errors(&stream, &dev, "rail barrier", |err| unsafe {
         // SAFETY: a rail GIN barrier (`gin_requirements`); `dc` and `err` outlive the launch.
-        stream.launch::<gin_barrier_rounds>(LaunchConfig::new(1, 32), (dc, 1u32, 0u32, 10u32, err)).unwrap()
+        stream
+            .launch_in::<gin_barrier_rounds>(&kernels, LaunchConfig::new(1, 32), (dc, 1u32, 0u32, 10u32, err))
+            .unwrap()
     });
     assert_eq!(e, 0);
     comm.bootstrap_barrier().unwrap();
@@ -411,6 +441,9 @@ fn child_gin_unusable_window() {
     let comm = Communicator::init_from_env().unwrap();
     let dev = comm.device().clone();
     let stream = dev.new_stream().unwrap();
+    // The test kernels' module, loaded whole before any GIN kernel runs (as
+    // `create_dev_comm` loads the library's: issue 13).
+    let kernels = test_kernels(&dev);
     let (mem, other) = (comm.mem_alloc(1 << 16).unwrap(), comm.mem_alloc(1 << 16).unwrap());
     let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
     let unused = comm.register_window(&other, WindowFlags::COLL_SYMMETRIC).unwrap();
@@ -424,7 +457,8 @@ fn child_gin_unusable_window() {
         // SAFETY: `unused` holds 64 bytes; GIN with signals; `codes` holds 2 words; one thread.
         unsafe {
             stream
-                .launch::<gin_unusable_window>(
+                .launch_in::<gin_unusable_window>(
+                    &kernels,
                     LaunchConfig::new(1, 1),
                     (handle.dev_comm(), unused.desc(), codes.as_mut_ptr()),
                 )
@@ -459,6 +493,9 @@ fn child_gin_peer_dies() {
     let comm = Communicator::init_from_env().unwrap();
     let dev = comm.device().clone();
     let stream = dev.new_stream().unwrap();
+    // The test kernels' module, loaded whole before any GIN kernel runs (as
+    // `create_dev_comm` loads the library's: issue 13).
+    let kernels = test_kernels(&dev);
     let mem = comm.mem_alloc(1 << 20).unwrap();
     let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
     let mut req = gin_requirements(GinConnectionType::Full, 4);
@@ -475,7 +512,8 @@ fn child_gin_peer_dies() {
         // SAFETY: two ranks, the 1 MiB window holds `bytes` (4096) at offsets 0 and 4096, signal 3
         // starts at 0; `out` and `err` outlive the launch (`errors_of` synchronises).
         stream
-            .launch::<gin_pingpong>(
+            .launch_in::<gin_pingpong>(
+                &kernels,
                 LaunchConfig::new(1, 32),
                 (handle.dev_comm(), window.desc(), 4096u64, 1_000_000u32, out.as_mut_ptr(), err),
             )
@@ -522,12 +560,15 @@ fn dispatch_layout(n: u64) -> (u64, u64, u64, u64, u64) {
 }
 
 fn child_dispatch_body(comm: &Communicator) {
-    use devcomm_kernels::gin::{dispatch_flags as f, dispatch_word};
+    use devcomm_test_kernels::gin::{dispatch_flags as f, dispatch_word};
     let (n, me) = (comm.count() as u64, comm.rank() as u64);
     let flags: u32 = std::env::var("DISPATCH_FLAGS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let rounds: u64 = std::env::var("DISPATCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     let dev = comm.device().clone();
     let stream = dev.new_stream().unwrap();
+    // The test kernels' module, loaded whole before any GIN kernel runs (as
+    // `create_dev_comm` loads the library's: issue 13).
+    let kernels = test_kernels(&dev);
     let (slot, tok_off, stage_off, cnt_off, total) = dispatch_layout(n);
     let mem = comm.mem_alloc(total as usize).unwrap();
     let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
@@ -556,7 +597,8 @@ fn child_dispatch_body(comm: &Communicator) {
             // SAFETY: n slots of `slot` bytes from 0, the source at stage_off.
             unsafe {
                 stream
-                    .launch::<gin_put_all>(
+                    .launch_in::<gin_put_all>(
+                        &kernels,
                         LaunchConfig::new(1, 64),
                         (dc, win, stage_off, slot, DISPATCH_ROWS * 8, 0u32, 0u32, target, target, errors.as_mut_ptr()),
                     )
@@ -594,13 +636,18 @@ fn child_dispatch_body(comm: &Communicator) {
         // SAFETY: the window holds the areas `dispatch_layout` names; errors has 10 words.
         unsafe {
             stream
-                .launch::<gin_dispatch>(
+                .launch_in::<gin_dispatch>(
+                    &kernels,
                     LaunchConfig::new(if one_block { 1 } else { n as u32 }, threads),
                     (dc, win, slot, tok_off, stage_off, cnt_off, DISPATCH_ROWS, flags, errors.as_mut_ptr()),
                 )
                 .unwrap();
             stream
-                .launch::<gin_dispatch_wait>(LaunchConfig::new(1, 32), (dc, senders * (round + 1), errors.as_mut_ptr()))
+                .launch_in::<gin_dispatch_wait>(
+                    &kernels,
+                    LaunchConfig::new(1, 32),
+                    (dc, senders * (round + 1), errors.as_mut_ptr()),
+                )
                 .unwrap();
         }
         let all = stream.read_vec(&errors).unwrap();

@@ -11,10 +11,11 @@ mod common;
 
 use common::{child_job, is_child, run, runtime};
 use devcomm::comm::Communicator;
-use devcomm::runtime::{LaunchConfig, Stream};
+use devcomm::runtime::{LaunchConfig, Module, Stream};
 use devcomm::{DevCommRequirements, Window, WindowFlags};
 use devcomm_device::comm::{DevComm, WindowDesc};
-use devcomm_kernels::lsa::*;
+use devcomm_test_kernels::lsa::*;
+use devcomm_tests::test_kernels;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,8 @@ struct Setup<'c> {
     win: WindowDesc,
     dc: DevComm,
     red_off: u64,
+    /// The test kernels' module on this rank's device.
+    kernels: Module,
 }
 
 fn poison_slots(s: &Setup) {
@@ -63,7 +66,8 @@ fn put_all(s: &Setup) {
                                          // SAFETY: window holds lsa_size slots of SLOT >= BYTES bytes; src has BYTES.
     unsafe {
         s.stream
-            .launch::<lsa_put_all>(
+            .launch_in::<lsa_put_all>(
+                &s.kernels,
                 LaunchConfig::new(1, 256),
                 (s.dc, s.win, src.as_ptr(), BYTES, SLOT, errors.as_mut_ptr()),
             )
@@ -89,7 +93,11 @@ fn put_values(s: &Setup) {
     // SAFETY: one block of 256 >= lsa_size * 5 threads; slots hold 5 u64s.
     unsafe {
         s.stream
-            .launch::<lsa_put_values>(LaunchConfig::new(1, 256), (s.dc, s.win, values, SLOT, base, errors.as_mut_ptr()))
+            .launch_in::<lsa_put_values>(
+                &s.kernels,
+                LaunchConfig::new(1, 256),
+                (s.dc, s.win, values, SLOT, base, errors.as_mut_ptr()),
+            )
             .unwrap();
     }
     assert_eq!(check_errors(&s.stream, &errors, "put_values"), 0);
@@ -121,7 +129,8 @@ macro_rules! reduce_case {
             // SAFETY: every peer's window holds RED_COUNT elements at red_off.
             unsafe {
                 s.stream
-                    .launch::<$kernel>(
+                    .launch_in::<$kernel>(
+                        &s.kernels,
                         LaunchConfig::new(3, 64),
                         (s.win, s.red_off, RED_COUNT as u64, dst.as_mut_ptr(), op),
                     )
@@ -198,7 +207,8 @@ fn barrier_rounds_counted(s: &Setup, index: u32, rounds: u32, order: u32, timeou
     // SAFETY: the device communicator is live.
     unsafe {
         s.stream
-            .launch::<lsa_barrier_rounds>(
+            .launch_in::<lsa_barrier_rounds>(
+                &s.kernels,
                 LaunchConfig::new(1, 64),
                 (s.dc, index, rounds, order, timeout_ns, errors.as_mut_ptr()),
             )
@@ -245,7 +255,8 @@ fn launch_wait_signal(
     // SAFETY: sig_off is inside the window; the buffers outlive the reads that follow.
     unsafe {
         s.stream
-            .launch::<lsa_wait_signal>(
+            .launch_in::<lsa_wait_signal>(
+                &s.kernels,
                 LaunchConfig::new(1, 1),
                 (s.dc, s.win, sig_off, least, timeout_ns, seen.as_mut_ptr(), errors.as_mut_ptr()),
             )
@@ -269,7 +280,11 @@ fn signals(s: &Setup) {
     s.comm.bootstrap_barrier().unwrap();
     if s.win.lsa_rank() != 0 {
         // SAFETY: sig_off is inside the window; peer 0 exists.
-        unsafe { s.stream.launch::<lsa_signal>(LaunchConfig::new(1, 32), (s.win, 0u32, sig_off, 1u64)).unwrap() };
+        unsafe {
+            s.stream
+                .launch_in::<lsa_signal>(&s.kernels, LaunchConfig::new(1, 32), (s.win, 0u32, sig_off, 1u64))
+                .unwrap()
+        };
         s.stream.synchronize().unwrap();
     } else {
         let (err, seen) = wait_signal(s, sig_off, lsa - 1, 10_000_000_000);
@@ -303,7 +318,8 @@ fn ll_ring(s: &Setup) {
             // SAFETY: the regions are inside the window (see child_body's layout).
             unsafe {
                 s.stream
-                    .launch::<lsa_ll_ring>(
+                    .launch_in::<lsa_ll_ring>(
+                        &s.kernels,
                         LaunchConfig::new(1, 32),
                         (s.dc, s.win, src_off, dst_off, slot_off, bytes as u64, flag, errors.as_mut_ptr()),
                     )
@@ -329,7 +345,8 @@ fn child_body(comm: &Communicator) {
     req.lsa_barrier_count = 2;
     req.use_window(&window);
     let handle = comm.create_dev_comm(&req).unwrap();
-    let s = Setup { comm, stream, win: window.desc(), dc: handle.dev_comm(), window, red_off };
+    let kernels = test_kernels(comm.device());
+    let s = Setup { comm, stream, win: window.desc(), dc: handle.dev_comm(), window, red_off, kernels };
     assert_eq!(s.win.lsa_size() as u64, lsa);
     put_all(&s);
     put_values(&s);
@@ -410,7 +427,8 @@ fn child_peer_dies() {
     // SAFETY: offset 0 is inside the window; no timeout: only the abort flag ends it.
     unsafe {
         stream
-            .launch::<lsa_wait_signal>(
+            .launch_in::<lsa_wait_signal>(
+                &test_kernels(dev),
                 LaunchConfig::new(1, 1),
                 (handle.dev_comm(), window.desc(), 0u64, 1u64, 0u64, seen.as_mut_ptr(), errors.as_mut_ptr()),
             )

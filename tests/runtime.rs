@@ -4,8 +4,9 @@
 
 use devcomm::runtime::LaunchConfig;
 use devcomm::Error;
-use devcomm_kernels::selftest::{axpy_f32, block_sum_u64, coop_sync_max, geometry, trap_at};
-use devcomm_tests::test_device;
+use devcomm_kernels::util::{axpy_f32, block_sum_u64};
+use devcomm_test_kernels::selftest::{coop_sync_max, geometry, trap_at};
+use devcomm_tests::{test_device, test_kernels};
 
 mod common;
 use rand::{Rng, SeedableRng};
@@ -74,7 +75,7 @@ fn multi_dimensional_launch_geometry() {
     let mut out = dev.alloc::<u32>(total * 6).unwrap();
     s.memset(&mut out, 0xFF).unwrap();
     // SAFETY: 6 words per thread.
-    unsafe { s.launch::<geometry>(cfg, (out.as_mut_ptr(),)) }.unwrap();
+    unsafe { s.launch_in::<geometry>(&test_kernels(&dev), cfg, (out.as_mut_ptr(),)) }.unwrap();
     let got = s.read_vec(&out).unwrap();
     let mut slot = 0;
     for bz in 0..grid.2 {
@@ -106,7 +107,7 @@ fn bad_launch_configs_are_invalid_arguments() {
         LaunchConfig::new(1, 32).with_shared_mem(LaunchConfig::MAX_SHARED_MEM_BYTES + 1),
     ] {
         // SAFETY: rejected before launch.
-        let r = unsafe { s.launch::<trap_at>(cfg, (out.as_mut_ptr(), u32::MAX)) };
+        let r = unsafe { s.launch_in::<trap_at>(&test_kernels(&dev), cfg, (out.as_mut_ptr(), u32::MAX)) };
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{cfg:?}: {r:?}");
     }
     s.synchronize().unwrap();
@@ -141,7 +142,7 @@ fn child_trap() {
     let s = dev.new_stream().unwrap();
     let out = dev.alloc::<u32>(64).unwrap();
     // SAFETY: 64 elements for 2x32 threads.
-    unsafe { s.launch::<trap_at>(LaunchConfig::new(2, 32), (out.as_mut_ptr(), 37)) }.unwrap();
+    unsafe { s.launch_in::<trap_at>(&test_kernels(&dev), LaunchConfig::new(2, 32), (out.as_mut_ptr(), 37)) }.unwrap();
     let err = s.synchronize().unwrap_err();
     let named = match (&err, dev.kind()) {
         // The emulator knows which kernel trapped.
@@ -166,7 +167,8 @@ fn scoped_atomics_count_and_publish() {
         let failures = dev.alloc_from(&[0u32]).unwrap();
         // SAFETY: four zeroed words; the grid is small enough to be co-resident.
         unsafe {
-            s.launch::<devcomm_kernels::selftest::atomics_smoke>(
+            s.launch_in::<devcomm_test_kernels::selftest::atomics_smoke>(
+                &test_kernels(&dev),
                 LaunchConfig::new(blocks, threads),
                 (counter.as_mut_ptr(), arrivals.as_mut_ptr(), published.as_mut_ptr(), failures.as_mut_ptr()),
             )
@@ -188,7 +190,8 @@ fn every_coop_has_the_right_ranks_sizes_and_barriers() {
     let sizes = dev.alloc_from(&[0u32; 5]).unwrap();
     // SAFETY: 128 threads, 2560 bytes of shared memory, 5 zeroed words each.
     unsafe {
-        s.launch::<devcomm_kernels::selftest::coop_check>(
+        s.launch_in::<devcomm_test_kernels::selftest::coop_check>(
+            &test_kernels(&dev),
             LaunchConfig::new(blocks, 128).with_shared_mem(2560),
             (failures.as_mut_ptr(), sizes.as_mut_ptr()),
         )
@@ -209,7 +212,11 @@ fn warp_match_shuffle_and_active_mask_agree_with_the_host() {
     let out = dev.alloc_from(&vec![u64::MAX; 3 * n]).unwrap();
     // SAFETY: 3 words per thread; 96 threads is a multiple of 32.
     unsafe {
-        s.launch::<devcomm_kernels::selftest::warp_intrinsics>(LaunchConfig::new(blocks, threads), (out.as_mut_ptr(),))
+        s.launch_in::<devcomm_test_kernels::selftest::warp_intrinsics>(
+            &test_kernels(&dev),
+            LaunchConfig::new(blocks, threads),
+            (out.as_mut_ptr(),),
+        )
     }
     .unwrap();
     let got = s.read_vec(&out).unwrap();
@@ -230,7 +237,7 @@ fn warp_match_shuffle_and_active_mask_agree_with_the_host() {
 
 #[test]
 fn lsa_copy_handles_every_alignment_and_tail() {
-    use devcomm_kernels::lsa::{lsa_copy, lsa_copy_bulk};
+    use devcomm_test_kernels::lsa::{lsa_copy, lsa_copy_bulk};
     let dev = test_device(0);
     let s = dev.stream();
     let mut rng = rand::rngs::StdRng::seed_from_u64(23);
@@ -244,7 +251,8 @@ fn lsa_copy_handles_every_alignment_and_tail() {
                 s.memset(&mut dst, 0xEE).unwrap();
                 // SAFETY: offsets + bytes stay inside both buffers; they do not overlap.
                 unsafe {
-                    s.launch::<lsa_copy>(
+                    s.launch_in::<lsa_copy>(
+                        &test_kernels(&dev),
                         LaunchConfig::new(blocks, 64),
                         (dst.as_mut_ptr().add(dof), src.as_ptr().add(so), bytes as u64),
                     )
@@ -260,7 +268,8 @@ fn lsa_copy_handles_every_alignment_and_tail() {
                     let smem = devcomm_device::lsa::ops::copy_bulk_smem_bytes(chunk, stages);
                     // SAFETY: as above; `smem` bytes of shared memory for the pipeline.
                     unsafe {
-                        s.launch::<lsa_copy_bulk>(
+                        s.launch_in::<lsa_copy_bulk>(
+                            &test_kernels(&dev),
                             LaunchConfig::new(blocks, 32).with_shared_mem(smem),
                             (dst.as_mut_ptr().add(dof), src.as_ptr().add(so), bytes as u64, chunk, stages),
                         )
@@ -315,7 +324,8 @@ fn every_thread_of_a_coop_sees_the_same_max_and_the_same_error() {
             let d_agreed = dev.alloc_from(&poison).unwrap();
             // SAFETY: one block; the buffers hold `threads` elements.
             unsafe {
-                s.launch::<coop_sync_max>(
+                s.launch_in::<coop_sync_max>(
+                    &test_kernels(&dev),
                     LaunchConfig::new(1, threads),
                     (kind, d_values.as_ptr(), d_max.as_mut_ptr(), d_agreed.as_mut_ptr()),
                 )
@@ -342,6 +352,33 @@ fn every_thread_of_a_coop_sees_the_same_max_and_the_same_error() {
             }
         }
     }
+}
+
+/// The test kernels are a kernel crate of their own (`devcomm-test-kernels`),
+/// not the library's: `launch` refuses them, the library's module does not
+/// hold them, and their own module holds them and runs them.
+#[test]
+fn test_kernels_launch_from_their_own_module_not_the_library_s() {
+    let dev = test_device(0);
+    let s = dev.stream();
+    let out = dev.alloc_from(&[u32::MAX; 32]).unwrap();
+    let cfg = LaunchConfig::new(1, 32);
+    // SAFETY: refused before anything runs (and `out` holds a word per thread anyway).
+    let e = unsafe { s.launch::<trap_at>(cfg, (out.as_mut_ptr(), u32::MAX)) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidUsage(_)) && e.to_string().contains("devcomm_test_kernels"), "{e}");
+    let library = dev.library().unwrap();
+    let module = test_kernels(&dev);
+    assert!(!module.is_library());
+    for name in ["trap_at", "coop_check", "lsa_barrier_rounds", "gin_put_all", "gin_dispatch"] {
+        assert!(module.entry_names().iter().any(|e| e == name), "{name} is not in {module:?}");
+        assert!(!library.entry_names().iter().any(|e| e == name), "{name} is in the library's module: {library:?}");
+    }
+    // SAFETY: refused before anything runs.
+    let e = unsafe { s.launch_in::<trap_at>(&library, cfg, (out.as_mut_ptr(), u32::MAX)) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("library module"), "{e}");
+    // SAFETY: a word per thread; nobody traps.
+    unsafe { s.launch_in::<trap_at>(&module, cfg, (out.as_mut_ptr(), u32::MAX)) }.unwrap();
+    assert_eq!(s.read_vec(&out).unwrap(), (0..32).collect::<Vec<u32>>());
 }
 
 /// The PTX of the test kernel crate `tests/user-kernels`, as a user embeds
@@ -478,7 +515,7 @@ fn struct_argument_and_sixteen_arguments() {
 /// rounding of `y * log2(e)` adds `|y| * 2^-24`).
 #[test]
 fn device_math_matches_the_host() {
-    use devcomm_kernels::selftest::{math_f32, math_f64, MATH_F32_OUTPUTS, MATH_F64_OUTPUTS};
+    use devcomm_test_kernels::selftest::{math_f32, math_f64, MATH_F32_OUTPUTS, MATH_F64_OUTPUTS};
     let dev = test_device(0);
     let s = dev.stream();
     let mut rng = rand::rngs::StdRng::seed_from_u64(43);
@@ -491,7 +528,8 @@ fn device_math_matches_the_host() {
     let out = dev.alloc_from(&vec![0.0f32; n * MATH_F32_OUTPUTS]).unwrap();
     // SAFETY: inputs hold n elements, out 10 n.
     unsafe {
-        s.launch::<math_f32>(
+        s.launch_in::<math_f32>(
+            &test_kernels(&dev),
             LaunchConfig::new(4, 128),
             (dx.as_ptr(), dy.as_ptr(), dz.as_ptr(), out.as_mut_ptr(), n as u32),
         )
@@ -525,7 +563,8 @@ fn device_math_matches_the_host() {
     let out = dev.alloc_from(&vec![0.0f64; n * MATH_F64_OUTPUTS]).unwrap();
     // SAFETY: inputs hold n elements, out 5 n.
     unsafe {
-        s.launch::<math_f64>(
+        s.launch_in::<math_f64>(
+            &test_kernels(&dev),
             LaunchConfig::new(4, 128),
             (dx.as_ptr(), dy.as_ptr(), dz.as_ptr(), out.as_mut_ptr(), n as u32),
         )
@@ -550,7 +589,7 @@ fn device_math_matches_the_host() {
 /// over full and partial warps, against host results.
 #[test]
 fn warp_tile_and_block_reductions_match_the_host() {
-    use devcomm_kernels::selftest::{reductions, REDUCTION_OUTPUTS as K};
+    use devcomm_test_kernels::selftest::{reductions, REDUCTION_OUTPUTS as K};
     let dev = test_device(0);
     let s = dev.stream();
     let mut rng = rand::rngs::StdRng::seed_from_u64(47);
@@ -563,7 +602,8 @@ fn warp_tile_and_block_reductions_match_the_host() {
         let uout = dev.alloc_from(&vec![u32::MAX; total * K]).unwrap();
         // SAFETY: one input and K outputs per thread; 256 bytes of shared memory.
         unsafe {
-            s.launch::<reductions>(
+            s.launch_in::<reductions>(
+                &test_kernels(&dev),
                 LaunchConfig::new(blocks, threads).with_shared_mem(256),
                 (dfx.as_ptr(), dux.as_ptr(), fout.as_mut_ptr(), uout.as_mut_ptr()),
             )

@@ -33,7 +33,8 @@ exec > >(tee "$OUT/check_all.log") 2>&1
     date -u
     nvidia-smi --query-gpu=index,name,driver_version --format=csv
     echo "DEVCOMM_ variables set: $(env | grep '^DEVCOMM_' | tr '\n' ' ')"
-    echo "bundle PTX: $(head -c 300 $B/devcomm_kernels.ptx | grep -E 'toolchain|inputs' | tr '\n' ' ')"
+    echo "bundle PTX: $(head -n 5 $B/devcomm_kernels.ptx | grep -E 'toolchain|inputs' | tr '\n' ' ')"
+    echo "bundle test-kernel PTX: $(head -n 5 $B/devcomm_test_kernels.ptx | grep -E 'toolchain|inputs' | tr '\n' ' ')"
     for t in $B/tests/*; do
         test_binary "$t"
     done

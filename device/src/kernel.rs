@@ -255,7 +255,7 @@ pub trait Kernel {
     const NAME: &'static str;
     /// The module the kernel was declared in (`module_path!()` where
     /// [`kernel!`](crate::kernel!) was called), e.g.
-    /// `"devcomm_kernels::selftest"`: its first segment is the kernel's crate.
+    /// `"devcomm_kernels::util"`: its first segment is the kernel's crate.
     const MODULE_PATH: &'static str;
     /// The argument tuple.
     type Args: KernelArgs;

@@ -84,7 +84,7 @@ mod tests {
 
     #[cfg(not(devcomm_no_ptx))]
     #[test]
-    fn embedded_ptx_has_selftest_kernels() {
+    fn embedded_ptx_has_the_library_kernels() {
         let ptx = embedded_kernels_ptx().expect("PTX is embedded unless cfg(devcomm_no_ptx)");
         let entries = devcomm_build::check_ptx(ptx).expect("embedded PTX is loadable");
         for k in ["axpy_f32", "block_sum_u64"] {

@@ -2,26 +2,28 @@
 //!
 //! - `cargo xtask ptx --update [--arch sm_90]`: builds every committed kernel
 //!   crate (`devcomm-kernels` → `host/ptx/devcomm_kernels.<arch>.ptx`, the
-//!   examples' → `examples/ptx/`) with the nightly toolchain and writes the
-//!   files with their header (toolchain, recipe, inputs hash). Run it after
-//!   changing the device or a kernel crate.
+//!   examples' → `examples/ptx/`, the test kernels' → `tests/kernels/ptx/`,
+//!   the user-style test crate's → `tests/user-kernels/ptx/`) with the
+//!   nightly toolchain and writes the files with their header (toolchain,
+//!   recipe, inputs hash). Run it after changing the device or a kernel crate.
 //! - `cargo xtask ptx --check`: fails when a committed PTX is stale (its
 //!   inputs hash does not match the tree); where the toolchain it records is
 //!   installed with `rust-src`, also rebuilds it and compares the bytes. CI
 //!   runs this.
-//! - `cargo xtask ptx [--out PATH]`: builds the PTX from source to
+//! - `cargo xtask ptx [--out PATH]`: builds the library's PTX from source to
 //!   `target/ptx/devcomm_kernels.ptx` (or `PATH`), e.g. for
 //!   `DEVCOMM_PTX_PATH`.
 //! - `cargo xtask bundle [--dir .device]`: builds the release test binaries,
 //!   the examples, `devcomm-run` and the benchmarks, and copies them with the
 //!   PTX into `.device/` for a GPU machine. It refuses binaries whose
-//!   embedded PTX is missing or differs from the bundle's.
+//!   embedded PTX (the library's, or the test kernels' that test and
+//!   benchmark binaries carry) is missing or differs from the bundle's.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use clap::{Parser, Subcommand};
-use devcomm_build::committed::{self, Freshness, Origin, Sources, ALL_COMMITTED, LIBRARY_KERNELS};
+use devcomm_build::committed::{self, Freshness, Origin, Sources, ALL_COMMITTED, LIBRARY_KERNELS, TEST_KERNELS};
 use devcomm_build::{PtxArtifact, PtxBuilder};
 
 /// Test targets that test the build itself (they run cargo or read the
@@ -40,18 +42,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Build the kernels (`devcomm-kernels`) to one PTX module; refresh or check the committed one.
+    /// Build the library's kernels (`devcomm-kernels`) to one PTX module; refresh or check every committed PTX.
     Ptx {
         #[command(flatten)]
         ptx: PtxArgs,
         /// Where to copy the PTX (default: `<target dir>/ptx/devcomm_kernels.ptx`).
         #[arg(long, conflicts_with_all = ["update", "check"])]
         out: Option<PathBuf>,
-        /// Write the committed PTX (`host/ptx/devcomm_kernels.<arch>.ptx`, and the test kernel crate's
+        /// Write every committed PTX (`host/ptx/devcomm_kernels.<arch>.ptx`, the examples', the test
+        /// kernels' `tests/kernels/ptx/devcomm_test_kernels.<arch>.ptx` and the user-style test crate's
         /// `tests/user-kernels/ptx/user_kernels.<arch>.ptx`) with its header.
         #[arg(long, conflicts_with = "check")]
         update: bool,
-        /// Fail unless the committed PTX is fresh (inputs hash; a byte-for-byte rebuild where its toolchain is installed).
+        /// Fail unless every committed PTX is fresh (inputs hash; a byte-for-byte rebuild where its toolchain is installed).
         #[arg(long)]
         check: bool,
     },
@@ -232,14 +235,23 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
     let dir = if dir.is_absolute() { dir.to_path_buf() } else { root.join(dir) };
 
     // The PTX the binaries embed: the committed file when it is fresh, else
-    // rebuilt from source (what devcomm's build script does too).
-    let (ptx, origin) = committed::resolve(&LIBRARY_KERNELS, &root, &builder(args)?).map_err(|e| e.to_string())?;
-    if origin != Origin::Committed {
-        eprintln!("xtask: warning: the committed PTX is stale or missing; bundling kernels built from source");
+    // rebuilt from source (what devcomm's and devcomm-tests' build scripts
+    // do too): the library's, and the test kernels' (test and benchmark
+    // binaries carry both).
+    let mut embedded = Vec::new();
+    for sources in [&LIBRARY_KERNELS, &TEST_KERNELS] {
+        let (ptx, origin) =
+            committed::resolve(sources, &root, &builder_for(sources, args)?).map_err(|e| e.to_string())?;
+        if origin != Origin::Committed {
+            eprintln!(
+                "xtask: warning: the committed PTX of {} is stale or missing; bundling kernels built from source",
+                sources.package
+            );
+        }
+        let text = ptx.render();
+        let entries = devcomm_build::check_ptx(&ptx.body).map_err(|e| e.to_string())?.len();
+        embedded.push(Embedded { sources, label: committed::sha256_label(&text), text, entries, carrying: 0 });
     }
-    let ptx_text = ptx.render();
-    let label = committed::sha256_label(&ptx_text);
-    let entries = devcomm_build::check_ptx(&ptx.body).map_err(|e| e.to_string())?;
 
     // Test binaries of every member but xtask.
     let mut tests = cargo_executables(&["test", "--workspace", "--exclude", "xtask", "--release", "--no-run"])?;
@@ -273,13 +285,16 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
         bins.extend(cargo_executables(&["build", "--release", "-p", "devcomm-benches", "--bins"])?);
     }
 
-    // Every binary that carries devcomm's kernels must carry these.
-    let carrying = check_embedded(tests.iter().chain(&examples).chain(&bins), &label)?;
+    // Every binary that carries devcomm's kernels (or the test kernels) must carry these.
+    check_embedded(tests.iter().chain(&examples).chain(&bins), &mut embedded)?;
 
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
     }
-    devcomm_build::write_if_changed(&dir.join("devcomm_kernels.ptx"), &ptx_text).map_err(|e| e.to_string())?;
+    for e in &embedded {
+        let name = format!("{}.ptx", e.sources.file_stem);
+        devcomm_build::write_if_changed(&dir.join(name), &e.text).map_err(|e| e.to_string())?;
+    }
     let have_strip = strip && Command::new("strip").arg("--version").output().is_ok();
     for (sub, files) in [("tests", &tests), ("examples", &examples), ("bin", &bins)] {
         for src in files {
@@ -296,14 +311,17 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
     }
 
     let total = dir_size(&dir)?;
+    let carried: Vec<String> = embedded
+        .iter()
+        .map(|e| format!("{} embed {} ({} kernels), all {}", e.carrying, e.sources.package, e.entries, e.label))
+        .collect();
     println!(
-        "{}: {} test binaries, {} examples, {} other binaries ({carrying} of them embed the kernels, all \
-         {label}), PTX with {} kernels; {:.1} MiB",
+        "{}: {} test binaries, {} examples, {} other binaries ({}); {:.1} MiB",
         dir.display(),
         tests.len(),
         examples.len(),
         bins.len(),
-        entries.len(),
+        carried.join("; "),
         total as f64 / (1024.0 * 1024.0)
     );
     if total > BUNDLE_LIMIT {
@@ -358,52 +376,103 @@ fn cargo_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
     Ok(exes)
 }
 
-/// Checks that every binary that embeds devcomm's kernels embeds the ones
-/// labelled `label`; returns how many embed them.
-fn check_embedded<'a>(exes: impl Iterator<Item = &'a PathBuf>, label: &str) -> Result<usize> {
-    let mut carrying = 0;
+/// PTX that binaries embed behind a marker line (`Sources::embedded`), as
+/// the bundle expects it.
+struct Embedded {
+    sources: &'static Sources,
+    /// The rendered committed PTX, as the bundle ships it.
+    text: String,
+    /// `sha256:<hex>` of `text`: what the binaries' marker must say.
+    label: String,
+    /// Kernels in it.
+    entries: usize,
+    /// Binaries found to embed it.
+    carrying: usize,
+}
+
+/// Checks that every binary that embeds kernels behind a marker embeds
+/// the ones `expected` labels (and no kernel crate the bundle does not
+/// know); counts in `expected` how many embed each.
+fn check_embedded<'a>(exes: impl Iterator<Item = &'a PathBuf>, expected: &mut [Embedded]) -> Result<()> {
     for exe in exes {
         let labels = embedded_ptx_labels(exe)?;
-        for l in &labels {
-            if l != label {
+        for e in expected.iter_mut() {
+            e.carrying += usize::from(labels.iter().any(|(p, _)| p == e.sources.package));
+        }
+        for (package, l) in &labels {
+            let Some(e) = expected.iter().find(|e| e.sources.package == package) else {
                 return Err(format!(
-                    "{} embeds devcomm kernels labelled `{l}`, not the bundle's `{label}`: {}",
+                    "{} embeds PTX of `{package}` ({l}), a kernel crate that the bundle does not check",
+                    exe.display()
+                ));
+            };
+            if *l != e.label {
+                return Err(format!(
+                    "{} embeds {package} kernels labelled `{l}`, not the bundle's `{}`: {}",
                     exe.display(),
+                    e.label,
                     if l.starts_with("none") {
                         "it was built without PTX (unset DEVCOMM_SKIP_PTX and rebuild)"
                     } else {
-                        "a stale build of devcomm? run `cargo clean -p devcomm --release` and bundle again"
+                        "a stale build of the crate that embeds them? run `cargo clean --release -p devcomm -p \
+                         devcomm-tests` and bundle again"
                     }
                 ));
             }
         }
-        carrying += usize::from(!labels.is_empty());
     }
-    Ok(carrying)
+    Ok(())
 }
 
-/// The labels of devcomm's embedded PTX in a binary (the text after each
-/// `// devcomm-embedded-ptx ` marker, up to the end of its line).
-fn embedded_ptx_labels(exe: &Path) -> Result<Vec<String>> {
-    const MARKER: &[u8] = b"// devcomm-embedded-ptx ";
+/// The kernel crates and labels of the PTX a binary embeds: the text after
+/// each `// devcomm-embedded-ptx ` marker (the library's kernels) or
+/// `// devcomm-embedded-ptx(<package>) ` marker, up to the end of its line.
+fn embedded_ptx_labels(exe: &Path) -> Result<Vec<(String, String)>> {
     let bytes = std::fs::read(exe).map_err(|e| format!("reading {}: {e}", exe.display()))?;
+    Ok(marker_labels(&bytes))
+}
+
+/// [`embedded_ptx_labels`] of the bytes of a binary.
+fn marker_labels(bytes: &[u8]) -> Vec<(String, String)> {
+    let marker = committed::EMBEDDED_MARKER.as_bytes();
     let mut labels = Vec::new();
     let mut at = 0;
-    while let Some(i) = bytes[at..].windows(MARKER.len()).position(|w| w == MARKER) {
-        let start = at + i + MARKER.len();
+    while let Some(i) = bytes[at..].windows(marker.len()).position(|w| w == marker) {
+        let mut start = at + i + marker.len();
+        at = start;
+        // `(<package>)` names a kernel crate other than the library's.
+        let package = match bytes.get(start) {
+            Some(b'(') => {
+                let Some(len) = bytes[start + 1..].iter().take(65).position(|&b| b == b')') else {
+                    continue;
+                };
+                let name = &bytes[start + 1..start + 1 + len];
+                if name.is_empty() || !name.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_') {
+                    continue;
+                }
+                start += len + 2;
+                String::from_utf8_lossy(name).into_owned()
+            }
+            _ => LIBRARY_KERNELS.package.to_string(),
+        };
+        if bytes.get(start) != Some(&b' ') {
+            continue;
+        }
+        start += 1;
         let end = bytes[start..].iter().position(|&b| b == b'\n').map_or(bytes.len(), |n| start + n);
         let label = String::from_utf8_lossy(&bytes[start..end]).into_owned();
+        at = end;
         // Labels are `sha256:<64 hex digits>` or `none (why)`; anything else
         // is a string that merely starts like the marker.
         let well_formed =
             label.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
                 || label.starts_with("none (");
-        if well_formed && !labels.contains(&label) {
-            labels.push(label);
+        let entry = (package, label);
+        if well_formed && !labels.contains(&entry) {
+            labels.push(entry);
         }
-        at = end;
     }
-    Ok(labels)
+    labels
 }
 
 fn copy_file(src: &Path, dst: &Path) -> Result<()> {
@@ -434,6 +503,16 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let good = format!("sha256:{}", "ab".repeat(32));
         let other = format!("sha256:{}", "cd".repeat(32));
+        let good_tests = format!("sha256:{}", "ef".repeat(32));
+        let expected = || {
+            Vec::from([(&LIBRARY_KERNELS, &good), (&TEST_KERNELS, &good_tests)].map(|(sources, label)| Embedded {
+                sources,
+                text: String::new(),
+                label: label.clone(),
+                entries: 0,
+                carrying: 0,
+            }))
+        };
         let exe = |name: &str, body: &[u8]| {
             let p = dir.join(name);
             std::fs::write(&p, body).unwrap();
@@ -441,18 +520,40 @@ mod tests {
         };
         let marker =
             |label: &str| format!("\0\x7fELF...// devcomm-embedded-ptx {label}\n.version 8.0\n...").into_bytes();
+        let test_marker = |package: &str, label: &str| {
+            format!("...// devcomm-embedded-ptx({package}) {label}\n// devcomm-test-kernels PTX...").into_bytes()
+        };
         let carrying = exe("carrying", &marker(&good));
         let plain = exe("plain", b"\0\x7fELF no kernels here");
         // A string that starts like the marker but is no label (as code that mentions it).
-        let mention = exe("mention", b"...// devcomm-embedded-ptx \x01\x02garbage\n...");
-        assert_eq!(check_embedded([&carrying, &plain, &mention].into_iter(), &good).unwrap(), 1);
+        let mention =
+            exe("mention", b"...// devcomm-embedded-ptx \x01\x02garbage\n...// devcomm-embedded-ptx(x y) z\n");
+        // A test binary: the library's kernels and the test kernels.
+        let both = exe("both", &[marker(&good), test_marker("devcomm-test-kernels", &good_tests)].concat());
+        let mut e = expected();
+        check_embedded([&carrying, &plain, &mention, &both].into_iter(), &mut e).unwrap();
+        assert_eq!((e[0].carrying, e[1].carrying), (2, 1));
+        assert_eq!(
+            embedded_ptx_labels(&both).unwrap(),
+            [("devcomm-kernels".to_string(), good.clone()), ("devcomm-test-kernels".to_string(), good_tests.clone())]
+        );
 
         let stale = exe("stale", &marker(&other));
-        let e = check_embedded([&carrying, &stale].into_iter(), &good).unwrap_err();
+        let e = check_embedded([&carrying, &stale].into_iter(), &mut expected()).unwrap_err();
         assert!(e.contains("stale") && e.contains(&other), "{e}");
         let none = exe("none", &marker("none (DEVCOMM_SKIP_PTX)"));
-        let e = check_embedded([&none].into_iter(), &good).unwrap_err();
+        let e = check_embedded([&none].into_iter(), &mut expected()).unwrap_err();
         assert!(e.contains("without PTX"), "{e}");
+        // Stale test kernels, and the test kernels' label under the library's marker.
+        let stale_tests = exe("stale-tests", &[marker(&good), test_marker("devcomm-test-kernels", &good)].concat());
+        let e = check_embedded([&stale_tests].into_iter(), &mut expected()).unwrap_err();
+        assert!(e.contains("stale") && e.contains("devcomm-test-kernels") && e.contains(&good_tests), "{e}");
+        let swapped = exe("swapped", &marker(&good_tests));
+        assert!(check_embedded([&swapped].into_iter(), &mut expected()).is_err());
+        // A kernel crate the bundle does not know.
+        let unknown = exe("unknown", &test_marker("some-kernels", &good));
+        let e = check_embedded([&unknown].into_iter(), &mut expected()).unwrap_err();
+        assert!(e.contains("some-kernels") && e.contains("does not check"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

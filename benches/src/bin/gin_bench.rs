@@ -20,7 +20,7 @@ use devcomm::runtime::{Device, Event, LaunchConfig, Stream};
 use devcomm::window::WindowFlags;
 use devcomm::{DevCommRequirements, Error, Result};
 use devcomm_benches::median;
-use devcomm_kernels::gin::{gin_pingpong, gin_put_bw, gin_put_value_rate};
+use devcomm_test_kernels::gin::{gin_pingpong, gin_put_bw, gin_put_value_rate};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -74,6 +74,9 @@ fn bench(quick: bool) -> Result<()> {
     let rank = comm.rank();
     let dev = comm.device().clone();
     let stream = dev.new_stream()?;
+    // The benchmark kernels' module, loaded whole before any GIN kernel runs
+    // (as `create_dev_comm` loads the library's: issue 13).
+    let kernels = devcomm_tests::try_test_kernels(&dev)?;
     let max: u64 = if quick { 1 << 20 } else { 256 << 20 };
     let mem = comm.mem_alloc((2 * max) as usize)?;
     let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC)?;
@@ -134,7 +137,7 @@ fn bench(quick: bool) -> Result<()> {
             reset(&comm)?;
             // SAFETY: the window holds 2 * max >= 2 * bytes; live device communicator.
             let ns = timed_kernel(&dev, &stream, "gin ping-pong", |out, err| unsafe {
-                stream.launch::<gin_pingpong>(LaunchConfig::new(1, 32), (dc, win, bytes, iters, out, err))
+                stream.launch_in::<gin_pingpong>(&kernels, LaunchConfig::new(1, 32), (dc, win, bytes, iters, out, err))
             })?;
             samples.push(ns as f64 / iters as f64 / 1e3);
         }
@@ -187,7 +190,8 @@ fn bench(quick: bool) -> Result<()> {
                 reset(&comm)?;
                 let [ns, posting] = timed_kernel2(&dev, &stream, "gin put bandwidth", |out, err| unsafe {
                     // SAFETY: the window holds 2 * max >= (1 + slots) * bytes; live device communicator.
-                    stream.launch::<gin_put_bw>(
+                    stream.launch_in::<gin_put_bw>(
+                        &kernels,
                         LaunchConfig::new(1, 32),
                         (dc, win, bytes, iters, slots, posters, released, out, err),
                     )
@@ -263,7 +267,11 @@ fn bench(quick: bool) -> Result<()> {
         reset(&comm)?;
         let ns = timed_kernel(&dev, &stream, "put_value rate", |out, err| unsafe {
             // SAFETY: the window holds 8 bytes per (block, thread).
-            stream.launch::<gin_put_value_rate>(LaunchConfig::new(blocks, threads), (dc, win, per_thread, out, err))
+            stream.launch_in::<gin_put_value_rate>(
+                &kernels,
+                LaunchConfig::new(blocks, threads),
+                (dc, win, per_thread, out, err),
+            )
         })?;
         let ops = blocks as f64 * threads as f64 * per_thread as f64;
         if rank == 0 {

@@ -14,13 +14,13 @@
 
 use devcomm::comm::Communicator;
 use devcomm::dev_comm::DevCommRequirements;
-use devcomm::runtime::{Device, Event, LaunchConfig, Stream};
+use devcomm::runtime::{Device, Event, LaunchConfig, Module, Stream};
 use devcomm::window::{Window, WindowFlags};
 use devcomm::{Error, Result};
 use devcomm_benches::median;
 use devcomm_device::comm::{DevComm, WindowDesc};
 use devcomm_device::lsa::ops::copy_bulk_smem_bytes;
-use devcomm_kernels::lsa::{
+use devcomm_test_kernels::lsa::{
     lsa_barrier_bench, lsa_copy, lsa_copy_bulk, lsa_copy_repeat, lsa_pingpong, lsa_pingpong_ll,
 };
 use rand::{Rng, SeedableRng};
@@ -60,6 +60,8 @@ struct Ctx<'a> {
     /// Our source region (offset 0) and where peers write to us (offset `max`).
     max: u64,
     sms: u32,
+    /// The benchmark kernels' module (`devcomm-test-kernels`) on `dev`.
+    kernels: Module,
 }
 
 impl Ctx<'_> {
@@ -78,7 +80,8 @@ impl Ctx<'_> {
         // SAFETY: src and dst are 16-aligned regions of `max >= bytes` bytes
         // in mapped windows that outlive the stream's work (synchronised below).
         unsafe {
-            self.stream.launch::<lsa_copy>(
+            self.stream.launch_in::<lsa_copy>(
+                &self.kernels,
                 LaunchConfig::new(blocks, 512),
                 (self.dst() as *mut u8, self.src() as *const u8, bytes),
             )
@@ -90,7 +93,8 @@ impl Ctx<'_> {
         let smem = copy_bulk_smem_bytes(BULK_CHUNK, BULK_STAGES);
         // SAFETY: as in `sm_put`; shared memory sized for the pipeline.
         unsafe {
-            self.stream.launch::<lsa_copy_bulk>(
+            self.stream.launch_in::<lsa_copy_bulk>(
+                &self.kernels,
                 LaunchConfig::new(blocks, 32).with_shared_mem(smem),
                 (self.dst() as *mut u8, self.src() as *const u8, bytes, BULK_CHUNK, BULK_STAGES),
             )
@@ -145,6 +149,7 @@ fn bench(quick: bool) -> Result<()> {
         dev_comm: dc.dev_comm(),
         max,
         sms: dev.multiprocessor_count(),
+        kernels: devcomm_tests::try_test_kernels(&dev)?,
     };
     if rank == 0 {
         println!(
@@ -170,7 +175,8 @@ fn bench(quick: bool) -> Result<()> {
         for (blocks, threads) in [(132u32, 512u32), (264, 512), (528, 512), (132, 1024), (264, 1024), (1056, 256)] {
             let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
                 // SAFETY: as in `sm_put`.
-                ctx.stream.launch::<lsa_copy>(
+                ctx.stream.launch_in::<lsa_copy>(
+                    &ctx.kernels,
                     LaunchConfig::new(blocks, threads),
                     (ctx.dst() as *mut u8, ctx.src() as *const u8, bytes),
                 )
@@ -185,7 +191,8 @@ fn bench(quick: bool) -> Result<()> {
         for (blocks, threads) in [(132u32, 512u32), (264, 1024)] {
             let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
                 // SAFETY: both regions are `max >= bytes` bytes of mapped windows.
-                ctx.stream.launch::<lsa_copy>(
+                ctx.stream.launch_in::<lsa_copy>(
+                    &ctx.kernels,
                     LaunchConfig::new(blocks, threads),
                     (pull_dst as *mut u8, pull_src as *const u8, bytes),
                 )
@@ -196,7 +203,8 @@ fn bench(quick: bool) -> Result<()> {
         }
         let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
             // SAFETY: as above.
-            ctx.stream.launch::<lsa_copy_bulk>(
+            ctx.stream.launch_in::<lsa_copy_bulk>(
+                &ctx.kernels,
                 LaunchConfig::new(132, 32).with_shared_mem(copy_bulk_smem_bytes(32768, 4)),
                 (pull_dst as *mut u8, pull_src as *const u8, bytes, 32768u32, 4u32),
             )
@@ -217,7 +225,8 @@ fn bench(quick: bool) -> Result<()> {
         {
             let us = time_us(&ctx.dev, &ctx.stream, 5, 5, || unsafe {
                 // SAFETY: as in `bulk_put`.
-                ctx.stream.launch::<lsa_copy_bulk>(
+                ctx.stream.launch_in::<lsa_copy_bulk>(
+                    &ctx.kernels,
                     LaunchConfig::new(blocks, 32).with_shared_mem(copy_bulk_smem_bytes(chunk, stages)),
                     (ctx.dst() as *mut u8, ctx.src() as *const u8, bytes, chunk, stages),
                 )
@@ -313,7 +322,8 @@ fn bench(quick: bool) -> Result<()> {
             let puts: u32 = if quick { 4 } else { ((256u64 << 20) / bytes).clamp(16, 100_000) as u32 };
             let us = time_us(&ctx.dev, &ctx.stream, 1, if quick { 3 } else { 7 }, || unsafe {
                 // SAFETY: as in `sm_put`.
-                ctx.stream.launch::<lsa_copy_repeat>(
+                ctx.stream.launch_in::<lsa_copy_repeat>(
+                    &ctx.kernels,
                     LaunchConfig::new(blocks, threads),
                     (ctx.dst() as *mut u8, ctx.src() as *const u8, bytes, puts),
                 )
@@ -360,7 +370,8 @@ fn bench(quick: bool) -> Result<()> {
                 // SAFETY: offsets inside the window; out/errors live until the reads below.
                 unsafe {
                     if variant == 0 {
-                        ctx.stream.launch::<lsa_pingpong>(
+                        ctx.stream.launch_in::<lsa_pingpong>(
+                            &ctx.kernels,
                             LaunchConfig::new(1, threads),
                             (
                                 ctx.dev_comm,
@@ -375,7 +386,8 @@ fn bench(quick: bool) -> Result<()> {
                             ),
                         )?;
                     } else {
-                        ctx.stream.launch::<lsa_pingpong_ll>(
+                        ctx.stream.launch_in::<lsa_pingpong_ll>(
+                            &ctx.kernels,
                             LaunchConfig::new(1, 32),
                             (
                                 ctx.dev_comm,
@@ -423,7 +435,8 @@ fn bench(quick: bool) -> Result<()> {
             let errors = dev.alloc_from(&[0u32; 2])?;
             // SAFETY: the device communicator is live; buffers outlive the reads.
             unsafe {
-                ctx.stream.launch::<lsa_barrier_bench>(
+                ctx.stream.launch_in::<lsa_barrier_bench>(
+                    &ctx.kernels,
                     LaunchConfig::new(1, 32),
                     (ctx.dev_comm, rounds, order, out.as_mut_ptr(), errors.as_mut_ptr()),
                 )?;

@@ -84,11 +84,46 @@ pub const USER_TEST_KERNELS: Sources = Sources {
     file_stem: "user_kernels",
 };
 
+/// The kernels of devcomm's own tests and benchmarks (`tests/kernels`,
+/// apart from the library's), committed beside them so that the tests and
+/// benchmarks launch them from their own module with `Stream::launch_in`
+/// on a GPU without a nightly toolchain (`tests/build.rs` embeds them).
+pub const TEST_KERNELS: Sources = Sources {
+    package: "devcomm-test-kernels",
+    dirs: &["device/src", "tests/kernels/src"],
+    files: &["device/Cargo.toml", "tests/kernels/Cargo.toml", ".cargo/config.toml"],
+    committed_dir: "tests/kernels/ptx",
+    file_stem: "devcomm_test_kernels",
+};
+
 /// Every committed PTX of the workspace, refreshed and checked together by
 /// `cargo xtask ptx --update` / `--check`.
-pub const ALL_COMMITTED: &[Sources] = &[LIBRARY_KERNELS, EXAMPLE_KERNELS, USER_TEST_KERNELS];
+pub const ALL_COMMITTED: &[Sources] = &[LIBRARY_KERNELS, EXAMPLE_KERNELS, USER_TEST_KERNELS, TEST_KERNELS];
+
+/// The first words of the line that a build script puts before the PTX it
+/// embeds, by which `cargo xtask bundle` finds what a binary carries (see
+/// [`Sources::embedded`]).
+pub const EMBEDDED_MARKER: &str = "// devcomm-embedded-ptx";
 
 impl Sources {
+    /// The marker line's first words for these kernels:
+    /// `// devcomm-embedded-ptx` for the library's ([`LIBRARY_KERNELS`],
+    /// what the `devcomm` crate's build script writes), else
+    /// `// devcomm-embedded-ptx(<package>)`.
+    pub fn embedded_marker(&self) -> String {
+        if self.package == LIBRARY_KERNELS.package {
+            EMBEDDED_MARKER.to_string()
+        } else {
+            format!("{EMBEDDED_MARKER}({})", self.package)
+        }
+    }
+
+    /// `text` (a rendered [`CommittedPtx`]) as a build script embeds it: the
+    /// marker line `<marker> sha256:<hash of text>`, then `text`.
+    pub fn embedded(&self, text: &str) -> String {
+        format!("{} {}\n{text}", self.embedded_marker(), sha256_label(text))
+    }
+
     /// The committed PTX file for `arch` under the workspace `root`.
     pub fn committed_path(&self, root: &Path, arch: &str) -> PathBuf {
         root.join(self.committed_dir).join(format!("{}.{arch}.ptx", self.file_stem))

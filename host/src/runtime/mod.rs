@@ -37,7 +37,7 @@
 //!
 //! ```no_run
 //! use devcomm::runtime::{Device, LaunchConfig, RuntimeSelection};
-//! use devcomm_kernels::selftest::axpy_f32;
+//! use devcomm_kernels::util::axpy_f32;
 //!
 //! # fn main() -> devcomm::Result<()> {
 //! let dev = Device::open(RuntimeSelection::from_env()?, 0)?;
