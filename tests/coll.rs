@@ -298,14 +298,14 @@ fn movements<T: TestElem>(c: &mut Ctx, len: usize) {
         let want: Vec<T> = (0..n).flat_map(|q| ins[q][..len].to_vec()).collect();
         assert_eq!(got, want, "all_gather {what} ({how})");
         // broadcast from each root
-        for root in 0..n {
+        for (root, root_in) in ins.iter().enumerate() {
             let out = output::<T>(c, len);
             let s = if me == root { src(len) } else { Operand::null() };
             c.coll.broadcast(s, Operand::range(&out, GUARD, len).unwrap(), root, c.stream).unwrap();
             c.coll.synchronize(c.stream).unwrap();
             assert_eq!(
                 read_out(c.stream, &out, &what),
-                ins[root][..len].to_vec(),
+                root_in[..len].to_vec(),
                 "broadcast {what} root {root} ({how})"
             );
         }

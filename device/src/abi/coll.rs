@@ -42,6 +42,7 @@ impl CollContext {
     /// above (`ll_offset + 4 * lsa_size * ll_bytes <= stage_offset`, the
     /// staging areas inside the window, offsets and sizes multiples of 16,
     /// the LL slots zeroed before first use), used by nothing else.
+    #[allow(clippy::too_many_arguments)]
     pub const unsafe fn from_raw_parts(
         comm: DevComm,
         scratch: WindowDesc,

@@ -90,7 +90,7 @@ unsafe fn run<C: Coop>(
                 let out = dst.wrapping_add(out_offset(p) + c0);
                 // In place (the output range is the caller's own input):
                 // nothing to move.
-                if p == me && src.local().wrapping_add(read_block(me) as usize * mv.bytes + c0) == out as *const u8 {
+                if p == me && core::ptr::eq(src.local().wrapping_add(read_block(me) as usize * mv.bytes + c0), out) {
                     continue;
                 }
                 // SAFETY: peer `p` staged (or holds in its window) block

@@ -65,6 +65,7 @@ impl Staged {
 /// `src` valid for the bytes read; the staged blocks are the caller's
 /// scratch, large enough, not read by anyone until the next barrier.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn stage_in(
     t: usize,
     nt: usize,
