@@ -11,10 +11,9 @@
 //!
 //! The narrow floats are rounded once, when the result is stored: round to
 //! nearest even; fp8 saturates to its largest finite value (as PTX's
-//! `cvt.rn.satfinite`), NaN stays NaN. The conversions are the same code on
-//! both targets except `F16`, which uses the GPU's `cvt` instructions (the
-//! same rounding; the host tests check them against each other bit for bit
-//! on every `f16`).
+//! `cvt.rn.satfinite`), NaN stays NaN. The conversions are the same integer
+//! code on both targets (the host tests check `F16` and `Bf16` against the
+//! `half` crate bit for bit).
 
 /// A collective's datatype, numbered as NCCL's `ncclDataType_t`.
 #[doc(alias = "ncclDataType_t")]
@@ -167,10 +166,14 @@ pub unsafe trait Element: Copy + PartialEq + core::fmt::Debug + 'static {
     fn to_acc(self) -> Self::Acc;
     /// Narrowed back (rounded for the narrow floats).
     fn from_acc(a: Self::Acc) -> Self;
+    /// The element's bits, in the low `8 * size` bits.
+    fn to_bits64(self) -> u64;
+    /// The element with these bits (the low `8 * size`; the rest ignored).
+    fn from_bits64(bits: u64) -> Self;
 }
 
 macro_rules! plain_element {
-    ($($t:ty => $d:ident),*) => {$(
+    ($($t:ty => $d:ident as $u:ty),*) => {$(
         // SAFETY: a primitive: every bit pattern valid, size = alignment =
         // `DataType::$d.size()`.
         unsafe impl Element for $t {
@@ -180,10 +183,34 @@ macro_rules! plain_element {
             fn to_acc(self) -> $t { self }
             #[inline(always)]
             fn from_acc(a: $t) -> $t { a }
+            #[inline(always)]
+            fn to_bits64(self) -> u64 { self as $u as u64 }
+            #[inline(always)]
+            fn from_bits64(bits: u64) -> Self { bits as $u as $t }
         }
     )*};
 }
-plain_element!(i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64, f32 => F32, f64 => F64);
+plain_element!(i8 => I8 as u8, u8 => U8 as u8, i32 => I32 as u32, u32 => U32 as u32, i64 => I64 as u64, u64 => U64 as u64);
+
+macro_rules! float_element {
+    ($($t:ty => $d:ident as $u:ty),*) => {$(
+        // SAFETY: a primitive: every bit pattern valid, size = alignment =
+        // `DataType::$d.size()`.
+        unsafe impl Element for $t {
+            const DTYPE: DataType = DataType::$d;
+            type Acc = $t;
+            #[inline(always)]
+            fn to_acc(self) -> $t { self }
+            #[inline(always)]
+            fn from_acc(a: $t) -> $t { a }
+            #[inline(always)]
+            fn to_bits64(self) -> u64 { self.to_bits() as u64 }
+            #[inline(always)]
+            fn from_bits64(bits: u64) -> Self { <$t>::from_bits(bits as $u) }
+        }
+    )*};
+}
+float_element!(f32 => F32 as u32, f64 => F64 as u64);
 
 /// IEEE 754 half precision, as bits (the host's `half::f16` has the same).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
@@ -340,35 +367,21 @@ impl Bf16 {
 
 impl F16 {
     /// The value as `f32` (exact).
+    ///
+    /// Integer arithmetic on both targets: on sm_90 with the current
+    /// toolchain, `cvt.rn.f16.f32` through a 16-bit inline-asm register
+    /// gave wrong low bytes once stored into a byte array (seen on an
+    /// H100: `0x3c66` came back `0x3c01`), so the hardware conversion is
+    /// not used until that is understood.
     #[inline(always)]
     pub fn to_f32(self) -> f32 {
-        #[cfg(target_arch = "nvptx64")]
-        {
-            let f: f32;
-            // SAFETY: a register-only conversion.
-            unsafe { core::arch::asm!("cvt.f32.f16 {0}, {1};", out(reg32) f, in(reg16) self.0) };
-            f
-        }
-        #[cfg(not(target_arch = "nvptx64"))]
-        {
-            self.to_f32_soft()
-        }
+        self.to_f32_soft()
     }
 
     /// `x` rounded to nearest even (overflow to infinity, NaN to NaN).
     #[inline(always)]
     pub fn from_f32(x: f32) -> Self {
-        #[cfg(target_arch = "nvptx64")]
-        {
-            let h: u16;
-            // SAFETY: a register-only conversion.
-            unsafe { core::arch::asm!("cvt.rn.f16.f32 {0}, {1};", out(reg16) h, in(reg32) x) };
-            F16(h)
-        }
-        #[cfg(not(target_arch = "nvptx64"))]
-        {
-            Self::from_f32_soft(x)
-        }
+        Self::from_f32_soft(x)
     }
 
     /// [`F16::to_f32`] in integer arithmetic (what the host runs).
@@ -399,7 +412,7 @@ impl F16 {
 }
 
 macro_rules! narrow_float_element {
-    ($($t:ident => $d:ident),*) => {$(
+    ($($t:ident => $d:ident as $u:ty),*) => {$(
         // SAFETY: `#[repr(transparent)]` over an integer of the datatype's
         // size; every bit pattern is a value (NaNs included).
         unsafe impl Element for $t {
@@ -409,10 +422,14 @@ macro_rules! narrow_float_element {
             fn to_acc(self) -> f32 { self.to_f32() }
             #[inline(always)]
             fn from_acc(a: f32) -> Self { $t::from_f32(a) }
+            #[inline(always)]
+            fn to_bits64(self) -> u64 { self.0 as u64 }
+            #[inline(always)]
+            fn from_bits64(bits: u64) -> Self { $t(bits as $u) }
         }
     )*};
 }
-narrow_float_element!(F16 => F16, Bf16 => Bf16, Fp8E4M3 => Fp8E4M3, Fp8E5M2 => Fp8E5M2);
+narrow_float_element!(F16 => F16 as u16, Bf16 => Bf16 as u16, Fp8E4M3 => Fp8E4M3 as u8, Fp8E5M2 => Fp8E5M2 as u8);
 
 #[cfg(test)]
 mod tests {

@@ -56,13 +56,10 @@ unsafe fn write_word(dst: *mut u8, bytes: usize, w: usize, v: u64) {
     }
 }
 
-/// Element `l` of an 8-byte payload word.
+/// Element `l` of an 8-byte payload word (by shifts).
 #[inline(always)]
 fn lane<T: Element>(v: u64, l: usize) -> T {
-    let bytes = v.to_le_bytes();
-    // SAFETY: `l < 8 / size_of::<T>()`: inside the 8 bytes; every bit
-    // pattern is a `T`.
-    unsafe { (bytes.as_ptr().add(l * size_of::<T>()) as *const T).read_unaligned() }
+    T::from_bits64(v >> ((l * size_of::<T>() * 8) % 64))
 }
 
 /// The LL all-reduce (see the module docs).
@@ -138,14 +135,15 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
                 *a = if p == 0 { red.first(x) } else { red.step(*a, x) };
             }
         }
-        let mut out = [0u8; 8];
+        let mut out = 0u64;
         for (l, a) in acc.iter().enumerate().take(lanes) {
-            let r = red.finish(*a);
-            // SAFETY: lane `l` of the 8 bytes; `T` is plain data.
-            unsafe { (out.as_mut_ptr().add(l * size_of::<T>()) as *mut T).write_unaligned(r) };
+            let bits = red.finish(*a).to_bits64();
+            let width = size_of::<T>() * 8;
+            let bits = if width == 64 { bits } else { bits & ((1u64 << width) - 1) };
+            out |= bits << (l * width);
         }
         // SAFETY: `8w < bytes`, inside `dst`; word `w` is this thread's.
-        unsafe { write_word(dst8, bytes, w, u64::from_le_bytes(out)) };
+        unsafe { write_word(dst8, bytes, w, out) };
         w += nt;
     }
     coop.agree(result)

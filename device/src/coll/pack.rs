@@ -8,19 +8,35 @@ use core::mem::size_of;
 /// Peers whose 16-byte vectors a thread loads before combining them.
 const BATCH: usize = 8;
 
-/// Lane `l` of a 16-byte vector as `T`.
+/// Lane `l` of a 16-byte vector as `T`, by shifts (no byte access to a
+/// local array: on sm_90 the current toolchain miscompiled such stores,
+/// see `F16::to_f32`).
 #[inline(always)]
 fn lane<T: Element>(v: &[u32; 4], l: usize) -> T {
-    // SAFETY: `l < 16 / size_of::<T>()` (callers' loops), so the read stays
-    // inside the 16-byte array; `Element` types accept every bit pattern.
-    unsafe { (v.as_ptr() as *const u8).add(l * size_of::<T>()).cast::<T>().read_unaligned() }
+    let size = size_of::<T>();
+    let bit = l * size * 8;
+    let bits = if size == 8 {
+        v[2 * l] as u64 | (v[2 * l + 1] as u64) << 32
+    } else {
+        (v[bit / 32] >> (bit % 32)) as u64
+    };
+    T::from_bits64(bits)
 }
 
-/// Sets lane `l` of a 16-byte vector.
+/// Sets lane `l` of a 16-byte vector, by shifts.
 #[inline(always)]
 fn set_lane<T: Element>(v: &mut [u32; 4], l: usize, x: T) {
-    // SAFETY: as in `lane`.
-    unsafe { (v.as_mut_ptr() as *mut u8).add(l * size_of::<T>()).cast::<T>().write_unaligned(x) }
+    let size = size_of::<T>();
+    let bits = x.to_bits64();
+    if size == 8 {
+        v[2 * l] = bits as u32;
+        v[2 * l + 1] = (bits >> 32) as u32;
+    } else {
+        let bit = l * size * 8;
+        let mask = if size == 4 { u32::MAX } else { (1u32 << (size * 8)) - 1 };
+        let w = &mut v[bit / 32];
+        *w = (*w & !(mask << (bit % 32))) | ((bits as u32 & mask) << (bit % 32));
+    }
 }
 
 /// For elements `i` in `[begin, end)`: `out(q)[i] = red over p in 0..n of

@@ -72,7 +72,9 @@ pub const CHECK_ENV: &str = "DEVCOMM_COLL_CHECK";
 pub struct CollConfig {
     /// Most CTAs one collective uses (each has its own LSA barrier).
     pub max_ctas: u32,
-    /// Threads per CTA (0: 512 on GPUs, 64 on the emulated runtime).
+    /// Threads per CTA (0: 256 on GPUs, 64 on the emulated runtime). The
+    /// reducing kernels use many registers: 512 threads per CTA exceed the
+    /// register file for some datatypes (a launch error).
     pub threads: u32,
     /// A collective gets one CTA per this many bytes (per rank), up to `max_ctas`.
     pub bytes_per_cta: usize,
@@ -373,7 +375,7 @@ impl Communicator {
             )
         };
         let threads = match (config.threads, self.device().kind()) {
-            (0, RuntimeKind::Cuda) => 512,
+            (0, RuntimeKind::Cuda) => 256,
             (0, RuntimeKind::Emulated) => 64,
             (t, _) => t,
         };
