@@ -48,3 +48,13 @@ fn lsa_put_signal_runs() {
 fn gin_pingpong_runs() {
     run("gin_pingpong", "round trip (us)");
 }
+
+#[test]
+fn allreduce_runs() {
+    run("allreduce", "summed over");
+}
+
+#[test]
+fn fused_allreduce_rmsnorm_runs() {
+    run("fused_allreduce_rmsnorm", "matched the host reference");
+}

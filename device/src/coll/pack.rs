@@ -15,11 +15,8 @@ const BATCH: usize = 8;
 fn lane<T: Element>(v: &[u32; 4], l: usize) -> T {
     let size = size_of::<T>();
     let bit = l * size * 8;
-    let bits = if size == 8 {
-        v[2 * l] as u64 | (v[2 * l + 1] as u64) << 32
-    } else {
-        (v[bit / 32] >> (bit % 32)) as u64
-    };
+    let bits =
+        if size == 8 { v[2 * l] as u64 | (v[2 * l + 1] as u64) << 32 } else { (v[bit / 32] >> (bit % 32)) as u64 };
     T::from_bits64(bits)
 }
 

@@ -139,3 +139,100 @@ kernel! {
         }
     }
 }
+
+/// `out[r][c] = x[r][c] * weight[c] / sqrt(mean over c of x[r][c]^2 + eps)`
+/// for the rows `row0..row0 + rows` of `x` (`cols` columns), one block per
+/// row at a time (grid-stride over rows); the block's sum of squares goes
+/// through `dynamic_shared` (launch with at least 128 bytes of it).
+///
+/// # Safety
+/// `x` and `out` hold the rows, `weight` `cols` elements; the caller is
+/// every thread of the block.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rms_norm_rows(
+    x: *const f32,
+    out: *mut f32,
+    weight: *const f32,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+    cta: &Cta,
+    block: usize,
+    blocks: usize,
+) {
+    let scratch = arch::dynamic_shared::<f32>();
+    let (t, nt) = (cta.thread_rank() as usize, cta.size() as usize);
+    let mut r = block;
+    while r < rows {
+        let row = x.add(r * cols);
+        let mut ss = 0.0f32;
+        let mut c = t;
+        while c < cols {
+            let v = *row.add(c);
+            ss = devcomm_device::math::fma(v, v, ss);
+            c += nt;
+        }
+        // SAFETY: every thread of the block calls; `scratch` holds 32 floats.
+        let ss = unsafe { devcomm_device::reduce::block_sum(cta, ss, scratch) };
+        let inv = devcomm_device::math::rsqrt(ss / cols as f32 + eps);
+        let mut c = t;
+        while c < cols {
+            *out.add(r * cols + c) = *row.add(c) * inv * *weight.add(c);
+            c += nt;
+        }
+        r += blocks;
+    }
+}
+
+kernel! {
+    /// RMSNorm of `rows` rows of `cols` floats (`x` → `out`, per-column
+    /// `weight`), one block per row, grid-stride: the second half of the
+    /// unfused "all-reduce, then normalise" that `fused_allreduce_rmsnorm`
+    /// is timed against.
+    ///
+    /// # Safety
+    /// `x`, `out`: `rows * cols` floats; `weight`: `cols`; launched with at
+    /// least 128 bytes of dynamic shared memory.
+    pub unsafe fn rms_norm(x: *const f32, out: *mut f32, weight: *const f32, rows: u32, cols: u32, eps: f32) {
+        let cta = Cta::new();
+        rms_norm_rows(x, out, weight, rows as usize, cols as usize, eps, &cta, arch::block_idx().x as usize, arch::grid_dim().x as usize);
+    }
+
+    /// All-reduce (sum over the ranks) of the `rows × cols` floats at `x`,
+    /// then RMSNorm of every row into `out`, in one kernel of one block:
+    /// `coll::reduce_scatter` gives this rank its shard of rows (`rows /
+    /// ranks` of them) summed, the block normalises just those rows (each
+    /// row once in the whole team, not once per rank), and
+    /// `coll::all_gather` assembles every rank's normalised rows in `out`.
+    /// `shard` is `rows / ranks * cols` floats of scratch. A failure
+    /// writes its device error code to `*errors`.
+    ///
+    /// # Safety
+    /// `ctx` is live and not used by anything else meanwhile; `x` holds the
+    /// rows in a window on every rank; `out` holds `rows * cols` floats;
+    /// `rows` a multiple of the rank count; one block, at least 128 bytes of
+    /// dynamic shared memory.
+    pub unsafe fn allreduce_rmsnorm(ctx: devcomm_device::coll::CollContext, x: devcomm_device::comm::SymPtr<f32>, shard: *mut f32, out: *mut f32, weight: *const f32, rows: u32, cols: u32, eps: f32, errors: *mut u32) {
+        use devcomm_device::coll::{self, Input, Part, RedOp, Reduction};
+        let cta = Cta::new();
+        let n = ctx.scratch().lsa_size();
+        let (rows_mine, cols) = ((rows / n) as usize, cols as usize);
+        let count = rows_mine * cols;
+        let red = Reduction::new(RedOp::Sum, 0.0f32, n);
+        // SAFETY: the caller's contract: `x` holds `n` shards of `count`
+        // floats on every rank, `shard` holds `count`.
+        let r = unsafe { coll::reduce_scatter(&cta, &ctx, Part::WHOLE, Input::Window(x), shard, count, &red) };
+        if let Err(e) = r {
+            report(errors, e.code());
+            return;
+        }
+        rms_norm_rows(shard, shard, weight, rows_mine, cols, eps, &cta, 0, 1);
+        cta.sync(); // the shard, written by this block, is the all-gather's input
+        // SAFETY: as above; `out` holds `n * count` floats.
+        let r = unsafe { coll::all_gather(&cta, &ctx, Part::WHOLE, Input::Local(shard as *const f32), out, count) };
+        if let Err(e) = r {
+            report(errors, e.code());
+        }
+    }
+}
