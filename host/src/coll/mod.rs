@@ -252,6 +252,11 @@ impl<'a, T: CollType> Operand<'a, T> {
         self.ptr == 0
     }
 
+    /// What a kernel is handed for this operand (`CollArgs::src`/`dst`).
+    pub fn kernel_buffer(&self) -> CollBuffer {
+        self.buffer()
+    }
+
     fn buffer(&self) -> CollBuffer {
         match self.window {
             Some((window, offset, _)) => CollBuffer { ptr: self.ptr, window, offset, in_window: 1, reserved: 0 },
@@ -410,6 +415,19 @@ impl<'c> Collectives<'c> {
             let s = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
             if s != 0 {
                 return s;
+            }
+        }
+    }
+
+    /// `k` consecutive fresh sequence numbers (none of them 0), for a
+    /// kernel that runs `k` device-side collectives of
+    /// [`Collectives::context`]: returns the first.
+    pub fn reserve_seq(&self, k: u32) -> u32 {
+        loop {
+            let first = self.seq.fetch_add(k, Ordering::Relaxed).wrapping_add(1);
+            // A run that crosses 0 is skipped (every rank skips alike).
+            if first != 0 && first.checked_add(k - 1).is_some() {
+                return first;
             }
         }
     }

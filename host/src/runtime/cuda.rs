@@ -285,6 +285,11 @@ pub(crate) struct CudaStreamHandle {
 }
 
 impl CudaStreamHandle {
+    /// The raw stream.
+    pub(crate) fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
     /// # Safety
     /// The kernel's pointer arguments must be valid for its whole run.
     pub(crate) unsafe fn launch<A: KernelArgs>(

@@ -632,6 +632,21 @@ impl fmt::Debug for Stream {
 }
 
 impl Stream {
+    /// The raw `CUstream` (as an integer), for calling other CUDA libraries
+    /// (NCCL, cuBLAS) on this stream; `None` on the emulated runtime. Binds
+    /// the device's context to the calling thread first, as such calls need.
+    ///
+    /// Errors: [`Error::CudaError`] when the context cannot be bound.
+    pub fn cu_stream(&self) -> Result<Option<u64>> {
+        match &self.inner {
+            StreamInner::Cuda(s) => {
+                s.device.bind()?;
+                Ok(Some(s.cu_stream() as u64))
+            }
+            StreamInner::Emulated(_) => Ok(None),
+        }
+    }
+
     /// Launches the library kernel `K` (from `devcomm-kernels`), from the
     /// library's embedded PTX on a GPU.
     ///

@@ -17,6 +17,7 @@
 
 devcomm_device::kernel_crate!();
 
+pub mod coll_bench;
 pub mod gin;
 pub mod lsa;
 mod report;

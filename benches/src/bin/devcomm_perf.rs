@@ -1,0 +1,502 @@
+//! devcomm-perf: collectives measured like nccl-tests, NCCL beside them.
+//!
+//! ```text
+//! devcomm-run -n 2 target/release/devcomm_perf -b 8 -e 128M -f 2 -o all_reduce -d f32 --nccl
+//! ```
+//!
+//! Per size: size (bytes of the larger buffer, as nccl-tests), count,
+//! type, redop, root; then for devcomm out of place, devcomm in place,
+//! devcomm in-kernel (`--in-kernel`: `iters` all-reduces inside one kernel,
+//! what a fused kernel pays) and NCCL out of place (`--nccl`): time (µs),
+//! algbw and busbw (GB/s, nccl-tests' formulas) and #wrong (elements that
+//! differ from the closed-form expected value; data are small integers, so
+//! sums are exact in every float type). Each time is the median over
+//! `--reps` repetitions of `iters` back-to-back operations timed with CUDA
+//! events, after `warmup` untimed ones and a host barrier. Rank 0 prints.
+
+use clap::Parser;
+use devcomm::coll::{Algorithm, CollType, Collectives, Op, Operand};
+use devcomm::comm::Communicator;
+use devcomm::runtime::{DeviceBuffer, Event, LaunchConfig, Stream};
+use devcomm::window::WindowFlags;
+use devcomm::{Error, Result};
+use devcomm_device::coll::{CollArgs, CollBuffer};
+use devcomm_device::comm::WindowDesc;
+use devcomm_test_kernels::coll_bench::all_reduce_loop_f32;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "devcomm collectives, nccl-tests style, NCCL beside them")]
+struct Args {
+    /// Smallest size in bytes (suffixes K, M, G).
+    #[arg(short = 'b', long, default_value = "8", value_parser = bytes)]
+    minbytes: usize,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long, default_value = "128M", value_parser = bytes)]
+    maxbytes: usize,
+    /// Size step factor.
+    #[arg(short = 'f', long, default_value_t = 2)]
+    stepfactor: usize,
+    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
+    #[arg(short = 'o', long, default_value = "all_reduce")]
+    op: String,
+    /// f32, bf16, f16, i32, f64.
+    #[arg(short = 'd', long, default_value = "f32")]
+    datatype: String,
+    /// Timed operations per repetition.
+    #[arg(short = 'n', long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed operations first.
+    #[arg(short = 'w', long, default_value_t = 5)]
+    warmup: usize,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Check results (0: no).
+    #[arg(short = 'c', long, default_value_t = 1)]
+    check: u8,
+    /// Operands in registered windows (zero copy) instead of device buffers.
+    #[arg(long)]
+    window: bool,
+    /// Also time all-reduces back to back inside one kernel (f32 only).
+    #[arg(long)]
+    in_kernel: bool,
+    /// Also run NCCL on the same buffers (libnccl loaded at run time).
+    #[arg(long)]
+    nccl: bool,
+    /// auto, ll, one_shot, two_shot (all_reduce).
+    #[arg(long, default_value = "auto")]
+    algorithm: String,
+}
+
+fn bytes(s: &str) -> std::result::Result<usize, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|v| v * mul).map_err(|e| format!("{s}: {e}"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+}
+
+impl Kind {
+    fn parse(s: &str) -> Result<Kind> {
+        Ok(match s {
+            "all_reduce" => Kind::AllReduce,
+            "all_gather" => Kind::AllGather,
+            "reduce_scatter" => Kind::ReduceScatter,
+            "broadcast" => Kind::Broadcast,
+            "reduce" => Kind::Reduce,
+            "all_to_all" => Kind::AllToAll,
+            _ => return Err(Error::invalid_argument(format!("unknown op {s}"))),
+        })
+    }
+    /// nccl-tests' bus bandwidth factor.
+    fn bus_factor(self, n: f64) -> f64 {
+        match self {
+            Kind::AllReduce => 2.0 * (n - 1.0) / n,
+            Kind::AllGather | Kind::ReduceScatter | Kind::AllToAll => (n - 1.0) / n,
+            Kind::Broadcast | Kind::Reduce => 1.0,
+        }
+    }
+    /// (send elements, recv elements) per rank for `total` elements.
+    fn lens(self, total: usize, n: usize) -> (usize, usize) {
+        match self {
+            Kind::AllReduce | Kind::Broadcast | Kind::Reduce => (total, total),
+            Kind::AllGather => (total / n, total / n * n),
+            Kind::ReduceScatter => (total / n * n, total / n),
+            Kind::AllToAll => (total / n * n, total / n * n),
+        }
+    }
+}
+
+/// Element `i` of rank `r`'s input: a small integer (exact sums).
+fn value(r: usize, i: usize) -> f64 {
+    ((r + 1) * (i % 7)) as f64
+}
+
+/// Element `i` of rank `me`'s expected output.
+fn expected(kind: Kind, n: usize, me: usize, i: usize, recv_len: usize) -> f64 {
+    let sum = |j: usize| (0..n).map(|r| value(r, j)).sum::<f64>();
+    match kind {
+        Kind::AllReduce | Kind::Reduce => sum(i),
+        Kind::Broadcast => value(0, i),
+        Kind::AllGather => {
+            let c = recv_len / n;
+            value(i / c, i % c)
+        }
+        Kind::ReduceScatter => sum(me * recv_len + i),
+        Kind::AllToAll => {
+            let c = recv_len / n;
+            value(i / c, me * c + i % c)
+        }
+    }
+}
+
+struct Bench<'c, T: CollType> {
+    comm: &'c Communicator,
+    coll: &'c Collectives<'c>,
+    stream: &'c Stream,
+    args: &'c Args,
+    kind: Kind,
+    nccl: Option<&'c nccl::Nccl>,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: CollType> Bench<'_, T> {
+    fn op(&self, send: Operand<'_, T>, recv: Operand<'_, T>, algorithm: Algorithm) -> Result<()> {
+        let (c, s) = (self.coll, self.stream);
+        match self.kind {
+            Kind::AllReduce => c.all_reduce_with(send, recv, Op::Sum, algorithm, s),
+            Kind::AllGather => c.all_gather(send, recv, s),
+            Kind::ReduceScatter => c.reduce_scatter(send, recv, Op::Sum, s),
+            Kind::Broadcast => c.broadcast(send, recv, 0, s),
+            Kind::Reduce => c.reduce(send, recv, Op::Sum, 0, s),
+            Kind::AllToAll => c.all_to_all(send, recv, s),
+        }
+    }
+
+    /// Median µs per operation of `f` (iters back to back, reps times).
+    fn time(&self, f: &dyn Fn() -> Result<()>) -> Result<f64> {
+        let dev = self.comm.device();
+        for _ in 0..self.args.warmup {
+            f()?;
+        }
+        self.coll.synchronize(self.stream)?;
+        let mut t = Vec::new();
+        for _ in 0..self.args.reps {
+            self.comm.bootstrap_barrier()?;
+            let (a, b) = (Event::new(dev)?, Event::new(dev)?);
+            self.stream.record(&a)?;
+            for _ in 0..self.args.iters {
+                f()?;
+            }
+            self.stream.record(&b)?;
+            self.coll.synchronize(self.stream)?;
+            t.push(a.elapsed_ms(&b)? as f64 * 1000.0 / self.args.iters as f64);
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    }
+
+    fn wrong(&self, recv: &DeviceBuffer<T>, len: usize) -> Result<usize> {
+        if self.args.check == 0 || (self.kind == Kind::Reduce && self.comm.rank() != 0) {
+            return Ok(0);
+        }
+        let got = self.stream.read_vec(recv)?;
+        let (n, me) = (self.comm.count(), self.comm.rank());
+        Ok((0..len).filter(|&i| got[i].to_f64() != expected(self.kind, n, me, i, len)).count())
+    }
+
+    fn size(&self, total_bytes: usize) -> Result<Vec<String>> {
+        let (n, me) = (self.comm.count(), self.comm.rank());
+        let size = std::mem::size_of::<T>();
+        let (slen, rlen) = self.kind.lens(total_bytes / size, n);
+        let dev = self.comm.device();
+        let input: Vec<T> = (0..slen).map(|i| T::from_f64(value(me, i))).collect();
+        let send = dev.alloc_from(&input)?;
+        let recv = dev.alloc::<T>(rlen.max(1))?;
+        let mem = if self.args.window { Some(self.comm.mem_alloc((slen + rlen).max(1) * size)?) } else { None };
+        let window = match &mem {
+            Some(m) => Some(self.comm.register_window(m, WindowFlags::COLL_SYMMETRIC)?),
+            None => None,
+        };
+        if let Some(w) = &window {
+            w.write(self.stream, 0, &input)?;
+        }
+        let src = || match &window {
+            Some(w) => Operand::window(w, 0, slen),
+            None => Operand::range(&send, 0, slen),
+        };
+        let algorithm = match self.args.algorithm.as_str() {
+            "ll" => Algorithm::Ll,
+            "one_shot" => Algorithm::OneShot,
+            "two_shot" => Algorithm::TwoShot,
+            _ => Algorithm::Auto,
+        };
+        let bus = self.kind.bus_factor(n as f64);
+        let bytes = (slen.max(rlen) * size) as f64;
+        let cols = |t: f64, wrong: usize| {
+            let algbw = bytes / t / 1e3;
+            vec![format!("{t:9.2}"), format!("{algbw:7.2}"), format!("{:7.2}", algbw * bus), format!("{wrong:6}")]
+        };
+        let mut out = vec![
+            format!("{:>12}", slen.max(rlen) * size),
+            format!("{:>12}", slen.max(rlen)),
+            format!("{:>6}", self.args.datatype),
+            format!(
+                "{:>6}",
+                if matches!(self.kind, Kind::AllGather | Kind::Broadcast | Kind::AllToAll) { "none" } else { "sum" }
+            ),
+            format!("{:>4}", if matches!(self.kind, Kind::Broadcast | Kind::Reduce) { "0" } else { "-1" }),
+        ];
+        // devcomm, out of place.
+        let recv_op = || Operand::range(&recv, 0, rlen);
+        self.stream.memset(&mut dev.alloc::<T>(1)?, 0)?;
+        self.op(src()?, recv_op()?, algorithm)?;
+        self.coll.synchronize(self.stream)?;
+        let wrong = self.wrong(&recv, rlen)?;
+        let t = self.time(&|| self.op(src()?, recv_op()?, algorithm))?;
+        out.extend(cols(t, wrong));
+        // devcomm, in place (all_reduce, broadcast: the input buffer itself).
+        if matches!(self.kind, Kind::AllReduce | Kind::Broadcast) {
+            let buf = dev.alloc_from(&input)?;
+            self.op((&buf).into(), (&buf).into(), algorithm)?;
+            self.coll.synchronize(self.stream)?;
+            let wrong = self.wrong(&buf, rlen)?;
+            // In place repeatedly changes the data (sums grow); only the
+            // first result was checked.
+            let t = self.time(&|| self.op((&buf).into(), (&buf).into(), algorithm))?;
+            out.extend(cols(t, wrong));
+        } else {
+            out.extend(["      n/a".into(), "    n/a".into(), "    n/a".into(), "   n/a".into()]);
+        }
+        // devcomm, in kernel.
+        if self.args.in_kernel && self.kind == Kind::AllReduce && T::DTYPE == devcomm::coll::DataType::F32 {
+            let t = self.in_kernel(src()?, &recv, rlen, algorithm)?;
+            let wrong = self.wrong(&recv, rlen)?;
+            out.extend(cols(t, wrong));
+        }
+        // NCCL, out of place, same buffers.
+        if let Some(nc) = self.nccl {
+            let f = || nc.run(self.kind, T::DTYPE, send.device_addr(), recv.device_addr(), slen, rlen, self.stream);
+            self.stream.memset(&mut dev.alloc::<T>(1)?, 0)?;
+            f()?;
+            self.stream.synchronize()?;
+            let wrong = self.wrong(&recv, rlen)?;
+            let t = self.time(&f)?;
+            out.extend(cols(t, wrong));
+        }
+        drop(window);
+        Ok(out)
+    }
+
+    /// µs per all-reduce with `iters` of them inside one kernel.
+    fn in_kernel(&self, src: Operand<'_, T>, recv: &DeviceBuffer<T>, len: usize, algorithm: Algorithm) -> Result<f64> {
+        let module = devcomm_tests::test_kernels(self.comm.device());
+        let errors = self.comm.device().alloc_from(&[0u32])?;
+        let bytes = len * std::mem::size_of::<T>();
+        let algorithm = match algorithm {
+            Algorithm::Auto => Algorithm::choose(bytes as u64, &self.coll.context()),
+            a => a,
+        };
+        let ctas = if algorithm == Algorithm::Ll { 1 } else { bytes.div_ceil(256 << 10).clamp(1, 32) as u32 };
+        let iters = self.args.iters as u32;
+        let launch = || -> Result<()> {
+            let base = self.coll.reserve_seq(iters.max(1));
+            let src_buf = src.kernel_buffer();
+            let args = CollArgs {
+                ctx: self.coll.context(),
+                src: src_buf,
+                dst: CollBuffer {
+                    ptr: recv.device_addr(),
+                    window: WindowDesc::NONE,
+                    offset: 0,
+                    in_window: 0,
+                    reserved: 0,
+                },
+                count: len as u64,
+                scalar: 0,
+                scalar_ptr: 0,
+                errors: errors.device_addr(),
+                op: 0,
+                root: 0,
+                algorithm: algorithm as u32,
+                seq: base,
+            };
+            // SAFETY: `args` describes the live context and buffers of `len`
+            // floats on every rank; `iters` sequence numbers from `base` were
+            // reserved above (every rank the same).
+            unsafe {
+                self.stream.launch_in::<all_reduce_loop_f32>(&module, LaunchConfig::new(ctas, 256), (args, iters))
+            }
+        };
+        launch()?;
+        self.stream.synchronize()?;
+        if let Some(e) = Error::from_device_code(self.stream.read_vec(&errors)?[0], "all_reduce_loop_f32") {
+            return Err(e);
+        }
+        let t = self.time(&launch)?;
+        Ok(t / iters as f64)
+    }
+}
+
+mod nccl {
+    use super::Kind;
+    use cudarc::nccl::{result, sys};
+    use devcomm::coll::DataType;
+    use devcomm::comm::Communicator;
+    use devcomm::runtime::Stream;
+    use devcomm::{Error, Result};
+
+    /// An NCCL communicator over the same ranks and devices.
+    pub struct Nccl {
+        comm: sys::ncclComm_t,
+    }
+
+    fn err(what: &str, e: impl std::fmt::Debug) -> Error {
+        Error::system(format!("NCCL {what}"), std::io::Error::other(format!("{e:?}")))
+    }
+
+    impl Nccl {
+        pub fn new(comm: &Communicator, stream: &Stream) -> Result<Nccl> {
+            stream.cu_stream()?.ok_or_else(|| Error::invalid_usage("--nccl needs the CUDA runtime"))?;
+            let id = if comm.rank() == 0 {
+                result::get_uniqueid().map_err(|e| err("get_uniqueid", e))?
+            } else {
+                sys::ncclUniqueId { internal: [0; 128] }
+            };
+            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            let bytes = comm.bootstrap_broadcast(0, &bytes)?;
+            let mut id = sys::ncclUniqueId { internal: [0; 128] };
+            for (d, s) in id.internal.iter_mut().zip(&bytes) {
+                *d = *s as _;
+            }
+            let mut c = std::mem::MaybeUninit::uninit();
+            // SAFETY: a valid out-pointer; the id is rank 0's, every rank calls.
+            unsafe { result::comm_init_rank(c.as_mut_ptr(), comm.count() as i32, id, comm.rank() as i32) }
+                .map_err(|e| err("comm_init_rank", e))?;
+            // SAFETY: initialised by the successful call above.
+            Ok(Nccl { comm: unsafe { c.assume_init() } })
+        }
+
+        fn dtype(d: DataType) -> sys::ncclDataType_t {
+            match d {
+                DataType::F32 => sys::ncclDataType_t::ncclFloat32,
+                DataType::F16 => sys::ncclDataType_t::ncclFloat16,
+                DataType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+                DataType::F64 => sys::ncclDataType_t::ncclFloat64,
+                _ => sys::ncclDataType_t::ncclInt32,
+            }
+        }
+
+        /// One collective on `stream` from `send` to `recv` (device addresses).
+        #[allow(clippy::too_many_arguments)]
+        pub fn run(
+            &self,
+            kind: Kind,
+            d: DataType,
+            send: u64,
+            recv: u64,
+            slen: usize,
+            rlen: usize,
+            stream: &Stream,
+        ) -> Result<()> {
+            let s = stream.cu_stream()?.unwrap_or(0) as sys::cudaStream_t;
+            let (dt, sum) = (Self::dtype(d), sys::ncclRedOp_t::ncclSum);
+            let (sp, rp) = (send as *const std::ffi::c_void, recv as *mut std::ffi::c_void);
+            // SAFETY: `send`/`recv` are live device buffers of `slen`/`rlen`
+            // elements on this rank's device; the stream is bound (above).
+            let r = unsafe {
+                match kind {
+                    Kind::AllReduce => result::all_reduce(sp, rp, slen, dt, sum, self.comm, s),
+                    Kind::AllGather => result::all_gather(sp, rp, slen, dt, self.comm, s),
+                    Kind::ReduceScatter => result::reduce_scatter(sp, rp, rlen, dt, sum, self.comm, s),
+                    Kind::Broadcast => result::broadcast(sp, rp, slen, dt, 0, self.comm, s),
+                    Kind::Reduce => result::reduce(sp, rp, slen, dt, sum, 0, self.comm, s),
+                    Kind::AllToAll => {
+                        let n = result::comm_count(self.comm).map_err(|e| err("comm_count", e))? as usize;
+                        let c = slen / n;
+                        let size = match d {
+                            DataType::F16 | DataType::Bf16 => 2,
+                            DataType::F64 => 8,
+                            _ => 4,
+                        };
+                        result::group_start().map_err(|e| err("group_start", e))?;
+                        for p in 0..n {
+                            let off = (p * c * size) as u64;
+                            result::send((send + off) as *const _, c, dt, p as i32, self.comm, s)
+                                .map_err(|e| err("send", e))?;
+                            result::recv((recv + off) as *mut _, c, dt, p as i32, self.comm, s)
+                                .map_err(|e| err("recv", e))?;
+                        }
+                        result::group_end()
+                    }
+                }
+            };
+            r.map(|_| ()).map_err(|e| err("collective", e))
+        }
+    }
+
+    impl Drop for Nccl {
+        fn drop(&mut self) {
+            // SAFETY: the communicator is ours, destroyed once.
+            let _ = unsafe { result::comm_destroy(self.comm) };
+        }
+    }
+}
+
+fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Result<()> {
+    let coll = comm.collectives()?;
+    let stream = comm.device().stream();
+    let nccl = if args.nccl { Some(nccl::Nccl::new(comm, stream)?) } else { None };
+    let b = Bench::<T> { comm, coll: &coll, stream, args, kind, nccl: nccl.as_ref(), _t: std::marker::PhantomData };
+    if comm.rank() == 0 {
+        println!(
+            "# devcomm-perf {:?} {} on {} ranks ({} runtime), iters {} warmup {} reps {} (median), {}",
+            kind,
+            args.datatype,
+            comm.count(),
+            comm.device().kind(),
+            args.iters,
+            args.warmup,
+            args.reps,
+            if args.window { "operands in windows" } else { "operands in device buffers" }
+        );
+        let mut head = "#        size        count   type  redop root |  devcomm out of place: time algbw busbw #wrong |  in place: time algbw busbw #wrong".to_string();
+        if args.in_kernel {
+            head += " |  in kernel: time algbw busbw #wrong";
+        }
+        if args.nccl {
+            head += " |  NCCL out of place: time algbw busbw #wrong";
+        }
+        println!("{head}");
+        println!("#  (B)                                            (us)  (GB/s) (GB/s)");
+    }
+    let unit = std::mem::size_of::<T>() * comm.count();
+    let mut size = args.minbytes.max(unit) / unit * unit;
+    while size <= args.maxbytes {
+        let cols = b.size(size)?;
+        if comm.rank() == 0 {
+            println!("{}", cols.join(" "));
+        }
+        size = (size * args.stepfactor.max(2)).div_ceil(unit) * unit;
+    }
+    drop(nccl);
+    drop(coll);
+    comm.finalize()
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let run = || -> Result<()> {
+        let kind = Kind::parse(&args.op)?;
+        let comm = Communicator::init_from_env()?;
+        match args.datatype.as_str() {
+            "f32" => run_typed::<f32>(&comm, &args, kind),
+            "bf16" => run_typed::<half::bf16>(&comm, &args, kind),
+            "f16" => run_typed::<half::f16>(&comm, &args, kind),
+            "f64" => run_typed::<f64>(&comm, &args, kind),
+            "i32" => run_typed::<i32>(&comm, &args, kind),
+            d => Err(Error::invalid_argument(format!("datatype {d}: f32, bf16, f16, f64, i32"))),
+        }
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("devcomm-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
