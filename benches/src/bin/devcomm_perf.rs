@@ -291,7 +291,7 @@ impl<T: CollType> Bench<'_, T> {
             Algorithm::Auto => Algorithm::choose(bytes as u64, &self.coll.context()),
             a => a,
         };
-        let ctas = if algorithm == Algorithm::Ll { 1 } else { bytes.div_ceil(256 << 10).clamp(1, 32) as u32 };
+        let ctas = if algorithm == Algorithm::Ll { 1 } else { bytes.div_ceil(32 << 10).clamp(1, 64) as u32 };
         let iters = self.args.iters as u32;
         let launch = || -> Result<()> {
             let base = self.coll.reserve_seq(iters.max(1));

@@ -5,9 +5,6 @@ use super::op::Reduction;
 use crate::arch::{load16, store16};
 use core::mem::size_of;
 
-/// Peers whose 16-byte vectors a thread loads before combining them.
-const BATCH: usize = 8;
-
 /// Lane `l` of a 16-byte vector as `T`, by shifts (no byte access to a
 /// local array: on sm_90 the current toolchain miscompiled such stores,
 /// see `F16::to_f32`).
@@ -78,20 +75,12 @@ pub(crate) unsafe fn reduce_into<T: Element>(
         for (l, a) in acc.iter_mut().enumerate().take(lanes).skip(1) {
             *a = red.first(lane::<T>(&v0, l));
         }
-        let mut p = 1;
-        while p < n {
-            let batch = ((n - p) as usize).min(BATCH);
-            let mut v = [[0u32; 4]; BATCH];
-            for (j, slot) in v.iter_mut().enumerate().take(batch) {
-                // SAFETY: as for `v0`, peer `p + j < n`.
-                *slot = unsafe { load16(src(p + j as u32).add(at) as *const u8) };
+        for p in 1..n {
+            // SAFETY: as for `v0`, peer `p < n`.
+            let vp = unsafe { load16(src(p).add(at) as *const u8) };
+            for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+                *a = red.step(*a, lane::<T>(&vp, l));
             }
-            for vj in v.iter().take(batch) {
-                for (l, a) in acc.iter_mut().enumerate().take(lanes) {
-                    *a = red.step(*a, lane::<T>(vj, l));
-                }
-            }
-            p += batch as u32;
         }
         let mut r = [0u32; 4];
         for (l, a) in acc.iter().enumerate().take(lanes) {

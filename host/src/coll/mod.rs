@@ -93,9 +93,9 @@ pub struct CollConfig {
 impl Default for CollConfig {
     fn default() -> Self {
         CollConfig {
-            max_ctas: 32,
+            max_ctas: 64,
             threads: 0,
-            bytes_per_cta: 256 << 10,
+            bytes_per_cta: 32 << 10,
             ll_bytes: LL_MAX_BYTES as usize,
             stage_bytes: 8 << 20,
             check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
