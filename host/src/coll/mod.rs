@@ -472,7 +472,7 @@ impl<'c> Collectives<'c> {
         let (send, recv) = (send.into(), recv.into());
         self.check_operand("all_reduce send", &send)?;
         self.check_operand("all_reduce recv", &recv)?;
-        same_len("all_reduce", &send, send.len, &recv, recv.len)?;
+        same_len("all_reduce", send.len, recv.len)?;
         let count = send.len;
         let bytes = (count * std::mem::size_of::<T>()) as u64;
         if algorithm == Algorithm::Ll && bytes > self.ctx.ll_bytes() {
@@ -504,7 +504,7 @@ impl<'c> Collectives<'c> {
         self.check_operand("reduce send", &send)?;
         if self.comm.rank() == root {
             self.check_operand("reduce recv (on the root)", &recv)?;
-            same_len("reduce", &send, send.len, &recv, recv.len)?;
+            same_len("reduce", send.len, recv.len)?;
         }
         let bytes = send.len * std::mem::size_of::<T>();
         self.run::<T>(Kind::Reduce, &send, &recv, send.len, &op, root, Algorithm::OneShot, bytes, stream)
@@ -523,13 +523,7 @@ impl<'c> Collectives<'c> {
         let (send, recv) = (send.into(), recv.into());
         self.check_operand("reduce_scatter send", &send)?;
         self.check_operand("reduce_scatter recv", &recv)?;
-        let n = self.comm.count();
-        if Some(send.len) != recv.len.checked_mul(n) {
-            return Err(Error::invalid_argument(format!(
-                "reduce_scatter: send holds {} elements, it must hold ranks ({n}) × recv ({}) elements",
-                send.len, recv.len
-            )));
-        }
+        self.check_ranks_times("reduce_scatter", ("send", send.len), ("recv", recv.len))?;
         let bytes = send.len * std::mem::size_of::<T>();
         self.run::<T>(Kind::ReduceScatter, &send, &recv, recv.len, &op, 0, Algorithm::OneShot, bytes, stream)
     }
@@ -546,13 +540,7 @@ impl<'c> Collectives<'c> {
         let (send, recv) = (send.into(), recv.into());
         self.check_operand("all_gather send", &send)?;
         self.check_operand("all_gather recv", &recv)?;
-        let n = self.comm.count();
-        if Some(recv.len) != send.len.checked_mul(n) {
-            return Err(Error::invalid_argument(format!(
-                "all_gather: recv holds {} elements, it must hold ranks ({n}) × send ({}) elements",
-                recv.len, send.len
-            )));
-        }
+        self.check_ranks_times("all_gather", ("recv", recv.len), ("send", send.len))?;
         let bytes = recv.len * std::mem::size_of::<T>();
         self.run::<T>(Kind::AllGather, &send, &recv, send.len, &Op::Sum, 0, Algorithm::OneShot, bytes, stream)
     }
@@ -573,7 +561,7 @@ impl<'c> Collectives<'c> {
         self.check_operand("broadcast recv", &recv)?;
         if self.comm.rank() == root {
             self.check_operand("broadcast send (on the root)", &send)?;
-            same_len("broadcast", &send, send.len, &recv, recv.len)?;
+            same_len("broadcast", send.len, recv.len)?;
         }
         let bytes = recv.len * std::mem::size_of::<T>();
         self.run::<T>(Kind::Broadcast, &send, &recv, recv.len, &Op::Sum, root, Algorithm::OneShot, bytes, stream)
@@ -596,12 +584,7 @@ impl<'c> Collectives<'c> {
         let n = self.comm.count();
         if self.comm.rank() == root {
             self.check_operand("gather recv (on the root)", &recv)?;
-            if Some(recv.len) != send.len.checked_mul(n) {
-                return Err(Error::invalid_argument(format!(
-                    "gather: the root's recv holds {} elements, it must hold ranks ({n}) × send ({})",
-                    recv.len, send.len
-                )));
-            }
+            self.check_ranks_times("gather", ("the root's recv", recv.len), ("send", send.len))?;
         }
         let bytes = send.len * n * std::mem::size_of::<T>();
         self.run::<T>(Kind::Gather, &send, &recv, send.len, &Op::Sum, root, Algorithm::OneShot, bytes, stream)
@@ -623,12 +606,7 @@ impl<'c> Collectives<'c> {
         let n = self.comm.count();
         if self.comm.rank() == root {
             self.check_operand("scatter send (on the root)", &send)?;
-            if Some(send.len) != recv.len.checked_mul(n) {
-                return Err(Error::invalid_argument(format!(
-                    "scatter: the root's send holds {} elements, it must hold ranks ({n}) × recv ({})",
-                    send.len, recv.len
-                )));
-            }
+            self.check_ranks_times("scatter", ("the root's send", send.len), ("recv", recv.len))?;
         }
         let bytes = recv.len * n * std::mem::size_of::<T>();
         self.run::<T>(Kind::Scatter, &send, &recv, recv.len, &Op::Sum, root, Algorithm::OneShot, bytes, stream)
@@ -647,7 +625,7 @@ impl<'c> Collectives<'c> {
         let (send, recv) = (send.into(), recv.into());
         self.check_operand("all_to_all send", &send)?;
         self.check_operand("all_to_all recv", &recv)?;
-        same_len("all_to_all", &send, send.len, &recv, recv.len)?;
+        same_len("all_to_all", send.len, recv.len)?;
         let n = self.comm.count();
         if send.len % n != 0 {
             return Err(Error::invalid_argument(format!(
@@ -660,6 +638,18 @@ impl<'c> Collectives<'c> {
             return Err(Error::invalid_argument("all_to_all: send and recv overlap (no in-place all-to-all)"));
         }
         self.run::<T>(Kind::AllToAll, &send, &recv, send.len / n, &Op::Sum, 0, Algorithm::OneShot, bytes, stream)
+    }
+
+    /// `big.1` must be the rank count times `small.1` (names for the message).
+    fn check_ranks_times(&self, what: &str, big: (&str, usize), small: (&str, usize)) -> Result<()> {
+        let n = self.comm.count();
+        if Some(big.1) != small.1.checked_mul(n) {
+            return Err(Error::invalid_argument(format!(
+                "{what}: {} holds {} elements, it must hold ranks ({n}) × {} ({}) elements",
+                big.0, big.1, small.0, small.1
+            )));
+        }
+        Ok(())
     }
 
     fn check_root(&self, what: &str, root: usize) -> Result<()> {
@@ -790,7 +780,7 @@ impl<'c> Collectives<'c> {
     }
 }
 
-fn same_len<T>(what: &str, _a: &Operand<'_, T>, a: usize, _b: &Operand<'_, T>, b: usize) -> Result<()> {
+fn same_len(what: &str, a: usize, b: usize) -> Result<()> {
     if a != b {
         return Err(Error::invalid_argument(format!("{what}: send holds {a} elements and recv {b}; they must match")));
     }
