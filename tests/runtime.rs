@@ -388,7 +388,19 @@ fn user_kernels_launch_from_their_module_and_only_there() {
     assert!(!module.is_library());
     let mut names = module.entry_names().to_vec();
     names.sort();
-    assert_eq!(names, ["affine_struct", "sixteen", "sqrt_scale"]);
+    assert_eq!(
+        names,
+        [
+            "affine_struct",
+            "sixteen",
+            "sqrt_scale",
+            "strict_flag_acquire",
+            "strict_gin_given_release",
+            "strict_gin_reuse_flush",
+            "strict_lsa_signal",
+            "strict_reuse_barrier"
+        ]
+    );
     // SAFETY: x and out hold n elements and live past the read below.
     unsafe { s.launch_in::<sqrt_scale>(&module, cfg, args) }.unwrap();
     let got = s.read_vec(&out).unwrap();
