@@ -9,6 +9,7 @@
 //! | `reuse_barrier` | a shared buffer rewritten without a barrier | 1 (one block) |
 //! | `gin_given_release` | a put's freshly staged source declared released | 2 processes, GIN proxy |
 //! | `gin_reuse_flush` | a put's source overwritten before `flush` | 2 processes, GIN proxy |
+//! | `grid_wait` | blocks that wait for each other, without a co-resident launch | 1 (eight blocks) |
 //!
 //! Every case runs as child processes, on the runtime `DEVCOMM_RUNTIME`
 //! names (default emulated). A child exits 0 when every value it read was
@@ -345,4 +346,51 @@ fn gin_put_of_a_source_declared_released_without_a_fence() {
 #[test]
 fn gin_source_overwritten_before_flush() {
     case("gin_reuse_flush", "child_strict_gin", 2, &[("DEVCOMM_LSA_SIZE", "1"), ("STRICT_GIN", "reuse_flush")], false);
+}
+
+// ---- Blocks that wait for each other without a co-resident launch ----
+
+const GRID_BLOCKS: u32 = 8;
+
+#[test]
+#[ignore = "a process of a test: its parent runs it"]
+fn child_strict_grid() {
+    if !is_child("child_strict_grid") {
+        return;
+    }
+    let dev = devcomm_tests::test_device(0);
+    let stream = dev.stream();
+    let module = module(&dev);
+    let arrived = dev.alloc_from(&[0u64]).unwrap();
+    let out = dev.alloc_from(&[0u64; OUT_WORDS]).unwrap();
+    let mut cfg = LaunchConfig::new(GRID_BLOCKS, 32);
+    if correct() != 0 {
+        cfg = cfg.co_resident();
+    }
+    // Launches of a sequence on one counter, until one fails.
+    let mut result = Ok(vec![0; OUT_WORDS]);
+    for i in 0..rounds() {
+        // SAFETY: `arrived` is one zeroed word counting the sequence, `out`
+        // 4 zeroed words; both live until `out_words` has synchronised.
+        let launched = unsafe {
+            stream.launch_in::<k::strict_grid_wait>(
+                &module,
+                cfg,
+                (arrived.as_mut_ptr(), i, 300_000_000u64, out.as_mut_ptr()),
+            )
+        };
+        result = launched.and_then(|()| out_words(stream, &out));
+        if !matches!(&result, Ok(o) if o[2] == 0) {
+            break;
+        }
+    }
+    std::process::exit(verdict("grid_wait", 0, result));
+}
+
+/// Eight blocks that wait for each other: without a co-resident launch the
+/// strict emulator runs part of the grid first and the waits time out; a
+/// co-resident launch passes.
+#[test]
+fn blocks_that_wait_for_each_other_without_a_co_resident_launch() {
+    case("grid_wait", "child_strict_grid", 1, &[], false);
 }

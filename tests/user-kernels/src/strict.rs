@@ -10,6 +10,7 @@
 //! | [`strict_reuse_barrier`] | a shared buffer rewritten with no barrier after the others read it | a barrier before the rewrite |
 //! | [`strict_gin_given_release`] | a put's freshly written source declared released ([`Gin::with_given_release`]) | the put's own fence |
 //! | [`strict_gin_reuse_flush`] | a put's source rewritten before [`Gin::flush`] | a flush first |
+//! | [`strict_grid_wait`] | blocks that wait for each other, launched plainly | a co-resident launch (host side) |
 //!
 //! Every kernel records in `out` (four `u64`s, zero before the launch):
 //! `out[0]` how many wrong values it read, `out[1]` the first round that
@@ -165,6 +166,31 @@ devcomm_device::kernel! {
                 atomic::red_add_release(ack, 1, Scope::Gpu);
             }
         }
+    }
+
+    /// Every block's thread 0 adds 1 to `arrived` (release) and waits
+    /// (acquire, at most `timeout_ns`) until every block of the grid has:
+    /// a grid barrier, launch `launch_index` (from 0) of a sequence on the
+    /// same counter. Correct only when the launch makes every block
+    /// resident at once (`LaunchConfig::co_resident` on the host): without
+    /// it a GPU may run part of the grid first — and the strict emulator
+    /// does — and the waiting blocks hold the others out (the bug; the wait
+    /// ends in a timeout, recorded in `out[2]`).
+    ///
+    /// # Safety
+    /// `arrived` is a `u64`, zero before the first launch of the sequence;
+    /// `out` as in the module docs.
+    pub unsafe fn strict_grid_wait(arrived: *mut u64, launch_index: u32, timeout_ns: u64, out: *mut u64) {
+        if thread_rank_in_block() == 0 {
+            let blocks = arch::grid_dim().x as u64 * arch::grid_dim().y as u64 * arch::grid_dim().z as u64;
+            atomic::red_add_release(arrived, 1, Scope::Gpu);
+            let abort = AbortInfo::none().with_timeout_ns(timeout_ns);
+            let mut d = Deadline::new(&abort);
+            if let Err(e) = wait::wait_ge_u64(arrived, (launch_index as u64 + 1) * blocks, Scope::Gpu, &mut d) {
+                failed(out, e.code());
+            }
+        }
+        arch::sync_threads();
     }
 
     /// One block; `stage` holds one `u64` per thread. Each round every

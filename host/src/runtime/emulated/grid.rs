@@ -430,6 +430,21 @@ fn describe(g: &Geometry) -> String {
     )
 }
 
+/// Whether a co-resident launch fits at once: an error (as a cooperative
+/// launch too large on a GPU) when it does not.
+pub(crate) fn check_co_resident(cfg: &LaunchConfig, name: &str) -> Result<()> {
+    let max_threads = max_resident_threads();
+    let (blocks, per_block) = (cfg.grid.volume(), cfg.block.volume());
+    if blocks > (max_threads / per_block).max(1) {
+        return Err(Error::CudaError(format!(
+            "emulated kernel {name}: a co-resident launch of {blocks} blocks of {per_block} threads does not fit \
+             the emulator's {max_threads} resident threads (DEVCOMM_EMU_MAX_THREADS), as a cooperative launch \
+             too large fails on a GPU"
+        )));
+    }
+    Ok(())
+}
+
 impl<A: KernelArgs> SendJob<A> {
     /// Runs the whole grid and returns when every thread has finished.
     ///
@@ -440,18 +455,9 @@ impl<A: KernelArgs> SendJob<A> {
         let job = &self.0;
         let cfg = job.cfg;
         let blocks = cfg.grid.volume();
-        let max_threads = max_resident_threads();
-        let mut per_wave = (max_threads / cfg.block.volume()).max(1);
+        let mut per_wave = (max_resident_threads() / cfg.block.volume()).max(1);
         if cfg.co_resident {
-            if blocks > per_wave {
-                return Err(Error::CudaError(format!(
-                    "emulated kernel {}: a co-resident launch of {blocks} blocks of {} threads does not fit the \
-                     emulator's {max_threads} resident threads (DEVCOMM_EMU_MAX_THREADS), as a cooperative \
-                     launch too large fails on a GPU",
-                    job.name,
-                    cfg.block.volume()
-                )));
-            }
+            check_co_resident(&cfg, job.name)?;
             per_wave = blocks;
         }
         let sc = strict::config();

@@ -272,6 +272,10 @@ impl EmuStream {
     /// # Safety
     /// The kernel's pointer arguments must be valid for its whole run.
     pub(crate) unsafe fn launch<K: Kernel>(&self, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        if cfg.co_resident {
+            // Refused at once, as CUDA refuses a cooperative launch too large.
+            grid::check_co_resident(&cfg, K::NAME)?;
+        }
         if lazy_loading() {
             let key = if super::preload_disabled() { K::NAME } else { MODULE_KEY };
             load_lazily(self.ordinal, key)?;
