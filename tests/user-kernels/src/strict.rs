@@ -5,17 +5,17 @@
 //!
 //! | kernel | the bug (`correct == 0`) | the fix |
 //! |---|---|---|
-//! | [`strict_lsa_signal`] | data stored to an LSA peer, then a *relaxed* signal | a release signal ([`lsa::signal_add`]) |
-//! | [`strict_flag_acquire`] | a flag polled with *relaxed* loads, then the data read | an acquire load of the flag |
-//! | [`strict_reuse_barrier`] | a shared buffer rewritten with no barrier after the others read it | a barrier before the rewrite |
-//! | [`strict_gin_given_release`] | a put's freshly written source declared released ([`Gin::with_given_release`]) | the put's own fence |
-//! | [`strict_gin_reuse_flush`] | a put's source rewritten before [`Gin::flush`] | a flush first |
-//! | [`strict_grid_wait`] | blocks that wait for each other, launched plainly | a co-resident launch (host side) |
+//! | [`strict_lsa_signal()`] | data stored to an LSA peer, then a *relaxed* signal | a release signal ([`lsa::signal_add`]) |
+//! | [`strict_flag_acquire()`] | a flag polled with *relaxed* loads, then the data read | an acquire load of the flag |
+//! | [`strict_reuse_barrier()`] | a shared buffer rewritten with no barrier after the others read it | a barrier before the rewrite |
+//! | [`strict_gin_given_release()`] | a put's freshly written source declared released ([`Gin::with_given_release`]) | the put's own fence |
+//! | [`strict_gin_reuse_flush()`] | a put's source rewritten before [`Gin::flush`] | a flush first |
+//! | [`strict_grid_wait()`] | blocks that wait for each other, launched plainly | a co-resident launch (host side) |
 //!
 //! Every kernel records in `out` (four `u64`s, zero before the launch):
 //! `out[0]` how many wrong values it read, `out[1]` the first round that
 //! read one, `out[2]` a device error code (a wait that timed out: first
-//! wins). Values are [`strict_word`]`(round, rank, index)`.
+//! wins). Values are [`strict_word()`]`(round, rank, index)`.
 
 use devcomm_device::arch::{self, thread_rank_in_block, threads_per_block};
 use devcomm_device::atomic::{self, Order, Scope};
@@ -247,7 +247,7 @@ devcomm_device::kernel! {
         }
     }
 
-    /// As [`strict_gin_given_release`] with the default (fencing) puts, but
+    /// As [`strict_gin_given_release()`] with the default (fencing) puts, but
     /// right after posting its put every thread overwrites its staged
     /// chunk (as a next step's data would) and publishes that with a
     /// system-scope fence; with `correct` it flushes first
@@ -255,7 +255,7 @@ devcomm_device::kernel! {
     /// the proxy may send the overwritten bytes.
     ///
     /// # Safety
-    /// As for [`strict_gin_given_release`].
+    /// As for [`strict_gin_given_release()`].
     pub unsafe fn strict_gin_reuse_flush(comm: DevComm, win: WindowDesc, stage_off: u64, recv_off: u64, chunk: u32, rounds: u32, correct: u32, out: *mut u64) {
         let gin = match Gin::new(&comm, 0) {
             Ok(g) => g,
@@ -274,7 +274,7 @@ devcomm_device::kernel! {
 /// reuse bug); otherwise after the flush that says the proxy has read it.
 ///
 /// # Safety
-/// As for [`strict_gin_given_release`].
+/// As for [`strict_gin_given_release()`].
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn gin_rounds(

@@ -25,14 +25,16 @@
 //!   wait in a per-thread store buffer and reach memory — other threads,
 //!   blocks, ranks, the GIN proxy — only at a release of the storing thread
 //!   (a fence, a release or acq_rel atomic, a barrier it joins, the end of
-//!   the kernel) or at a random later moment; a kernel that signals without
-//!   a release reads wrong data, or waits until its device timeout. Plain
+//!   the kernel) or at a random later moment (up to 2 ms); a kernel that
+//!   signals without a release reads wrong data, or waits until its device
+//!   timeout. Plain
 //!   Rust stores in a kernel (`*p = v`) are not intercepted: they land at
 //!   once, as before, and should not be mixed with the library's store
 //!   paths on the same bytes within one thread without a release between
 //!   them. Scopes are not modelled (any release publishes to everyone).
 //! * **schedule**: blocks start in a random order, in waves of random size
-//!   unless the launch is [`LaunchConfig::co_resident`](super::LaunchConfig::co_resident);
+//!   (one block to all that are left) unless the launch is
+//!   [`LaunchConfig::co_resident`](super::LaunchConfig::co_resident);
 //!   a block's threads are resumed in a random rotation; stream copies and
 //!   stream writes — the GIN proxy's data path — start after a random delay.
 //! * **races**: accesses through those store and load paths are checked

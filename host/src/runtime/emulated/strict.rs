@@ -7,13 +7,15 @@
 //!   paths see them (store-to-load forwarding). The buffer drains to memory
 //!   at a release of the thread (a fence, a release or acq_rel atomic, a
 //!   barrier it joins), before an atomic access of the thread to the same
-//!   bytes, one random line now and then, all of it at a random spin of the
-//!   thread (1 in [`SPIN_FLUSH_ONE_IN`]), a line whose slot a new line
-//!   takes (the buffer holds [`SLOTS`] lines), and — for a thread that has ended — at a random
-//!   moment up to [`EXIT_DELAY_MAX`] later, at the latest when its kernel
-//!   ends. So another thread, block, GPU or the GIN proxy sees a plain store
-//!   late unless a release publishes it, as on a GPU. Scopes are not
-//!   modelled: any release publishes to everyone.
+//!   bytes, and otherwise late: each line has a random deadline up to
+//!   [`DRAIN_MAX`] after its first store, met at the thread's next spin
+//!   after it (or by any spinning thread of the process once the thread
+//!   has ended, at the latest when its kernel ends); a random line drains
+//!   now and then (1 store in [`STORE_FLUSH_ONE_IN`]), and a line whose
+//!   slot a new line takes (the buffer holds [`SLOTS`] lines). So another
+//!   thread, block, GPU or the GIN proxy sees a plain store late unless a
+//!   release publishes it, as on a GPU. Scopes are not modelled: any
+//!   release publishes to everyone.
 //! * **Races.** For every 8-byte word accessed through those paths, a
 //!   process-wide shadow keeps its last write and last read: the thread,
 //!   the source location, and the sequence number of the first release of
@@ -50,13 +52,11 @@ pub(crate) const STRICT_ENV: &str = "DEVCOMM_EMU_STRICT";
 /// A `u64` (decimal or `0x` hex) that fixes the strict mode's random choices.
 pub(crate) const SEED_ENV: &str = "DEVCOMM_EMU_SEED";
 
-/// A spinning thread drains its whole store buffer once in this many spins.
-pub(crate) const SPIN_FLUSH_ONE_IN: u64 = 32;
+/// Longest time a plain store stays in its thread's store buffer without a
+/// release (each line draws its deadline up to this).
+pub(crate) const DRAIN_MAX: Duration = Duration::from_millis(2);
 /// A store drains one random line of the buffer once in this many stores.
 pub(crate) const STORE_FLUSH_ONE_IN: u64 = 64;
-/// Longest time an ended thread's stores stay invisible (its kernel's end
-/// drains them at the latest).
-pub(crate) const EXIT_DELAY_MAX: Duration = Duration::from_micros(800);
 /// Longest random delay before an emulated stream copy or stream write.
 pub(crate) const COPY_DELAY_MAX: Duration = Duration::from_micros(300);
 
@@ -370,16 +370,24 @@ pub(crate) unsafe fn mem_write(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
+/// Nanoseconds since the process's first use of the strict mode's clock.
+fn now_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
 /// Pending bytes of one 16-byte aligned line of a store buffer.
 #[derive(Clone, Copy)]
 pub(crate) struct Line {
     bytes: [MaybeUninit<u8>; 16],
     /// Bit `i`: byte `i` is pending.
     mask: u16,
+    /// When it drains at the latest without a release ([`now_ns`]'s clock).
+    due: u64,
 }
 
 impl Line {
-    const EMPTY: Line = Line { bytes: [MaybeUninit::uninit(); 16], mask: 0 };
+    const EMPTY: Line = Line { bytes: [MaybeUninit::uninit(); 16], mask: 0, due: 0 };
 
     /// Writes the pending bytes to the line at `addr`, in the largest
     /// aligned pieces they fill (so an aligned store of 1–16 bytes lands
@@ -440,9 +448,9 @@ impl StoreBuffer {
         (*a == line && l.mask != 0).then_some(l)
     }
 
-    /// The pending line at `line`, made empty if absent; drains the line
-    /// that held its slot.
-    fn entry(&mut self, line: usize) -> &mut Line {
+    /// The pending line at `line`, made empty with deadline `due()` if
+    /// absent; drains the line that held its slot.
+    fn entry(&mut self, line: usize, due: impl FnOnce() -> u64) -> &mut Line {
         let i = Self::index(line);
         let (a, l) = &mut self.slots[i];
         if *a != line || l.mask == 0 {
@@ -454,7 +462,7 @@ impl StoreBuffer {
                 self.count += 1;
             }
             *a = line;
-            *l = Line::EMPTY;
+            *l = Line { due: due(), ..Line::EMPTY };
         }
         l
     }
@@ -477,12 +485,13 @@ impl StoreBuffer {
         }
     }
 
-    fn flush_where(&mut self, mut f: impl FnMut(usize) -> bool) {
+    /// Drains the lines for which `f(address, line)` holds.
+    fn flush_where(&mut self, mut f: impl FnMut(usize, &Line) -> bool) {
         if self.count == 0 {
             return;
         }
         for i in 0..SLOTS {
-            if self.slots[i].1.mask != 0 && f(self.slots[i].0) {
+            if self.slots[i].1.mask != 0 && f(self.slots[i].0, &self.slots[i].1) {
                 self.flush_slot(i);
             }
         }
@@ -498,9 +507,8 @@ impl StoreBuffer {
     }
 }
 
-/// Flushes lines of ended threads after a random delay.
+/// The pending lines of an ended thread, drained when due.
 struct PendingLines {
-    due: Instant,
     launch: u32,
     lines: Vec<(usize, Line)>,
 }
@@ -517,44 +525,50 @@ pub(crate) fn drain_due() {
     if PENDING_COUNT.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let now = Instant::now();
-    let due: Vec<PendingLines> = {
+    let now = now_ns();
+    let mut due = Vec::new();
+    {
         let mut p = pending().lock().unwrap_or_else(|e| e.into_inner());
-        let (due, keep): (Vec<_>, Vec<_>) = p.drain(..).partition(|x| x.due <= now);
-        *p = keep;
+        for t in p.iter_mut() {
+            t.lines.retain(|&(addr, line)| {
+                let keep = line.due > now;
+                if !keep {
+                    due.push((addr, line));
+                }
+                keep
+            });
+        }
+        p.retain(|t| !t.lines.is_empty());
         PENDING_COUNT.store(p.len(), Ordering::Relaxed);
-        due
-    };
-    flush_pending(due);
+    }
+    flush_lines(due);
 }
 
 /// Waits until launch `launch`'s ended threads' lines are due, and drains them.
 fn drain_launch(launch: u32) {
-    let mine: Vec<PendingLines> = {
+    let mine: Vec<(usize, Line)> = {
         let mut p = pending().lock().unwrap_or_else(|e| e.into_inner());
         let (mine, keep): (Vec<_>, Vec<_>) = p.drain(..).partition(|x| x.launch == launch);
         *p = keep;
         PENDING_COUNT.store(p.len(), Ordering::Relaxed);
-        mine
+        mine.into_iter().flat_map(|t| t.lines).collect()
     };
-    if let Some(last) = mine.iter().map(|x| x.due).max() {
-        let now = Instant::now();
+    if let Some(last) = mine.iter().map(|x| x.1.due).max() {
+        let now = now_ns();
         if last > now {
-            std::thread::sleep(last - now);
+            std::thread::sleep(Duration::from_nanos(last - now));
         }
     }
-    flush_pending(mine);
+    flush_lines(mine);
 }
 
-fn flush_pending(list: Vec<PendingLines>) {
-    for p in list {
-        for (addr, line) in p.lines {
-            // SAFETY: the lines of a launch's threads address device memory
-            // its kernel was given, valid until the launch ends (it drains
-            // them before ending); shared-memory lines were written when their
-            // thread ended, stack addresses are never buffered.
-            unsafe { line.write_to(addr) };
-        }
+fn flush_lines(lines: Vec<(usize, Line)>) {
+    for (addr, line) in lines {
+        // SAFETY: the lines of a launch's threads address device memory its
+        // kernel was given, valid until the launch ends (it drains them
+        // before ending); shared-memory lines were written when their thread
+        // ended, stack addresses are never buffered.
+        unsafe { line.write_to(addr) };
     }
 }
 
@@ -818,7 +832,8 @@ impl ThreadMem {
             let a = addr + i;
             let (line, off) = (a & !15, a & 15);
             let n = (16 - off).min(len - i);
-            let l = self.lines.entry(line);
+            let rng = &mut self.rng;
+            let l = self.lines.entry(line, || now_ns() + rng.below(DRAIN_MAX.as_nanos() as u64 + 1));
             // SAFETY: `src` is valid for `len` bytes (the caller's contract)
             // and `i + n <= len`; `off + n <= 16` stays in the line's bytes.
             unsafe { std::ptr::copy_nonoverlapping(src.add(i), l.bytes.as_mut_ptr().add(off) as *mut u8, n) };
@@ -864,7 +879,7 @@ impl ThreadMem {
     }
 
     fn flush_all(&mut self) {
-        self.lines.flush_where(|_| true);
+        self.lines.flush_where(|_, _| true);
     }
 
     /// A release: drains the buffer, stamps the accesses since the last one.
@@ -905,25 +920,25 @@ impl ThreadMem {
         }
     }
 
-    /// A spin of the thread: now and then its stores drain.
+    /// A spin of the thread: its lines past their deadline drain.
     pub(crate) fn spin(&mut self) {
-        if !self.lines.is_empty() && self.rng.one_in(SPIN_FLUSH_ONE_IN) {
-            self.flush_all();
+        if !self.lines.is_empty() {
+            let now = now_ns();
+            self.lines.flush_where(|_, l| l.due <= now);
         }
     }
 
     /// The thread ended: its shared-memory stores land now (the block's
-    /// shared memory goes away with it), the others after a random delay;
-    /// its accesses are stamped when the launch ends.
+    /// shared memory goes away with it), the others at their deadlines; its
+    /// accesses are stamped when the launch ends.
     pub(crate) fn exit(mut self, launch: u32) -> Exited {
         // The block's shared memory is alive while its threads run.
         let smem = self.smem.clone();
-        self.lines.flush_where(|a| smem.contains(&a));
+        self.lines.flush_where(|a, _| smem.contains(&a));
         if !self.lines.is_empty() {
-            let due = Instant::now() + self.rng.duration(EXIT_DELAY_MAX);
             let lines = self.lines.take();
             let mut p = pending().lock().unwrap_or_else(|e| e.into_inner());
-            p.push(PendingLines { due, launch, lines });
+            p.push(PendingLines { launch, lines });
             PENDING_COUNT.store(p.len(), Ordering::Relaxed);
         }
         Exited { tid: self.tid, written: std::mem::take(&mut self.written), read: std::mem::take(&mut self.read) }
