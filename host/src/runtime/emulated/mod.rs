@@ -144,6 +144,7 @@ impl EmuDevice {
                 "emulated device {ordinal} does not exist: {n} are configured (DEVCOMM_EMULATED_DEVICES)"
             )));
         }
+        strict::check_config()?;
         grid::install_hooks();
         let mut map =
             DEVICES.get_or_init(Default::default).lock().map_err(|_| Error::internal("device table poisoned"))?;

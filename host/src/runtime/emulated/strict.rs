@@ -131,18 +131,25 @@ pub(crate) fn parse(strict: Option<&str>, seed: Option<&str>) -> Result<Strict, 
     Ok(s)
 }
 
-/// The process's strict-mode settings (read once). A malformed setting
-/// panics with the reason, at the first emulated device opened.
-pub(crate) fn config() -> &'static Strict {
-    static C: OnceLock<Strict> = OnceLock::new();
+fn settings() -> &'static Result<Strict, String> {
+    static C: OnceLock<Result<Strict, String>> = OnceLock::new();
     C.get_or_init(|| {
         let strict = std::env::var(STRICT_ENV).ok();
         let seed = std::env::var(SEED_ENV).ok();
-        match parse(strict.as_deref(), seed.as_deref()) {
-            Ok(s) => s,
-            Err(e) => panic!("devcomm: {e}"),
-        }
+        parse(strict.as_deref(), seed.as_deref())
     })
+}
+
+/// The process's strict-mode settings (read once; off when malformed, which
+/// [`check_config`] reports when an emulated device is opened).
+pub(crate) fn config() -> &'static Strict {
+    static OFF: Strict = Strict { memory: false, schedule: false, races: false, seed: 0 };
+    settings().as_ref().unwrap_or(&OFF)
+}
+
+/// A malformed [`STRICT_ENV`] or [`SEED_ENV`], as an error.
+pub(crate) fn check_config() -> crate::error::Result<()> {
+    settings().as_ref().map(|_| ()).map_err(|e| crate::error::Error::invalid_argument(e.clone()))
 }
 
 /// Prints the settings and seed once, when the first strict launch starts.
