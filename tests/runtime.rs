@@ -426,6 +426,7 @@ fn user_kernels_launch_from_their_module_and_only_there() {
             "strict_gin_given_release",
             "strict_gin_reuse_flush",
             "strict_grid_wait",
+            "strict_lsa_cta_signal",
             "strict_lsa_signal",
             "strict_reuse_barrier"
         ]

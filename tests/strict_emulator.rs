@@ -5,6 +5,7 @@
 //! | case | the bug | ranks |
 //! |---|---|---|
 //! | `lsa_signal` | LSA stores to a peer, then a relaxed signal (no fence) | 2 processes |
+//! | `lsa_cta_signal` | a block's LSA stores, a barrier, then the leader's relaxed signal | 2 processes |
 //! | `flag_acquire` | a flag polled with relaxed loads, then the data read | 1 (two blocks) |
 //! | `reuse_barrier` | a shared buffer rewritten without a barrier | 1 (one block) |
 //! | `gin_given_release` | a put's freshly staged source declared released | 2 processes, GIN proxy |
@@ -54,7 +55,7 @@ const DEVICE_ERROR: i32 = 5;
 const OTHER_LAUNCH_ERROR: i32 = 6;
 
 /// Rounds of a case on the emulator, and of a wrong version on a GPU.
-const EMU_ROUNDS: u32 = 8;
+const EMU_ROUNDS: u32 = 16;
 const GPU_ROUNDS: u32 = 2000;
 
 fn rounds() -> u32 {
@@ -199,6 +200,56 @@ fn child_strict_lsa() {
 #[test]
 fn lsa_data_then_a_relaxed_signal() {
     case("lsa_signal", "child_strict_lsa", 2, &[], false);
+}
+
+// ---- LSA: a block's data, a barrier, then the leader's relaxed signal ----
+
+const CTA_WORDS: u32 = 1024;
+const CTA_THREADS: u32 = 128;
+
+fn child_lsa_cta_body(comm: &Communicator) {
+    let me = comm.rank();
+    let dev = comm.device().clone();
+    let stream = dev.new_stream().unwrap();
+    let (src_off, sig_off) = ((CTA_WORDS * 8) as u64, (2 * CTA_WORDS * 8) as u64);
+    let bytes = (sig_off + 128) as usize;
+    let mem = comm.mem_alloc(bytes).unwrap();
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    let mut req = DevCommRequirements::new();
+    req.use_window(&window);
+    let handle = comm.create_dev_comm(&req).unwrap();
+    window.write(&stream, 0, &vec![0u8; bytes]).unwrap();
+    let module = module(&dev);
+    let out = dev.alloc_from(&[0u64; OUT_WORDS]).unwrap();
+    comm.bootstrap_barrier().unwrap();
+    let args = (handle.dev_comm(), window.desc(), src_off, sig_off, CTA_WORDS, rounds(), correct(), out.as_mut_ptr());
+    // SAFETY: the window holds the data, the source and both signal words
+    // (zeroed above, on every rank before the barrier); one block; `out` is
+    // 4 zeroed words that live until `out_words` has synchronised.
+    let launched =
+        unsafe { stream.launch_in::<k::strict_lsa_cta_signal>(&module, LaunchConfig::new(1, CTA_THREADS), args) };
+    let code = verdict("lsa_cta_signal", me, launched.and_then(|()| out_words(&stream, &out)));
+    comm.bootstrap_barrier().unwrap();
+    std::process::exit(code);
+}
+
+#[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
+fn child_strict_lsa_cta() {
+    if !is_child("child_strict_lsa_cta") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    child_lsa_cta_body(&comm);
+}
+
+/// A block's stores to an LSA peer, a barrier, then the leader's relaxed
+/// signal: the barrier orders them for the block only, so the peer reads
+/// stale data (strict emulator: a barrier keeps stores to peer memory
+/// among the block until a wider release); with a release signal it does not.
+#[test]
+fn lsa_block_data_a_barrier_then_a_relaxed_signal() {
+    case("lsa_cta_signal", "child_strict_lsa_cta", 2, &[], false);
 }
 
 // ---- Two blocks: a flag read without acquire ----

@@ -26,7 +26,9 @@
 //! acq_rel operation, a fence) publishes the calling thread's delayed plain
 //! stores, every acquire orders its later loads for the race check, and
 //! plain stores without a release stay invisible for a while. Scopes are
-//! not modelled there: a release of any scope publishes to everyone.
+//! modelled there only for stores to other GPUs' memory: a CTA-scope
+//! release publishes them to the block, a GPU- or system-scope one to
+//! everyone.
 //!
 //! ```no_run
 //! use devcomm_device::atomic::{self, Scope};
@@ -470,10 +472,11 @@ mod imp {
     use crate::emu;
     use core::sync::atomic::{fence as cfence, AtomicU32, AtomicU64, Ordering};
 
-    pub fn fence(sc: bool, _s: Scope) {
-        emu::order(false, true);
+    pub fn fence(sc: bool, s: Scope) {
+        let cta = s == Scope::Cta;
+        emu::order(false, true, cta);
         cfence(if sc { Ordering::SeqCst } else { Ordering::AcqRel });
-        emu::order(true, false);
+        emu::order(true, false, cta);
     }
 
     /// # Safety
@@ -503,17 +506,17 @@ mod imp {
         }
     }
 
-    /// Runs atomic operation `f` on the word at `p` with the strict
-    /// emulator's events around it.
+    /// Runs atomic operation `f` on the word at `p` (at scope `s`) with the
+    /// strict emulator's events around it.
     #[inline]
-    fn ordered<T, R>(p: *const T, acquire: bool, release: bool, f: impl FnOnce() -> R) -> R {
+    fn ordered<T, R>(p: *const T, s: Scope, acquire: bool, release: bool, f: impl FnOnce() -> R) -> R {
         emu::atomic_access(p as *const u8, core::mem::size_of::<T>());
         if release {
-            emu::order(false, true);
+            emu::order(false, true, s == Scope::Cta);
         }
         let r = f();
         if acquire {
-            emu::order(true, false);
+            emu::order(true, false, s == Scope::Cta);
         }
         r
     }
@@ -529,48 +532,48 @@ mod imp {
     macro_rules! impl_word {
         ($t:ty, $a:ty) => {
             impl AtomicWord for $t {
-                unsafe fn ld_relaxed(p: *const Self, _s: Scope) -> Self {
+                unsafe fn ld_relaxed(p: *const Self, s: Scope) -> Self {
                     // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
                     // its atomic type, of the same size and alignment on 64-bit hosts) and every
                     // concurrent access is atomic, which is what `from_ptr` requires.
-                    ordered(p, false, false, || unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Relaxed))
+                    ordered(p, s, false, false, || unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Relaxed))
                 }
-                unsafe fn ld_acquire(p: *const Self, _s: Scope) -> Self {
+                unsafe fn ld_acquire(p: *const Self, s: Scope) -> Self {
                     // SAFETY: as for `ld_relaxed`.
-                    ordered(p, true, false, || unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Acquire))
+                    ordered(p, s, true, false, || unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Acquire))
                 }
-                unsafe fn st_relaxed(p: *mut Self, v: Self, _s: Scope) {
+                unsafe fn st_relaxed(p: *mut Self, v: Self, s: Scope) {
                     // SAFETY: as for `ld_relaxed`.
-                    ordered(p, false, false, || unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Relaxed))
+                    ordered(p, s, false, false, || unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Relaxed))
                 }
-                unsafe fn st_release(p: *mut Self, v: Self, _s: Scope) {
+                unsafe fn st_release(p: *mut Self, v: Self, s: Scope) {
                     // SAFETY: as for `ld_relaxed`.
-                    ordered(p, false, true, || unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Release))
+                    ordered(p, s, false, true, || unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Release))
                 }
-                unsafe fn atom_add(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
+                unsafe fn atom_add(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
                     // SAFETY: as for `ld_relaxed`.
-                    ordered(p, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.fetch_add(v, rmw(o)))
+                    ordered(p, s, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.fetch_add(v, rmw(o)))
                 }
-                unsafe fn atom_max(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
+                unsafe fn atom_max(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
                     // SAFETY: as for `ld_relaxed`.
-                    ordered(p, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.fetch_max(v, rmw(o)))
+                    ordered(p, s, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.fetch_max(v, rmw(o)))
                 }
-                unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
+                unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
                     // SAFETY: as for `ld_relaxed`.
-                    ordered(p, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.swap(v, rmw(o)))
+                    ordered(p, s, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.swap(v, rmw(o)))
                 }
-                unsafe fn atom_cas(p: *mut Self, cmp: Self, new: Self, o: Order, _s: Scope) -> Self {
-                    ordered(p, acquires(o), releases(o), || {
+                unsafe fn atom_cas(p: *mut Self, cmp: Self, new: Self, o: Order, s: Scope) -> Self {
+                    ordered(p, s, acquires(o), releases(o), || {
                         // SAFETY: as for `ld_relaxed`.
                         match unsafe { <$a>::from_ptr(p) }.compare_exchange(cmp, new, rmw(o), cas_failure(o)) {
                             Ok(v) | Err(v) => v,
                         }
                     })
                 }
-                unsafe fn red_add(p: *mut Self, v: Self, release: bool, _s: Scope) {
+                unsafe fn red_add(p: *mut Self, v: Self, release: bool, s: Scope) {
                     let o = if release { Ordering::Release } else { Ordering::Relaxed };
                     // SAFETY: as for `ld_relaxed`.
-                    ordered(p, false, release, || unsafe { <$a>::from_ptr(p) }.fetch_add(v, o));
+                    ordered(p, s, false, release, || unsafe { <$a>::from_ptr(p) }.fetch_add(v, o));
                 }
             }
         };

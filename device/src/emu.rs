@@ -104,8 +104,8 @@ pub struct EmuMemHooks {
     pub load: unsafe fn(src: *const u8, dst: *mut u8, len: usize, site: &'static Location<'static>),
     /// An ordering event of the calling thread: `release` before an access
     /// with release semantics (or a fence), `acquire` after one with
-    /// acquire semantics.
-    pub order: fn(acquire: bool, release: bool),
+    /// acquire semantics; `cta`: at block (CTA) scope only.
+    pub order: fn(acquire: bool, release: bool, cta: bool),
     /// An atomic access of `len` bytes at `addr` by the calling thread is
     /// about to happen (its earlier plain stores to those bytes go first).
     pub atomic: fn(addr: *const u8, len: usize),
@@ -131,9 +131,9 @@ pub fn memory() -> Option<&'static EmuMemHooks> {
 /// Tells the strict emulator (if installed) that the calling thread makes an
 /// ordering event: see [`EmuMemHooks::order`].
 #[inline]
-pub fn order(acquire: bool, release: bool) {
+pub fn order(acquire: bool, release: bool, cta: bool) {
     if let Some(m) = memory() {
-        (m.order)(acquire, release)
+        (m.order)(acquire, release, cta)
     }
 }
 

@@ -527,6 +527,15 @@ impl AddressRange {
             AddressRange::Emulated(r) => r.map_fd(offset, fd, len),
         }
     }
+
+    /// Notes that `len` bytes at `offset` map another device's memory (the
+    /// emulator's strict mode treats stores there differently at barriers;
+    /// nothing on CUDA).
+    pub(crate) fn mark_peer(&mut self, offset: usize, len: usize) {
+        if let AddressRange::Emulated(r) = self {
+            r.mark_peer(offset, len);
+        }
+    }
 }
 
 /// A loaded kernel module: a user's PTX ([`Device::load_module`]) or the

@@ -6,6 +6,7 @@
 //! | kernel | the bug (`correct == 0`) | the fix |
 //! |---|---|---|
 //! | [`strict_lsa_signal()`] | data stored to an LSA peer, then a *relaxed* signal | a release signal ([`lsa::signal_add`]) |
+//! | [`strict_lsa_cta_signal()`] | a block copies to an LSA peer, joins a barrier, and its leader signals *relaxed* | a release signal after the barrier |
 //! | [`strict_flag_acquire()`] | a flag polled with *relaxed* loads, then the data read | an acquire load of the flag |
 //! | [`strict_reuse_barrier()`] | a shared buffer rewritten with no barrier after the others read it | a barrier before the rewrite |
 //! | [`strict_gin_given_release()`] | a put's freshly written source declared released ([`Gin::with_given_release`]) | the put's own fence |
@@ -20,7 +21,7 @@
 use devcomm_device::arch::{self, thread_rank_in_block, threads_per_block};
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::comm::{AbortInfo, DevComm, WindowDesc};
-use devcomm_device::coop::ThreadCoop;
+use devcomm_device::coop::{Coop, Cta, ThreadCoop};
 use devcomm_device::gin::{Gin, GinError, LocalAction, RemoteAction};
 use devcomm_device::lsa;
 use devcomm_device::wait::{self, Deadline};
@@ -108,6 +109,78 @@ devcomm_device::kernel! {
                 k += nt;
             }
             lsa::signal_add(win.lsa_ptr(sig_off + 64, prev), 1);
+        }
+    }
+
+    /// The common form of [`strict_lsa_signal()`]: the block copies round
+    /// `r`'s words into the next LSA peer's window (offset 0) with
+    /// [`lsa::copy`], joins a barrier, and its leader adds 1 to the peer's
+    /// signal word at `sig_off` — with release when `correct`, relaxed
+    /// otherwise: the bug, the barrier orders the block's stores before the
+    /// leader's signal for the block only, not for the peer. The leader
+    /// then waits (acquire) for its own signal to reach `r`, the block
+    /// checks what the previous peer sent, and the leader acknowledges with
+    /// a release add at the previous peer's `sig_off + 64`; before round
+    /// `r + 1` the leader waits (acquire) for the next peer's
+    /// acknowledgement of round `r`. `src_off` holds the block's source:
+    /// `words` `u64`s the kernel writes itself each round.
+    ///
+    /// # Safety
+    /// The window holds `words * 8` bytes at 0 and at `src_off`, and two
+    /// `u64`s at `sig_off` and `sig_off + 64` (zero before the first
+    /// launch) on every LSA peer; one block; `out` as in the module docs.
+    pub unsafe fn strict_lsa_cta_signal(comm: DevComm, win: WindowDesc, src_off: u64, sig_off: u64, words: u32, rounds: u32, correct: u32, out: *mut u64) {
+        let cta = Cta::new();
+        let (me, n) = (win.lsa_rank(), win.lsa_size());
+        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+        let (t, nt) = (thread_rank_in_block() as u64, threads_per_block() as u64);
+        let abort = comm.abort();
+        let words = words as u64;
+        let src = win.local_ptr::<u64>(src_off);
+        for r in 1..=rounds as u64 {
+            let mut k = t;
+            while k < words {
+                lsa::put_value(src.add(k as usize), strict_word(r, me as u64, k));
+                k += nt;
+            }
+            let ready = if cta.is_leader() && r > 1 {
+                lsa::wait_signal(win.local_ptr(sig_off + 64), r - 1, &abort).map(|_| ())
+            } else {
+                Ok(())
+            };
+            if let Err(e) = cta.agree(ready) {
+                failed(out, e.code());
+                return;
+            }
+            lsa::copy(&cta, win.lsa_ptr(0, next), src as *const u8, (words * 8) as usize);
+            cta.sync();
+            let seen = if cta.is_leader() {
+                let signal = win.lsa_ptr::<u64>(sig_off, next);
+                if correct != 0 {
+                    lsa::signal_add(signal, 1);
+                } else {
+                    atomic::red_add_relaxed(signal, 1, Scope::Sys);
+                }
+                lsa::wait_signal(win.local_ptr(sig_off), r, &abort).map(|_| ())
+            } else {
+                Ok(())
+            };
+            if let Err(e) = cta.agree(seen) {
+                failed(out, e.code());
+                return;
+            }
+            let got = win.local_ptr::<u64>(0);
+            let mut k = t;
+            while k < words {
+                if lsa::get_value(got.add(k as usize)) != strict_word(r, prev as u64, k) {
+                    bad(out, r);
+                }
+                k += nt;
+            }
+            cta.sync();
+            if cta.is_leader() {
+                lsa::signal_add(win.lsa_ptr(sig_off + 64, prev), 1);
+            }
         }
     }
 

@@ -30,7 +30,7 @@
 
 use super::super::LaunchConfig;
 use super::pool;
-use super::strict::{self, Exited, StrictLaunch, ThreadMem};
+use super::strict::{self, Exited, StoreBuffer, StrictLaunch, ThreadMem};
 use crate::error::{Error, Result};
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
@@ -98,6 +98,8 @@ struct BlockState {
     exchange: Box<[Cell<u64>]>,
     /// One word per thread for [`hook_barrier_max`], 0 between uses.
     reduce: Box<[Cell<u32>]>,
+    /// Strict mode: stores its threads released to the block only.
+    cta_lines: RefCell<StoreBuffer>,
 }
 
 struct LaunchState {
@@ -196,12 +198,13 @@ fn suspend_ordered(why: Suspend, ordered: bool) {
         panic!("devcomm: emulated thread has no scheduler");
     }
     match why {
+        // A barrier orders memory among the block's threads only.
         Suspend::Barrier(_) if ordered => {
-            with_mem(|m| m.release());
+            with_mem(|m, b| m.release_cta(b));
         }
         Suspend::Barrier(_) => {}
         Suspend::Spin => {
-            with_mem(|m| m.spin());
+            with_mem(|m, b| m.spin(b));
             strict::drain_due();
         }
     }
@@ -212,21 +215,22 @@ fn suspend_ordered(why: Suspend, ordered: bool) {
     }
     if ordered {
         let at = slot().opened_at.get();
-        with_mem(|m| m.acquire_at(at));
+        with_mem(|m, _| m.acquire_at(at));
     }
 }
 
-/// Runs `f` on the calling emulated thread's strict-mode state, then
-/// reports the race it found, if any; `None` outside an emulated kernel or
-/// with the memory hooks off.
-fn with_mem<R>(f: impl FnOnce(&mut ThreadMem) -> R) -> Option<R> {
+/// Runs `f` on the calling emulated thread's strict-mode state and its
+/// block's lines, then reports the race it found, if any; `None` outside an
+/// emulated kernel or with the memory hooks off.
+fn with_mem<R>(f: impl FnOnce(&mut ThreadMem, &mut StoreBuffer) -> R) -> Option<R> {
     let ctx = CURRENT.with(|c| c.get())?;
-    // SAFETY: CURRENT points at the running thread's slot and launch, alive
-    // while its coroutine runs (see `slot`).
-    let (slot, launch) = unsafe { (&*ctx.slot, &*ctx.launch) };
+    // SAFETY: CURRENT points at the running thread's slot, block and launch,
+    // alive while its coroutine runs (see `slot`).
+    let (slot, block, launch) = unsafe { (&*ctx.slot, &*ctx.block, &*ctx.launch) };
     let mut guard = slot.mem.try_borrow_mut().ok()?;
     let m = guard.as_mut()?;
-    let r = f(m);
+    let mut lines = block.cta_lines.try_borrow_mut().ok()?;
+    let r = f(m, &mut lines);
     if let Some(msg) = m.race.take() {
         launch.race(format!("{msg}{}", strict::seed_note()));
     }
@@ -238,7 +242,7 @@ fn with_mem<R>(f: impl FnOnce(&mut ThreadMem) -> R) -> Option<R> {
 unsafe fn hook_mem_store(dst: *mut u8, src: *const u8, len: usize, site: &'static Location<'static>) {
     // SAFETY: the hook's contract is `ThreadMem::store`'s (the kernel's
     // memory stays valid until the launch ends, which drains the buffer).
-    if with_mem(|m| unsafe { m.store(dst, src, len, site) }).is_none() {
+    if with_mem(|m, b| unsafe { m.store(dst, src, len, site, b) }).is_none() {
         // SAFETY: the hook's contract (outside a strict kernel: a plain store).
         unsafe { strict::mem_write(dst, src, len) };
     }
@@ -248,16 +252,18 @@ unsafe fn hook_mem_store(dst: *mut u8, src: *const u8, len: usize, site: &'stati
 /// As for [`EmuMemHooks::load`].
 unsafe fn hook_mem_load(src: *const u8, dst: *mut u8, len: usize, site: &'static Location<'static>) {
     // SAFETY: the hook's contract is `ThreadMem::load`'s.
-    if with_mem(|m| unsafe { m.load(src, dst, len, site) }).is_none() {
+    if with_mem(|m, b| unsafe { m.load(src, dst, len, site, b) }).is_none() {
         // SAFETY: the hook's contract (outside a strict kernel: a plain load).
         unsafe { strict::mem_read(src, dst, len) };
     }
 }
 
-fn hook_mem_order(acquire: bool, release: bool) {
-    with_mem(|m| {
-        if release {
-            m.release();
+fn hook_mem_order(acquire: bool, release: bool, cta: bool) {
+    with_mem(|m, b| {
+        if release && cta {
+            m.release_cta(b);
+        } else if release {
+            m.release(b);
         }
         if acquire {
             m.acquire();
@@ -266,7 +272,7 @@ fn hook_mem_order(acquire: bool, release: bool) {
 }
 
 fn hook_mem_atomic(addr: *const u8, len: usize) {
-    with_mem(|m| m.atomic(addr as usize, len));
+    with_mem(|m, b| m.atomic(addr as usize, len, b));
 }
 
 static MEM_HOOKS: EmuMemHooks =
@@ -548,6 +554,7 @@ impl<A: KernelArgs> BlockTask<A> {
             poisoned: Cell::new(false),
             exchange: (0..nthreads).map(|_| Cell::new(0)).collect(),
             reduce: (0..nthreads).map(|_| Cell::new(0)).collect(),
+            cta_lines: RefCell::new(StoreBuffer::new(if launch.strict.is_some() { strict::BLOCK_SLOTS } else { 1 })),
         };
         let block_idx = index_of(self.block, cfg.grid);
         let slots: Vec<Slot> = (0..nthreads as u64)
@@ -592,14 +599,17 @@ impl<A: KernelArgs> BlockTask<A> {
             let slot_ptr = slot as *const Slot as usize;
             let job_ptr = job as *const GridJob<A> as usize;
             let launch_ptr = launch as *const LaunchState as usize;
+            let block_ptr = &block as *const BlockState as usize;
             threads.push(Some(Coroutine::with_stack(stack, move |y: &ThreadYielder, ()| {
-                // SAFETY: the slot, job and launch outlive the coroutine (the
-                // block frame owns the slots; see `run`'s contract).
-                let (slot, job, launch) = unsafe {
+                // SAFETY: the slot, job, launch and block outlive the coroutine
+                // (the block frame owns the slots and the block state; see
+                // `run`'s contract).
+                let (slot, job, launch, block_ref) = unsafe {
                     (
                         &*(slot_ptr as *const Slot),
                         &*(job_ptr as *const GridJob<A>),
                         &*(launch_ptr as *const LaunchState),
+                        &*(block_ptr as *const BlockState),
                     )
                 };
                 slot.yielder.set(y as *const ThreadYielder);
@@ -614,7 +624,7 @@ impl<A: KernelArgs> BlockTask<A> {
                 // are stamped at the launch's end.
                 let mem = slot.mem.borrow_mut().take();
                 if let (Some(m), Some(sl)) = (mem, &launch.strict) {
-                    let e = m.exit(sl.id);
+                    let e = m.exit(sl.id, &mut block_ref.cta_lines.borrow_mut());
                     launch.exited.lock().unwrap_or_else(|p| p.into_inner()).push(e);
                 }
             })));
@@ -682,6 +692,11 @@ impl<A: KernelArgs> BlockTask<A> {
                 // Only spinning threads: let other blocks and processes run.
                 std::thread::yield_now();
             }
+        }
+        // Strict mode: what the threads released to the block alone lands
+        // later (at the launch's end at the latest).
+        if let Some(sl) = &launch.strict {
+            strict::block_ended(sl.id, &mut block.cta_lines.borrow_mut());
         }
     }
 }

@@ -31,7 +31,13 @@
 //!   Rust stores in a kernel (`*p = v`) are not intercepted: they land at
 //!   once, as before, and should not be mixed with the library's store
 //!   paths on the same bytes within one thread without a release between
-//!   them. Scopes are not modelled (any release publishes to everyone).
+//!   them. Scopes are modelled in one place: a barrier (or a CTA-scope
+//!   fence or release) publishes a thread's stores to *peer* memory (other
+//!   ranks' LSA windows) to its block only — they reach the peer at the
+//!   next GPU- or system-scope release of any thread of the block — so "the
+//!   block copies to a peer, joins a barrier, the leader signals relaxed"
+//!   fails as on a GPU; stores to local memory are published by a barrier
+//!   to everyone (a block-mate may read them with plain loads).
 //! * **schedule**: blocks start in a random order, in waves of random size
 //!   (one block to all that are left) unless the launch is
 //!   [`LaunchConfig::co_resident`](super::LaunchConfig::co_resident);

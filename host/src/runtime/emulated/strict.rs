@@ -14,8 +14,15 @@
 //!   now and then (1 store in [`STORE_FLUSH_ONE_IN`]), and a line whose
 //!   slot a new line takes (the buffer holds [`SLOTS`] lines). So another
 //!   thread, block, GPU or the GIN proxy sees a plain store late unless a
-//!   release publishes it, as on a GPU. Scopes are not modelled: any
-//!   release publishes to everyone.
+//!   release publishes it, as on a GPU. A release at block scope (a barrier,
+//!   a CTA-scope fence or release) lands the thread's lines of local memory
+//!   but moves its lines of peer memory (another device's, mapped here:
+//!   [`add_peer_range`]) to its block's lines ([`BLOCK_SLOTS`]), which the
+//!   block's threads see through these paths and which land at the next
+//!   GPU- or system-scope release of any of them (cumulativity), at their
+//!   deadlines, or when the kernel ends. Local memory is published to
+//!   everyone by a block-scope release, since a block-mate may read it with
+//!   plain loads the hooks cannot see.
 //! * **Races.** For every 8-byte word accessed through those paths, a
 //!   process-wide shadow keeps its last write and last read: the thread,
 //!   the source location, and the sequence number of the first release of
@@ -396,6 +403,17 @@ pub(crate) struct Line {
 impl Line {
     const EMPTY: Line = Line { bytes: [MaybeUninit::uninit(); 16], mask: 0, due: 0 };
 
+    /// Merges the pending bytes of `newer` over these.
+    fn merge(&mut self, newer: &Line) {
+        for off in 0..16 {
+            if newer.mask & (1 << off) != 0 {
+                self.bytes[off] = newer.bytes[off];
+            }
+        }
+        self.mask |= newer.mask;
+        self.due = self.due.min(newer.due);
+    }
+
     /// Writes the pending bytes to the line at `addr`, in the largest
     /// aligned pieces they fill (so an aligned store of 1–16 bytes lands
     /// whole, as it would have without the buffer).
@@ -426,9 +444,9 @@ impl Line {
     }
 }
 
-/// A thread's store buffer: [`SLOTS`] lines, each line in the slot its
-/// address hashes to; a store to a line whose slot holds another drains
-/// that one first (a store buffer drains in any order).
+/// A store buffer: a fixed number of 16-byte lines, each in the slot its
+/// address hashes to. It never writes memory itself: what it gives back
+/// (a line pushed out of its slot, lines taken) the caller lands.
 pub(crate) struct StoreBuffer {
     slots: Box<[(usize, Line)]>,
     count: usize,
@@ -436,14 +454,16 @@ pub(crate) struct StoreBuffer {
 
 /// Lines of a thread's store buffer.
 pub(crate) const SLOTS: usize = 64;
+/// Lines of a block's buffer of lines released to the block only.
+pub(crate) const BLOCK_SLOTS: usize = 256;
 
 impl StoreBuffer {
-    fn new() -> StoreBuffer {
-        StoreBuffer { slots: vec![(0, Line::EMPTY); SLOTS].into_boxed_slice(), count: 0 }
+    pub(crate) fn new(slots: usize) -> StoreBuffer {
+        StoreBuffer { slots: vec![(0, Line::EMPTY); slots.max(1)].into_boxed_slice(), count: 0 }
     }
 
-    fn index(line: usize) -> usize {
-        (mix(line as u64, 1) as usize) % SLOTS
+    fn index(&self, line: usize) -> usize {
+        (mix(line as u64, 1) as usize) % self.slots.len()
     }
 
     fn is_empty(&self) -> bool {
@@ -451,66 +471,139 @@ impl StoreBuffer {
     }
 
     fn get(&self, line: usize) -> Option<&Line> {
-        let (a, l) = &self.slots[Self::index(line)];
+        let (a, l) = &self.slots[self.index(line)];
         (*a == line && l.mask != 0).then_some(l)
     }
 
-    /// The pending line at `line`, made empty with deadline `due()` if
-    /// absent; drains the line that held its slot.
-    fn entry(&mut self, line: usize, due: impl FnOnce() -> u64) -> &mut Line {
-        let i = Self::index(line);
+    /// Takes out the pending line at `line`, if any.
+    fn remove(&mut self, line: usize) -> Option<Line> {
+        let i = self.index(line);
+        if self.slots[i].0 == line {
+            self.take_slot(i).map(|x| x.1)
+        } else {
+            None
+        }
+    }
+
+    /// Takes out the pending line of slot `i`, if any.
+    fn take_slot(&mut self, i: usize) -> Option<(usize, Line)> {
         let (a, l) = &mut self.slots[i];
+        if l.mask == 0 {
+            return None;
+        }
+        let out = (*a, *l);
+        l.mask = 0;
+        self.count -= 1;
+        Some(out)
+    }
+
+    /// The pending line at `line`, made empty with deadline `due()` if
+    /// absent; and the line that it pushed out of its slot, if any.
+    fn entry(&mut self, line: usize, due: impl FnOnce() -> u64) -> (&mut Line, Option<(usize, Line)>) {
+        let i = self.index(line);
+        let (a, l) = &mut self.slots[i];
+        let mut out = None;
         if *a != line || l.mask == 0 {
             if l.mask != 0 {
-                // SAFETY: a pending line of this thread: its bytes were valid
-                // for writes when stored and stay so while the launch runs.
-                unsafe { l.write_to(*a) };
+                out = Some((*a, *l));
             } else {
                 self.count += 1;
             }
             *a = line;
             *l = Line { due: due(), ..Line::EMPTY };
         }
-        l
+        (l, out)
     }
 
-    /// Drains slot `i`.
-    fn flush_slot(&mut self, i: usize) {
-        let (a, l) = &mut self.slots[i];
-        if l.mask != 0 {
-            // SAFETY: as in `entry`.
-            unsafe { l.write_to(*a) };
-            l.mask = 0;
-            self.count -= 1;
+    /// Takes out the lines for which `f(address, line)` holds.
+    fn take_where(&mut self, mut f: impl FnMut(usize, &Line) -> bool) -> Vec<(usize, Line)> {
+        let mut out = Vec::new();
+        if self.count == 0 {
+            return out;
         }
-    }
-
-    fn flush_line(&mut self, line: usize) {
-        let i = Self::index(line);
-        if self.slots[i].0 == line {
-            self.flush_slot(i);
+        for i in 0..self.slots.len() {
+            if self.slots[i].1.mask != 0 && f(self.slots[i].0, &self.slots[i].1) {
+                out.extend(self.take_slot(i));
+            }
         }
+        out
     }
 
-    /// Drains the lines for which `f(address, line)` holds.
-    fn flush_where(&mut self, mut f: impl FnMut(usize, &Line) -> bool) {
+    /// Patches the bytes of `addr..addr + len`, read into `dst`, with
+    /// the pending bytes of these lines.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of `len` bytes.
+    unsafe fn forward(&self, addr: usize, dst: *mut u8, len: usize) {
         if self.count == 0 {
             return;
         }
-        for i in 0..SLOTS {
-            if self.slots[i].1.mask != 0 && f(self.slots[i].0, &self.slots[i].1) {
-                self.flush_slot(i);
+        let mut line = addr & !15;
+        while line < addr + len {
+            if let Some(l) = self.get(line) {
+                for off in 0..16 {
+                    let a = line + off;
+                    if l.mask & (1 << off) != 0 && a >= addr && a < addr + len {
+                        // SAFETY: `a - addr < len`: inside `dst` (the caller's
+                        // contract); the pending byte was set by a store.
+                        unsafe { dst.add(a - addr).write(l.bytes[off].assume_init()) };
+                    }
+                }
             }
+            line += 16;
         }
     }
+}
 
-    fn take(&mut self) -> Vec<(usize, Line)> {
-        let v: Vec<(usize, Line)> = self.slots.iter().filter(|s| s.1.mask != 0).copied().collect();
-        for s in self.slots.iter_mut() {
-            s.1.mask = 0;
-        }
-        self.count = 0;
-        v
+/// Lands `line` at `addr` in memory.
+///
+/// # Safety
+/// A pending line of an emulated thread of a running launch: its bytes
+/// were valid for writes when stored and stay so until the launch ends.
+unsafe fn land(addr: usize, line: &Line) {
+    // SAFETY: the caller's contract.
+    unsafe { line.write_to(addr) };
+}
+
+/// Memory of the emulator's peers: other devices' memory mapped here (LSA
+/// windows of other ranks). A barrier publishes a thread's stores there to
+/// its block only ([`ThreadMem::release_cta`]).
+fn peers() -> &'static std::sync::RwLock<Vec<std::ops::Range<usize>>> {
+    static P: OnceLock<std::sync::RwLock<Vec<std::ops::Range<usize>>>> = OnceLock::new();
+    P.get_or_init(Default::default)
+}
+
+static PEER_RANGES: AtomicUsize = AtomicUsize::new(0);
+
+/// Records that `range` maps another device's memory.
+pub(crate) fn add_peer_range(range: std::ops::Range<usize>) {
+    let mut p = peers().write().unwrap_or_else(|e| e.into_inner());
+    p.push(range);
+    PEER_RANGES.store(p.len(), Ordering::Relaxed);
+}
+
+/// Forgets a range [`add_peer_range`] recorded.
+pub(crate) fn remove_peer_range(range: &std::ops::Range<usize>) {
+    let mut p = peers().write().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = p.iter().position(|r| r == range) {
+        p.swap_remove(i);
+    }
+    PEER_RANGES.store(p.len(), Ordering::Relaxed);
+}
+
+fn is_peer(addr: usize) -> bool {
+    PEER_RANGES.load(Ordering::Relaxed) != 0
+        && peers().read().unwrap_or_else(|e| e.into_inner()).iter().any(|r| r.contains(&addr))
+}
+
+/// A block ended: the lines its threads released to it alone land at their
+/// deadlines, at the latest when launch `launch` ends.
+pub(crate) fn block_ended(launch: u32, lines: &mut StoreBuffer) {
+    let lines = lines.take_where(|_, _| true);
+    if !lines.is_empty() {
+        let mut p = pending().lock().unwrap_or_else(|e| e.into_inner());
+        p.push(PendingLines { launch, lines });
+        PENDING_COUNT.store(p.len(), Ordering::Relaxed);
     }
 }
 
@@ -765,7 +858,7 @@ impl ThreadMem {
             cfg: *config(),
             rng: Rng::new(mix(launch.rng_seed, tid)),
             acq: launch.start,
-            lines: StoreBuffer::new(),
+            lines: StoreBuffer::new(SLOTS),
             written: Vec::new(),
             read: Vec::new(),
             stack,
@@ -816,12 +909,31 @@ impl ThreadMem {
         }
     }
 
-    /// A plain store of `len` bytes from `src` to `dst`.
+    /// Lands this thread's line `l` at `addr`, after the block's older
+    /// line there (what a sibling released to the block before).
+    fn land_own(addr: usize, l: &Line, block: &mut StoreBuffer) {
+        if let Some(older) = block.remove(addr) {
+            // SAFETY: a pending line of a thread of this block, whose launch runs.
+            unsafe { land(addr, &older) };
+        }
+        // SAFETY: a pending line of this thread, whose launch runs.
+        unsafe { land(addr, l) };
+    }
+
+    /// A plain store of `len` bytes from `src` to `dst`; `block`: the
+    /// lines the thread's block holds.
     ///
     /// # Safety
     /// `src` is valid for reads and `dst` for writes of `len` bytes, until
     /// the store drains (the launch's end at the latest).
-    pub(crate) unsafe fn store(&mut self, dst: *mut u8, src: *const u8, len: usize, site: &'static Location<'static>) {
+    pub(crate) unsafe fn store(
+        &mut self,
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+        site: &'static Location<'static>,
+        block: &mut StoreBuffer,
+    ) {
         let addr = dst as usize;
         if self.stack.contains(&addr) || len == 0 {
             // SAFETY: the caller's contract.
@@ -840,24 +952,37 @@ impl ThreadMem {
             let (line, off) = (a & !15, a & 15);
             let n = (16 - off).min(len - i);
             let rng = &mut self.rng;
-            let l = self.lines.entry(line, || now_ns() + rng.below(DRAIN_MAX.as_nanos() as u64 + 1));
+            let (l, out) = self.lines.entry(line, || now_ns() + rng.below(DRAIN_MAX.as_nanos() as u64 + 1));
             // SAFETY: `src` is valid for `len` bytes (the caller's contract)
             // and `i + n <= len`; `off + n <= 16` stays in the line's bytes.
             unsafe { std::ptr::copy_nonoverlapping(src.add(i), l.bytes.as_mut_ptr().add(off) as *mut u8, n) };
             l.mask |= (((1u32 << n) - 1) << off) as u16;
+            if let Some((a, l)) = out {
+                Self::land_own(a, &l, block);
+            }
             i += n;
         }
         if self.rng.one_in(STORE_FLUSH_ONE_IN) {
             let i = self.rng.below(SLOTS as u64) as usize;
-            self.lines.flush_slot(i);
+            if let Some((a, l)) = self.lines.take_slot(i) {
+                Self::land_own(a, &l, block);
+            }
         }
     }
 
-    /// A plain load of `len` bytes at `src` into `dst`.
+    /// A plain load of `len` bytes at `src` into `dst`: memory, then what
+    /// the block holds, then this thread's own pending bytes.
     ///
     /// # Safety
     /// `src` is valid for reads and `dst` for writes of `len` bytes.
-    pub(crate) unsafe fn load(&mut self, src: *const u8, dst: *mut u8, len: usize, site: &'static Location<'static>) {
+    pub(crate) unsafe fn load(
+        &mut self,
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+        site: &'static Location<'static>,
+        block: &StoreBuffer,
+    ) {
         let addr = src as usize;
         // SAFETY: the caller's contract.
         unsafe { mem_read(src, dst, len) };
@@ -865,33 +990,15 @@ impl ThreadMem {
             return;
         }
         self.check(addr, len, false, site);
-        if self.lines.is_empty() {
-            return;
-        }
-        // Forward this thread's pending bytes.
-        let mut line = addr & !15;
-        while line < addr + len {
-            if let Some(l) = self.lines.get(line) {
-                for off in 0..16 {
-                    let a = line + off;
-                    if l.mask & (1 << off) != 0 && a >= addr && a < addr + len {
-                        // SAFETY: `a - addr < len`: inside `dst` (the caller's
-                        // contract); the pending byte was set by a store.
-                        unsafe { dst.add(a - addr).write(l.bytes[off].assume_init()) };
-                    }
-                }
-            }
-            line += 16;
+        // SAFETY: the caller's contract: `dst` holds `len` bytes.
+        unsafe {
+            block.forward(addr, dst, len);
+            self.lines.forward(addr, dst, len);
         }
     }
 
-    fn flush_all(&mut self) {
-        self.lines.flush_where(|_, _| true);
-    }
-
-    /// A release: drains the buffer, stamps the accesses since the last one.
-    pub(crate) fn release(&mut self) {
-        self.flush_all();
+    /// Stamps the accesses since the last release with a new release.
+    fn stamp(&mut self) {
         if self.cfg.races && !(self.written.is_empty() && self.read.is_empty()) {
             let r = tick();
             shadow().stamp(&self.written, self.tid, r, true);
@@ -899,6 +1006,40 @@ impl ThreadMem {
             self.written.clear();
             self.read.clear();
         }
+    }
+
+    /// A release at GPU or system scope: the thread's lines and those its
+    /// block holds (which it has seen through a barrier: cumulativity) land.
+    pub(crate) fn release(&mut self, block: &mut StoreBuffer) {
+        for (a, l) in self.lines.take_where(|_, _| true) {
+            Self::land_own(a, &l, block);
+        }
+        for (a, l) in block.take_where(|_, _| true) {
+            // SAFETY: a pending line of a thread of this block, whose launch runs.
+            unsafe { land(a, &l) };
+        }
+        self.stamp();
+    }
+
+    /// A release to the block only (a barrier it joins, a CTA-scope fence or
+    /// release): its lines of peer memory move to the block's lines —
+    /// visible to the block's threads through these paths, to everyone
+    /// else only after a wider release of one of them — and the others land
+    /// (a block-mate may read them with plain loads the hooks do not see).
+    pub(crate) fn release_cta(&mut self, block: &mut StoreBuffer) {
+        for (a, l) in self.lines.take_where(|_, _| true) {
+            if is_peer(a) {
+                let (b, out) = block.entry(a, || l.due);
+                b.merge(&l);
+                if let Some((oa, ol)) = out {
+                    // SAFETY: a pending line of a thread of this block, whose launch runs.
+                    unsafe { land(oa, &ol) };
+                }
+            } else {
+                Self::land_own(a, &l, block);
+            }
+        }
+        self.stamp();
     }
 
     /// An acquire.
@@ -914,36 +1055,54 @@ impl ThreadMem {
         self.acq = self.acq.max(seq);
     }
 
-    /// An atomic access of `len` bytes at `addr` follows: this thread's
-    /// pending stores to those lines go first.
-    pub(crate) fn atomic(&mut self, addr: usize, len: usize) {
-        if self.lines.is_empty() {
+    /// An atomic access of `len` bytes at `addr` follows: the pending
+    /// stores to those lines (the block's, then this thread's) go first.
+    pub(crate) fn atomic(&mut self, addr: usize, len: usize, block: &mut StoreBuffer) {
+        if self.lines.is_empty() && block.is_empty() {
             return;
         }
         let mut line = addr & !15;
         while line < addr + len.max(1) {
-            self.lines.flush_line(line);
+            if let Some(l) = self.lines.remove(line) {
+                Self::land_own(line, &l, block);
+            } else if let Some(l) = block.remove(line) {
+                // SAFETY: a pending line of a thread of this block, whose launch runs.
+                unsafe { land(line, &l) };
+            }
             line += 16;
         }
     }
 
-    /// A spin of the thread: its lines past their deadline drain.
-    pub(crate) fn spin(&mut self) {
-        if !self.lines.is_empty() {
-            let now = now_ns();
-            self.lines.flush_where(|_, l| l.due <= now);
+    /// A spin of the thread: its lines, and its block's, past their
+    /// deadline drain.
+    pub(crate) fn spin(&mut self, block: &mut StoreBuffer) {
+        let now = now_ns();
+        for (a, l) in self.lines.take_where(|_, l| l.due <= now) {
+            Self::land_own(a, &l, block);
+        }
+        for (a, l) in block.take_where(|_, l| l.due <= now) {
+            // SAFETY: a pending line of a thread of this block, whose launch runs.
+            unsafe { land(a, &l) };
         }
     }
 
     /// The thread ended: its shared-memory stores land now (the block's
-    /// shared memory goes away with it), the others at their deadlines; its
-    /// accesses are stamped when the launch ends.
-    pub(crate) fn exit(mut self, launch: u32) -> Exited {
-        // The block's shared memory is alive while its threads run.
+    /// shared memory goes away with it), the others at their deadlines
+    /// (after the block's older lines at the same addresses, which land
+    /// now); its accesses are stamped when the launch ends.
+    pub(crate) fn exit(mut self, launch: u32, block: &mut StoreBuffer) -> Exited {
         let smem = self.smem.clone();
-        self.lines.flush_where(|a, _| smem.contains(&a));
+        for (a, l) in self.lines.take_where(|a, _| smem.contains(&a)) {
+            Self::land_own(a, &l, block);
+        }
         if !self.lines.is_empty() {
-            let lines = self.lines.take();
+            let lines = self.lines.take_where(|_, _| true);
+            for (a, _) in &lines {
+                if let Some(older) = block.remove(*a) {
+                    // SAFETY: a pending line of a thread of this block, whose launch runs.
+                    unsafe { land(*a, &older) };
+                }
+            }
             let mut p = pending().lock().unwrap_or_else(|e| e.into_inner());
             p.push(PendingLines { launch, lines });
             PENDING_COUNT.store(p.len(), Ordering::Relaxed);
