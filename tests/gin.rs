@@ -212,13 +212,17 @@ fn child_body(comm: &Communicator) {
     window.write(&stream, stress_off as usize, &vec![0xCBu8; (STRESS_BLOCKS * STRESS_PER_BLOCK * 8) as usize]).unwrap();
     comm.bootstrap_barrier().unwrap();
     let posted = (STRESS_BLOCKS * STRESS_PER_BLOCK) as u64;
+    // Every block waits for the puts of all the previous rank's blocks: the
+    // grid must be resident at once on every rank (co-resident launch), or
+    // ranks running different parts of their grids first wait for each other
+    // for ever — as the strict emulator's random waves showed.
     let e = launch_errors(&stream, &dev, "stress", |err| unsafe {
         // SAFETY: the stress area follows the slots in the window (`layout`); `dc`, `win` and `err`
         // outlive the launch (`errors_of` synchronises).
         stream
             .launch_in::<gin_stress>(
                 &kernels,
-                LaunchConfig::new(STRESS_BLOCKS, 32),
+                LaunchConfig::new(STRESS_BLOCKS, 32).co_resident(),
                 (dc, win, stress_off, STRESS_PER_BLOCK, posted, err),
             )
             .unwrap()

@@ -113,6 +113,31 @@ fn bad_launch_configs_are_invalid_arguments() {
     s.synchronize().unwrap();
 }
 
+/// A co-resident launch runs when its grid fits at once, and is refused
+/// (a launch error, the stream still usable) when it cannot, on both runtimes.
+#[test]
+fn co_resident_launches_run_the_whole_grid_or_are_refused() {
+    use devcomm_kernels::util::axpy_f32;
+    let dev = test_device(0);
+    let s = dev.new_stream().unwrap();
+    let n = 4 * 64;
+    let x = dev.alloc_from(&vec![1.0f32; n]).unwrap();
+    let y = dev.alloc_from(&vec![2.0f32; n]).unwrap();
+    let out = dev.alloc::<f32>(n).unwrap();
+    let args = (3.0f32, x.as_ptr(), y.as_ptr(), out.as_mut_ptr(), n as u32);
+    // SAFETY: x, y and out hold n elements and outlive the reads below.
+    unsafe { s.launch::<axpy_f32>(LaunchConfig::new(4, 64).co_resident(), args) }.unwrap();
+    assert_eq!(s.read_vec(&out).unwrap(), vec![5.0f32; n]);
+    // A million blocks of 1024 threads are never resident at once.
+    let huge = LaunchConfig::new(1 << 20, 1024).co_resident();
+    // SAFETY: refused before anything runs (and it would only touch n elements).
+    let e = unsafe { s.launch::<axpy_f32>(huge, args) }.unwrap_err();
+    assert!(matches!(e, Error::CudaError(_)), "{e}");
+    // SAFETY: as for the first launch.
+    unsafe { s.launch::<axpy_f32>(LaunchConfig::new(4, 64), args) }.unwrap();
+    s.synchronize().unwrap();
+}
+
 #[test]
 fn size_mismatched_copies_are_invalid_arguments() {
     let dev = test_device(0);
@@ -165,11 +190,14 @@ fn scoped_atomics_count_and_publish() {
         let arrivals = dev.alloc_from(&[0u32]).unwrap();
         let published = dev.alloc_from(&[0u64]).unwrap();
         let failures = dev.alloc_from(&[0u32]).unwrap();
-        // SAFETY: four zeroed words; the grid is small enough to be co-resident.
+        // Every thread waits for the last one's release: the grid must be
+        // resident at once (the strict emulator runs plain launches in
+        // random waves, and this kernel then hangs).
+        // SAFETY: four zeroed words; a co-resident launch.
         unsafe {
             s.launch_in::<devcomm_test_kernels::selftest::atomics_smoke>(
                 &test_kernels(&dev),
-                LaunchConfig::new(blocks, threads),
+                LaunchConfig::new(blocks, threads).co_resident(),
                 (counter.as_mut_ptr(), arrivals.as_mut_ptr(), published.as_mut_ptr(), failures.as_mut_ptr()),
             )
         }
@@ -425,7 +453,21 @@ fn user_kernels_launch_from_their_module_and_only_there() {
     assert!(!module.is_library());
     let mut names = module.entry_names().to_vec();
     names.sort();
-    assert_eq!(names, ["affine_struct", "sixteen", "sqrt_scale"]);
+    assert_eq!(
+        names,
+        [
+            "affine_struct",
+            "sixteen",
+            "sqrt_scale",
+            "strict_flag_acquire",
+            "strict_gin_given_release",
+            "strict_gin_reuse_flush",
+            "strict_grid_wait",
+            "strict_lsa_cta_signal",
+            "strict_lsa_signal",
+            "strict_reuse_barrier"
+        ]
+    );
     // SAFETY: x and out hold n elements and live past the read below.
     unsafe { s.launch_in::<sqrt_scale>(&module, cfg, args) }.unwrap();
     let got = s.read_vec(&out).unwrap();

@@ -20,8 +20,15 @@
 //! contains every observer: a flag a peer GPU polls needs `Sys`.
 //!
 //! Addresses are generic (global or shared). On the host the same functions
-//! use `core::sync::atomic` with the corresponding ordering; x86 is stronger
-//! than the GPU, so fences are only truly exercised on a GPU.
+//! use `core::sync::atomic` with the corresponding ordering. x86 is stronger
+//! than the GPU; the emulator's strict mode (`DEVCOMM_EMU_STRICT=1`, see
+//! [`crate::emu`]) makes up for it: every release here (a release or
+//! acq_rel operation, a fence) publishes the calling thread's delayed plain
+//! stores, every acquire orders its later loads for the race check, and
+//! plain stores without a release stay invisible for a while. Scopes are
+//! modelled there only for stores to other GPUs' memory: a CTA-scope
+//! release publishes them to the block, a GPU- or system-scope one to
+//! everyone.
 //!
 //! ```no_run
 //! use devcomm_device::atomic::{self, Scope};
@@ -457,17 +464,25 @@ mod imp {
     //! Host equivalents through `core::sync::atomic`. Safety of every block:
     //! the caller guarantees a valid, aligned address whose concurrent
     //! accesses are atomic (the `unsafe fn` contracts above), which is what
-    //! `Atomic*::from_ptr` requires.
+    //! `Atomic*::from_ptr` requires. Each operation tells the strict
+    //! emulator (when installed) about the access and its ordering:
+    //! [`crate::emu::atomic_access`] first, then a release before the
+    //! operation, an acquire after it.
     use super::{AtomicWord, Order, Scope};
+    use crate::emu;
     use core::sync::atomic::{fence as cfence, AtomicU32, AtomicU64, Ordering};
 
-    pub fn fence(sc: bool, _s: Scope) {
+    pub fn fence(sc: bool, s: Scope) {
+        let cta = s == Scope::Cta;
+        emu::order(false, true, cta);
         cfence(if sc { Ordering::SeqCst } else { Ordering::AcqRel });
+        emu::order(true, false, cta);
     }
 
     /// # Safety
     /// As for [`super::store_pair_relaxed`]: 16 valid bytes, 16-byte aligned, accessed atomically.
     pub unsafe fn store_pair_relaxed(p: *mut u64, v: [u64; 2], _s: Scope) {
+        emu::atomic_access(p as *const u8, 16);
         // SAFETY: the caller's contract (16 valid, aligned bytes, accessed atomically).
         unsafe {
             AtomicU64::from_ptr(p).store(v[0], Ordering::Relaxed);
@@ -491,65 +506,74 @@ mod imp {
         }
     }
 
+    /// Runs atomic operation `f` on the word at `p` (at scope `s`) with the
+    /// strict emulator's events around it.
+    #[inline]
+    fn ordered<T, R>(p: *const T, s: Scope, acquire: bool, release: bool, f: impl FnOnce() -> R) -> R {
+        emu::atomic_access(p as *const u8, core::mem::size_of::<T>());
+        if release {
+            emu::order(false, true, s == Scope::Cta);
+        }
+        let r = f();
+        if acquire {
+            emu::order(true, false, s == Scope::Cta);
+        }
+        r
+    }
+
+    fn acquires(o: Order) -> bool {
+        matches!(o, Order::Acquire | Order::AcqRel)
+    }
+
+    fn releases(o: Order) -> bool {
+        matches!(o, Order::Release | Order::AcqRel)
+    }
+
     macro_rules! impl_word {
         ($t:ty, $a:ty) => {
             impl AtomicWord for $t {
-                unsafe fn ld_relaxed(p: *const Self, _s: Scope) -> Self {
+                unsafe fn ld_relaxed(p: *const Self, s: Scope) -> Self {
                     // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
                     // its atomic type, of the same size and alignment on 64-bit hosts) and every
                     // concurrent access is atomic, which is what `from_ptr` requires.
-                    unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Relaxed)
+                    ordered(p, s, false, false, || unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Relaxed))
                 }
-                unsafe fn ld_acquire(p: *const Self, _s: Scope) -> Self {
-                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
-                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
-                    // concurrent access is atomic, which is what `from_ptr` requires.
-                    unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Acquire)
+                unsafe fn ld_acquire(p: *const Self, s: Scope) -> Self {
+                    // SAFETY: as for `ld_relaxed`.
+                    ordered(p, s, true, false, || unsafe { <$a>::from_ptr(p as *mut $t) }.load(Ordering::Acquire))
                 }
-                unsafe fn st_relaxed(p: *mut Self, v: Self, _s: Scope) {
-                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
-                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
-                    // concurrent access is atomic, which is what `from_ptr` requires.
-                    unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Relaxed)
+                unsafe fn st_relaxed(p: *mut Self, v: Self, s: Scope) {
+                    // SAFETY: as for `ld_relaxed`.
+                    ordered(p, s, false, false, || unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Relaxed))
                 }
-                unsafe fn st_release(p: *mut Self, v: Self, _s: Scope) {
-                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
-                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
-                    // concurrent access is atomic, which is what `from_ptr` requires.
-                    unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Release)
+                unsafe fn st_release(p: *mut Self, v: Self, s: Scope) {
+                    // SAFETY: as for `ld_relaxed`.
+                    ordered(p, s, false, true, || unsafe { <$a>::from_ptr(p) }.store(v, Ordering::Release))
                 }
-                unsafe fn atom_add(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
-                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
-                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
-                    // concurrent access is atomic, which is what `from_ptr` requires.
-                    unsafe { <$a>::from_ptr(p) }.fetch_add(v, rmw(o))
+                unsafe fn atom_add(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
+                    // SAFETY: as for `ld_relaxed`.
+                    ordered(p, s, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.fetch_add(v, rmw(o)))
                 }
-                unsafe fn atom_max(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
-                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
-                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
-                    // concurrent access is atomic, which is what `from_ptr` requires.
-                    unsafe { <$a>::from_ptr(p) }.fetch_max(v, rmw(o))
+                unsafe fn atom_max(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
+                    // SAFETY: as for `ld_relaxed`.
+                    ordered(p, s, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.fetch_max(v, rmw(o)))
                 }
-                unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, _s: Scope) -> Self {
-                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
-                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
-                    // concurrent access is atomic, which is what `from_ptr` requires.
-                    unsafe { <$a>::from_ptr(p) }.swap(v, rmw(o))
+                unsafe fn atom_exch(p: *mut Self, v: Self, o: Order, s: Scope) -> Self {
+                    // SAFETY: as for `ld_relaxed`.
+                    ordered(p, s, acquires(o), releases(o), || unsafe { <$a>::from_ptr(p) }.swap(v, rmw(o)))
                 }
-                unsafe fn atom_cas(p: *mut Self, cmp: Self, new: Self, o: Order, _s: Scope) -> Self {
-                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
-                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
-                    // concurrent access is atomic, which is what `from_ptr` requires.
-                    match unsafe { <$a>::from_ptr(p) }.compare_exchange(cmp, new, rmw(o), cas_failure(o)) {
-                        Ok(v) | Err(v) => v,
-                    }
+                unsafe fn atom_cas(p: *mut Self, cmp: Self, new: Self, o: Order, s: Scope) -> Self {
+                    ordered(p, s, acquires(o), releases(o), || {
+                        // SAFETY: as for `ld_relaxed`.
+                        match unsafe { <$a>::from_ptr(p) }.compare_exchange(cmp, new, rmw(o), cas_failure(o)) {
+                            Ok(v) | Err(v) => v,
+                        }
+                    })
                 }
-                unsafe fn red_add(p: *mut Self, v: Self, release: bool, _s: Scope) {
+                unsafe fn red_add(p: *mut Self, v: Self, release: bool, s: Scope) {
                     let o = if release { Ordering::Release } else { Ordering::Relaxed };
-                    // SAFETY: the method's contract: `p` is valid, aligned for `Self` (so for
-                    // its atomic type, of the same size and alignment on 64-bit hosts) and every
-                    // concurrent access is atomic, which is what `from_ptr` requires.
-                    unsafe { <$a>::from_ptr(p) }.fetch_add(v, o);
+                    // SAFETY: as for `ld_relaxed`.
+                    ordered(p, s, false, release, || unsafe { <$a>::from_ptr(p) }.fetch_add(v, o));
                 }
             }
         };

@@ -225,16 +225,16 @@ pub unsafe fn block_reduce<T: Shuffle>(_cta: &Cta, v: T, op: impl Fn(T, T) -> T,
     if arch::lane_id() == 0 {
         // SAFETY: warp < warps <= 32 (at most 1024 threads per block), inside
         // the caller's scratch; each warp's lane 0 writes its own slot.
-        unsafe { scratch.add(warp as usize).write_volatile(partial) };
+        unsafe { arch::store_volatile(scratch.add(warp as usize), partial) };
     }
     arch::sync_threads();
     // Every thread combines the warps' values in the same order.
     // SAFETY: slot 0 was written before the barrier.
-    let mut acc = unsafe { scratch.read_volatile() };
+    let mut acc = unsafe { arch::load_volatile(scratch) };
     let mut w = 1;
     while w < warps {
         // SAFETY: slot w < warps was written before the barrier.
-        acc = op(acc, unsafe { scratch.add(w as usize).read_volatile() });
+        acc = op(acc, unsafe { arch::load_volatile(scratch.add(w as usize)) });
         w += 1;
     }
     // Nobody writes the scratch again (a next reduction) before all have read it.

@@ -11,8 +11,8 @@
 //! * [`store_from_shared`] shared → global, tracked in bulk groups
 //!   ([`commit_group`], [`wait_group_read`], [`wait_group`]).
 //!
-//! On the emulator every operation completes immediately (a plain copy), a
-//! valid schedule of the asynchronous one.
+//! On the emulator every operation completes immediately (a copy with
+//! plain 16-byte loads and stores), a valid schedule of the asynchronous one.
 //!
 //! Ordering: bulk stores are performed by the async proxy. Before a generic
 //! store that publishes them (a signal), call [`wait_group`]`::<0>()` and
@@ -110,6 +110,7 @@ pub unsafe fn mbarrier_try_wait_parity(bar: *mut u64, parity: u32) -> bool {
 /// 16-byte aligned and valid for `bytes`, a non-zero multiple of 16;
 /// `bytes` were declared on `bar`'s current phase.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load_to_shared(dst: *mut u8, src: *const u8, bytes: u32, bar: *mut u64) {
     #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller's contract: `dst` is this block's shared memory and
@@ -124,8 +125,27 @@ pub unsafe fn load_to_shared(dst: *mut u8, src: *const u8, bytes: u32, bar: *mut
     {
         let _ = bar;
         // SAFETY: the caller's contract: `src` valid for reads and `dst` for
-        // writes of `bytes`; shared and global memory do not overlap.
-        unsafe { core::ptr::copy_nonoverlapping(src, dst, bytes as usize) };
+        // writes of `bytes`, both 16-byte aligned; shared and global memory
+        // do not overlap.
+        unsafe { copy16(dst, src, bytes) };
+    }
+}
+
+/// The emulator's bulk copy: 16-byte plain loads and stores (which the
+/// strict mode delays and checks like any other).
+///
+/// # Safety
+/// `src` is valid for reads and `dst` for writes of `bytes`, a multiple of
+/// 16, both 16-byte aligned and not overlapping.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+unsafe fn copy16(dst: *mut u8, src: *const u8, bytes: u32) {
+    let mut at = 0usize;
+    while at < bytes as usize {
+        // SAFETY: `at + 16 <= bytes` (a multiple of 16), inside both ranges
+        // and 16-byte aligned (the caller's contract).
+        unsafe { super::store16(dst.add(at), super::load16(src.add(at))) };
+        at += 16;
     }
 }
 
@@ -136,6 +156,7 @@ pub unsafe fn load_to_shared(dst: *mut u8, src: *const u8, bytes: u32, bar: *mut
 /// As for [`load_to_shared`], the other way round; `src` must not be
 /// overwritten before [`wait_group_read`] says the store has read it.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn store_from_shared(dst: *mut u8, src: *const u8, bytes: u32) {
     #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller's contract (as for `load_to_shared`, the other way
@@ -147,9 +168,10 @@ pub unsafe fn store_from_shared(dst: *mut u8, src: *const u8, bytes: u32) {
     }
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller's contract: `src` valid for reads and `dst` for
-    // writes of `bytes`; shared and global memory do not overlap.
+    // writes of `bytes`, both 16-byte aligned; shared and global memory do
+    // not overlap.
     unsafe {
-        core::ptr::copy_nonoverlapping(src, dst, bytes as usize)
+        copy16(dst, src, bytes)
     };
 }
 

@@ -3,6 +3,7 @@
 
 use super::Dim3;
 use crate::emu::hooks;
+use core::panic::Location;
 
 #[inline]
 pub fn thread_idx() -> Dim3 {
@@ -117,17 +118,69 @@ pub fn trap() -> ! {
 /// # Safety
 /// As for [`super::load16`]: `p` is valid for reads of 16 bytes and 16-byte aligned.
 #[inline]
+#[track_caller]
 pub unsafe fn load16(p: *const u8) -> [u32; 4] {
     // SAFETY: the caller guarantees 16 valid bytes aligned to 16, more than
     // `[u32; 4]`'s alignment of 4.
-    unsafe { core::ptr::read_volatile(p as *const [u32; 4]) }
+    unsafe { load_volatile(p as *const [u32; 4]) }
 }
 
 /// # Safety
 /// As for [`super::store16`]: `p` is valid for writes of 16 bytes and 16-byte aligned.
 #[inline]
+#[track_caller]
 pub unsafe fn store16(p: *mut u8, v: [u32; 4]) {
     // SAFETY: the caller guarantees 16 bytes valid for writes, aligned to 16,
     // more than `[u32; 4]`'s alignment of 4.
-    unsafe { core::ptr::write_volatile(p as *mut [u32; 4], v) }
+    unsafe { store_volatile(p as *mut [u32; 4], v) }
+}
+
+/// # Safety
+/// As for [`super::load_volatile`]: `p` is valid for reads and aligned.
+#[inline]
+#[track_caller]
+pub unsafe fn load_volatile<T: Copy>(p: *const T) -> T {
+    match crate::emu::memory() {
+        Some(m) => {
+            let mut v = core::mem::MaybeUninit::<T>::uninit();
+            // SAFETY: the caller's contract makes `p` valid for reads of a
+            // `T`; `v` is a `T`'s worth of writable bytes.
+            unsafe {
+                (m.load)(p as *const u8, v.as_mut_ptr() as *mut u8, core::mem::size_of::<T>(), Location::caller())
+            };
+            // SAFETY: the hook wrote all `size_of::<T>()` bytes of `v` with
+            // the bytes at `p` (or this thread's pending stores to them),
+            // which hold a `T` by the caller's contract.
+            unsafe { v.assume_init() }
+        }
+        // SAFETY: the caller's contract: `p` is valid for reads and aligned.
+        None => unsafe { p.read_volatile() },
+    }
+}
+
+/// # Safety
+/// As for [`super::store_volatile`]: `p` is valid for writes and aligned.
+#[inline]
+#[track_caller]
+pub unsafe fn store_volatile<T: Copy>(p: *mut T, v: T) {
+    match crate::emu::memory() {
+        // SAFETY: `v` is a `T`'s worth of readable bytes; the caller's
+        // contract makes `p` valid for writes of a `T` (device memory of
+        // the kernel, valid until it ends).
+        Some(m) => unsafe {
+            (m.store)(p as *mut u8, &v as *const T as *const u8, core::mem::size_of::<T>(), Location::caller())
+        },
+        // SAFETY: the caller's contract: `p` is valid for writes and aligned.
+        None => unsafe { p.write_volatile(v) },
+    }
+}
+
+/// # Safety
+/// As for [`super::load_weak`]: `p` is valid for reads and aligned.
+#[inline]
+#[track_caller]
+pub unsafe fn load_weak<T: Copy>(p: *const T) -> T {
+    // SAFETY: forwarded; on the host a volatile read is a plain read that
+    // the compiler keeps.
+    unsafe { load_volatile(p) }
 }

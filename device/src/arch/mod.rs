@@ -204,9 +204,14 @@ pub fn dynamic_shared_size() -> u32 {
 /// Loads 16 bytes from a 16-byte-aligned address (`ld.v4.u32`), local or
 /// an LSA peer's.
 ///
+/// A plain (weak) load: on the emulator's strict mode it sees the calling
+/// thread's delayed stores and is checked for data races (see
+/// [`store_volatile`]).
+///
 /// # Safety
 /// `p` is valid for 16 bytes and 16-byte aligned.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load16(p: *const u8) -> [u32; 4] {
     // SAFETY: the caller's contract (16 valid bytes, 16-byte aligned) is the
     // target implementation's contract.
@@ -215,13 +220,70 @@ pub unsafe fn load16(p: *const u8) -> [u32; 4] {
 
 /// Stores 16 bytes to a 16-byte-aligned address (`st.v4.u32`).
 ///
+/// A plain (weak) store: see [`store_volatile`] for what the emulator's
+/// strict mode does with it.
+///
 /// # Safety
 /// `p` is valid for 16 bytes and 16-byte aligned.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn store16(p: *mut u8, v: [u32; 4]) {
     // SAFETY: the caller's contract (16 valid bytes, 16-byte aligned) is the
     // target implementation's contract.
     unsafe { imp::store16(p, v) }
+}
+
+/// Loads a `T` with a volatile load (`ld.volatile`: the compiler neither
+/// drops nor merges it, but it orders nothing; a relaxed load of each
+/// naturally aligned word of at most 8 bytes).
+///
+/// On the emulator's strict mode (`DEVCOMM_EMU_STRICT=1`) the load sees the
+/// calling thread's own delayed stores (see [`store_volatile`]) and is
+/// checked for data races: a load of a word that another thread stored to
+/// without a release that this thread has acquired since is reported with
+/// both sites.
+///
+/// # Safety
+/// `p` is valid for reads of a `T` and aligned for it.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn load_volatile<T: Copy>(p: *const T) -> T {
+    // SAFETY: the caller's contract is the target implementation's.
+    unsafe { imp::load_volatile(p) }
+}
+
+/// Stores a `T` with a volatile store (`st.volatile`: kept by the compiler,
+/// ordering nothing).
+///
+/// Other threads, blocks, GPUs and the GIN proxy may see such a store late:
+/// only a release of the storing thread (a fence, a release atomic such as
+/// [`crate::lsa::signal_add`], a barrier of its block, the end of the
+/// kernel) makes it visible to whoever acquires after it. The emulator's
+/// strict mode does exactly that: the store waits in a per-thread store
+/// buffer until such a release (or a random moment), so a kernel that
+/// signals data without a release reads wrong data on the CPU as on a GPU.
+/// Only the device crate's own store paths can be delayed this way; a
+/// kernel's `*p = v` is a plain host store on the emulator.
+///
+/// # Safety
+/// `p` is valid for writes of a `T` and aligned for it.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn store_volatile<T: Copy>(p: *mut T, v: T) {
+    // SAFETY: the caller's contract is the target implementation's.
+    unsafe { imp::store_volatile(p, v) }
+}
+
+/// A plain load (`ld`, which the compiler may combine with others), with
+/// the strict emulator's checks of [`load_volatile`].
+///
+/// # Safety
+/// `p` is valid for reads of a `T` and aligned for it.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub(crate) unsafe fn load_weak<T: Copy>(p: *const T) -> T {
+    // SAFETY: the caller's contract is the target implementation's.
+    unsafe { imp::load_weak(p) }
 }
 
 /// A global nanosecond clock, comparable across the GPU (`%globaltimer`).

@@ -252,3 +252,27 @@ pub unsafe fn store16(p: *mut u8, v: [u32; 4]) {
              d = in(reg32) v[3], p = in(reg64) p, options(nostack));
     }
 }
+
+/// # Safety
+/// As for [`super::load_volatile`]: `p` is valid for reads and aligned.
+#[inline(always)]
+pub unsafe fn load_volatile<T: Copy>(p: *const T) -> T {
+    // SAFETY: the caller's contract: `p` is valid for reads and aligned.
+    unsafe { p.read_volatile() }
+}
+
+/// # Safety
+/// As for [`super::store_volatile`]: `p` is valid for writes and aligned.
+#[inline(always)]
+pub unsafe fn store_volatile<T: Copy>(p: *mut T, v: T) {
+    // SAFETY: the caller's contract: `p` is valid for writes and aligned.
+    unsafe { p.write_volatile(v) }
+}
+
+/// # Safety
+/// As for [`super::load_weak`]: `p` is valid for reads and aligned.
+#[inline(always)]
+pub unsafe fn load_weak<T: Copy>(p: *const T) -> T {
+    // SAFETY: the caller's contract: `p` is valid for reads and aligned.
+    unsafe { p.read() }
+}

@@ -64,6 +64,7 @@ pub const RING_CHECK_EVERY: u32 = 16 * crate::wait::CHECK_EVERY;
 /// # Safety
 /// `p..p + bytes` is readable.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 unsafe fn read_small(p: *const u8, bytes: u64) -> u64 {
     let aligned = (p as u64) % bytes == 0;
     // SAFETY: the caller's contract: `p..p + bytes` is readable. The 8-, 4-
@@ -71,13 +72,13 @@ unsafe fn read_small(p: *const u8, bytes: u64) -> u64 {
     // aligned to it; otherwise each byte `p + i`, `i < bytes`, is read alone.
     unsafe {
         match bytes {
-            8 if aligned => (p as *const u64).read(),
-            4 if aligned => (p as *const u32).read() as u64,
-            2 if aligned => (p as *const u16).read() as u64,
+            8 if aligned => crate::arch::load_weak(p as *const u64),
+            4 if aligned => crate::arch::load_weak(p as *const u32) as u64,
+            2 if aligned => crate::arch::load_weak(p as *const u16) as u64,
             _ => {
                 let mut v = 0u64;
                 for i in 0..bytes {
-                    v |= (p.add(i as usize).read() as u64) << (8 * i);
+                    v |= (crate::arch::load_weak(p.add(i as usize)) as u64) << (8 * i);
                 }
                 v
             }
@@ -377,6 +378,7 @@ impl<'a> Gin<'a> {
     /// The windows belong to this device communicator's communicator.
     #[allow(clippy::too_many_arguments)]
     #[inline]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub unsafe fn put<C: Coop>(
         &self,
         coop: &C,
@@ -406,6 +408,7 @@ impl<'a> Gin<'a> {
     /// As for [`Gin::put`].
     #[allow(clippy::too_many_arguments)]
     #[inline]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     unsafe fn put_leader(
         &self,
         team: &Team,
@@ -454,6 +457,7 @@ impl<'a> Gin<'a> {
     /// As for [`Gin::put`].
     #[allow(clippy::too_many_arguments)]
     #[inline]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub unsafe fn put_sym<T, C: Coop>(
         &self,
         coop: &C,

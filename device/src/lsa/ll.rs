@@ -32,13 +32,13 @@ unsafe fn read_word(src: *const u8, bytes: usize, w: usize) -> u32 {
         // SAFETY: `at + 4 <= bytes`, so the 4 bytes are inside `src` (the
         // caller's contract), and `src` and `at` are multiples of 4, so the
         // `u32` is aligned.
-        unsafe { (src.add(at) as *const u32).read_volatile() }
+        unsafe { crate::arch::load_volatile(src.add(at) as *const u32) }
     } else {
         let mut v = 0u32;
         for k in 0..(bytes - at).min(4) {
             // SAFETY: `at + k < bytes` (`k < bytes - at`, and `at < bytes` by
             // the caller's contract): inside `src`.
-            v |= (unsafe { src.add(at + k).read_volatile() } as u32) << (8 * k);
+            v |= (unsafe { crate::arch::load_volatile(src.add(at + k)) } as u32) << (8 * k);
         }
         v
     }
@@ -56,12 +56,12 @@ unsafe fn write_word(dst: *mut u8, bytes: usize, w: usize, v: u32) {
         // SAFETY: `at + 4 <= bytes`, so the 4 bytes are inside `dst` (the
         // caller's contract), and `dst` and `at` are multiples of 4, so the
         // `u32` is aligned; the caller owns these bytes.
-        unsafe { (dst.add(at) as *mut u32).write_volatile(v) }
+        unsafe { crate::arch::store_volatile(dst.add(at) as *mut u32, v) }
     } else {
         for k in 0..(bytes - at).min(4) {
             // SAFETY: `at + k < bytes` (`k < bytes - at`, and `at < bytes` by
             // the caller's contract): inside `dst`, owned by the caller.
-            unsafe { dst.add(at + k).write_volatile((v >> (8 * k)) as u8) };
+            unsafe { crate::arch::store_volatile(dst.add(at + k), (v >> (8 * k)) as u8) };
         }
     }
 }

@@ -20,5 +20,5 @@ pub mod ops;
 pub mod reduce;
 
 pub use barrier::{BarrierError, LsaBarrierSession};
-pub use ops::{copy, copy_to_all, put_value, signal_add, wait_signal};
+pub use ops::{copy, copy_to_all, get_value, put_value, signal_add, wait_signal};
 pub use reduce::{reduce, ReduceOp, Reducible};

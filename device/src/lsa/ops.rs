@@ -4,7 +4,7 @@
 //! (or [`SymPtr`](crate::comm::SymPtr)); a local pointer works as well, so
 //! the same copy serves put (local → peer) and get (peer → local).
 
-use crate::arch::{bulk, load16, store16};
+use crate::arch::{self, bulk, load16, store16};
 use crate::atomic::{self, Scope};
 use crate::comm::{AbortInfo, WindowDesc};
 use crate::coop::Coop;
@@ -26,6 +26,7 @@ pub const UNROLL: usize = 4;
 /// `src` and `dst` are valid for `bytes` bytes and do not overlap; every
 /// thread of `coop` calls with the same arguments.
 #[inline]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn copy<C: Coop>(coop: &C, dst: *mut u8, src: *const u8, bytes: usize) {
     // SAFETY: the caller's contract (valid, non-overlapping `src`/`dst`, same
     // arguments on every thread of `coop`); the coop's thread ranks are
@@ -40,6 +41,7 @@ pub unsafe fn copy<C: Coop>(coop: &C, dst: *mut u8, src: *const u8, bytes: usize
 /// # Safety
 /// As for [`copy`]; the `n` threads use `t = 0..n` once each.
 #[inline]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn copy_strided(t: usize, n: usize, dst: *mut u8, src: *const u8, bytes: usize) {
     let aligned16 = (dst as usize | src as usize) % 16 == 0;
     let vec_bytes = if aligned16 { bytes / 16 * 16 } else { 0 };
@@ -81,14 +83,14 @@ pub unsafe fn copy_strided(t: usize, n: usize, dst: *mut u8, src: *const u8, byt
         // SAFETY: `w < words = rest / 8`, so word `w` lies in the last `rest`
         // bytes of both buffers, and both `d` and `s` are 8-byte aligned
         // (`words` is 0 otherwise); word `w` is this thread's alone.
-        unsafe { (d as *mut u64).add(w).write_volatile((s as *const u64).add(w).read_volatile()) };
+        unsafe { arch::store_volatile((d as *mut u64).add(w), arch::load_volatile((s as *const u64).add(w))) };
         w += n;
     }
     let mut b = words * 8 + t;
     while b < rest {
         // SAFETY: `b < rest`, so byte `b` lies in the last `rest` bytes of
         // both buffers; byte `b` is this thread's alone.
-        unsafe { d.add(b).write_volatile(s.add(b).read_volatile()) };
+        unsafe { arch::store_volatile(d.add(b), arch::load_volatile(s.add(b))) };
         b += n;
     }
 }
@@ -112,6 +114,7 @@ pub const fn copy_bulk_smem_bytes(chunk: u32, stages: u32) -> u32 {
 /// [`copy_bulk_smem_bytes`]`(chunk, stages)` long and not otherwise in use;
 /// `chunk` is a non-zero multiple of 16 and `stages >= 2`.
 #[inline]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn copy_bulk<C: Coop>(
     coop: &C,
     dst: *mut u8,
@@ -136,6 +139,7 @@ pub unsafe fn copy_bulk<C: Coop>(
 /// coops use each `first` once.
 #[allow(clippy::too_many_arguments)]
 #[inline]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn copy_bulk_strided<C: Coop>(
     coop: &C,
     dst: *mut u8,
@@ -220,7 +224,7 @@ pub unsafe fn copy_bulk_strided<C: Coop>(
             // SAFETY: `b < bytes`: inside both buffers (the caller's
             // contract); byte `b` is this thread's alone, and the bulk part
             // (`< bulk_bytes`) is not touched here.
-            unsafe { dst.add(b).write_volatile(src.add(b).read_volatile()) };
+            unsafe { arch::store_volatile(dst.add(b), arch::load_volatile(src.add(b))) };
             b += n;
         }
     }
@@ -236,6 +240,7 @@ pub unsafe fn copy_bulk_strided<C: Coop>(
 /// `window` (the caller's own included); every thread of `coop` calls with
 /// the same arguments.
 #[inline]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn copy_to_all<C: Coop>(coop: &C, window: &WindowDesc, offset: u64, src: *const u8, bytes: usize) {
     for k in 0..window.lsa_size {
         // Start with the next peer, so LSA ranks do not all hit peer 0 first.
@@ -249,15 +254,38 @@ pub unsafe fn copy_to_all<C: Coop>(coop: &C, window: &WindowDesc, offset: u64, s
     }
 }
 
-/// Stores one value at `dst` (a peer's or a local address) with a relaxed
-/// system-scope store: visible to the peer without ordering earlier writes.
+/// Stores one value at `dst` (a peer's or a local address) with a volatile
+/// store: visible to the peer eventually, ordered with nothing. To publish
+/// it, follow it with a release ([`signal_add`], a fence, a barrier of the
+/// block followed by a release): without one, a peer that sees a later
+/// signal may still read the old value — on a GPU, and on the emulator's
+/// strict mode, which delays the store until the thread's next release
+/// (see [`arch::store_volatile`]).
 ///
 /// # Safety
 /// `dst` is valid and aligned for `T`.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn put_value<T: Copy>(dst: *mut T, value: T) {
     // SAFETY: the caller's contract: `dst` is valid and aligned for `T`.
-    unsafe { dst.write_volatile(value) }
+    unsafe { arch::store_volatile(dst, value) }
+}
+
+/// Loads one value at `src` (a peer's or a local address) with a volatile
+/// load, ordered with nothing: to read data a peer published, acquire
+/// first ([`wait_signal`], an acquire load of its flag, a fence after a
+/// relaxed one). On the emulator's strict mode the load is checked for data
+/// races: reading a value another thread stored without a release that
+/// this thread acquired is reported with both sites (see
+/// [`arch::load_volatile`]).
+///
+/// # Safety
+/// `src` is valid and aligned for `T`.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn get_value<T: Copy>(src: *const T) -> T {
+    // SAFETY: the caller's contract: `src` is valid and aligned for `T`.
+    unsafe { arch::load_volatile(src) }
 }
 
 /// Adds `value` to the `u64` signal at `signal` (usually a peer's) with

@@ -84,15 +84,15 @@ pub unsafe fn reduce<C: Coop, T: Reducible>(
         // aligned `T`s at `offset`, written and made visible before the call,
         // and `i < count`, so element `i` of peer 0 is in bounds and aligned;
         // no one writes it during the call.
-        let mut acc = unsafe { window.lsa_ptr::<T>(at, 0).read_volatile() };
+        let mut acc = unsafe { crate::arch::load_volatile(window.lsa_ptr::<T>(at, 0)) };
         for p in 1..window.lsa_size {
             // SAFETY: as above, element `i` of peer `p < lsa_size`.
-            acc = acc.combine(unsafe { window.lsa_ptr::<T>(at, p).read_volatile() }, op);
+            acc = acc.combine(unsafe { crate::arch::load_volatile(window.lsa_ptr::<T>(at, p)) }, op);
         }
         // SAFETY: `i < count` and `dst` is valid for `count` elements (the
         // caller's contract); element `i` is this thread's alone (threads
         // take `i = t, t + n, ...` with distinct `t < n`).
-        unsafe { dst.add(i).write_volatile(acc) };
+        unsafe { crate::arch::store_volatile(dst.add(i), acc) };
         i += n;
     }
 }

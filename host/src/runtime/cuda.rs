@@ -307,14 +307,25 @@ impl CudaStreamHandle {
         // SAFETY: `params` point into `args`, alive for the call (the driver
         // copies them); the kernel's own contract is the caller's.
         unsafe {
-            result::launch_kernel(
-                f,
-                (g.x, g.y, g.z),
-                (b.x, b.y, b.z),
-                cfg.shared_mem_bytes,
-                self.stream.cu_stream(),
-                &mut params,
-            )
+            if cfg.co_resident {
+                result::launch_cooperative_kernel(
+                    f,
+                    (g.x, g.y, g.z),
+                    (b.x, b.y, b.z),
+                    cfg.shared_mem_bytes,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            } else {
+                result::launch_kernel(
+                    f,
+                    (g.x, g.y, g.z),
+                    (b.x, b.y, b.z),
+                    cfg.shared_mem_bytes,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            }
         }
         .map_err(|e| Error::CudaError(format!("launching {name} with {cfg:?}: {e}")))
     }

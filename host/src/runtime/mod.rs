@@ -162,7 +162,8 @@ pub fn device_count(sel: RuntimeSelection) -> Result<(RuntimeKind, usize)> {
     Ok((kind, n))
 }
 
-/// Grid, block and dynamic shared memory of a launch.
+/// Grid, block and dynamic shared memory of a launch, and whether its
+/// blocks must all be resident at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// Blocks per grid.
@@ -171,6 +172,8 @@ pub struct LaunchConfig {
     pub block: Dim3,
     /// Bytes of dynamic shared memory per block.
     pub shared_mem_bytes: u32,
+    /// Every block resident at the same time ([`LaunchConfig::co_resident`]).
+    pub co_resident: bool,
 }
 
 impl LaunchConfig {
@@ -181,7 +184,7 @@ impl LaunchConfig {
 
     /// A launch of `grid` blocks of `block` threads, no shared memory.
     pub fn new(grid: impl Into<Dim3>, block: impl Into<Dim3>) -> Self {
-        LaunchConfig { grid: grid.into(), block: block.into(), shared_mem_bytes: 0 }
+        LaunchConfig { grid: grid.into(), block: block.into(), shared_mem_bytes: 0, co_resident: false }
     }
 
     /// One thread per element, `block` threads per block (1-D).
@@ -193,6 +196,24 @@ impl LaunchConfig {
     /// The same launch with `bytes` of dynamic shared memory per block.
     pub fn with_shared_mem(mut self, bytes: u32) -> Self {
         self.shared_mem_bytes = bytes;
+        self
+    }
+
+    /// The same launch with every block resident at the same time: a
+    /// cooperative launch on CUDA (`cuLaunchCooperativeKernel`, which fails
+    /// when the grid cannot be resident at once), one wave of the whole
+    /// grid on the emulator (which fails when it exceeds
+    /// `DEVCOMM_EMU_MAX_THREADS`).
+    ///
+    /// A kernel whose blocks wait for each other — one block spins on what
+    /// another block of the same grid writes, a grid-wide barrier, or
+    /// blocks of several ranks that wait for each other pairwise — needs it:
+    /// without it a GPU may run part of the grid first (when other work
+    /// holds some SMs), and the emulator's strict mode
+    /// (`DEVCOMM_EMU_STRICT=1`) does so on purpose, so such a kernel hangs
+    /// there until its device timeout.
+    pub fn co_resident(mut self) -> Self {
+        self.co_resident = true;
         self
     }
 
@@ -504,6 +525,15 @@ impl AddressRange {
         match self {
             AddressRange::Cuda(r) => r.map_fd(offset, fd, len),
             AddressRange::Emulated(r) => r.map_fd(offset, fd, len),
+        }
+    }
+
+    /// Notes that `len` bytes at `offset` map another device's memory (the
+    /// emulator's strict mode treats stores there differently at barriers;
+    /// nothing on CUDA).
+    pub(crate) fn mark_peer(&mut self, offset: usize, len: usize) {
+        if let AddressRange::Emulated(r) = self {
+            r.mark_peer(offset, len);
         }
     }
 }

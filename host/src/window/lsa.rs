@@ -129,6 +129,9 @@ pub(crate) fn map_peers(comm: &Communicator, mine: &ShareableAlloc, p: &MapParam
         range
             .map_fd(peer * stride as usize, fd.as_fd(), len)
             .map_err(|e| e.context(format!("mapping LSA peer {peer} (rank {})", base_rank + peer)))?;
+        if peer != lsa_rank {
+            range.mark_peer(peer * stride as usize, len);
+        }
     }
     // The descriptors close here; the mappings keep the memory alive.
     Ok(LsaMapping { range, stride })

@@ -1,7 +1,9 @@
 //! A kernel crate outside `devcomm-kernels`, written as a user writes one
 //! (the template of `devcomm_device::kernel`'s docs): the tests launch its
 //! kernels with `Stream::launch_in` from its PTX, and check that
-//! `Stream::launch` refuses them on both runtimes.
+//! `Stream::launch` refuses them on both runtimes. [`strict`] holds
+//! purpose-written wrong kernels (and their correct versions) for the
+//! emulator's strict mode.
 //!
 //! Its PTX for the GPU is committed beside it (`ptx/user_kernels.sm_90.ptx`,
 //! written by `cargo xtask ptx --update`), so the tests need no
@@ -10,6 +12,8 @@
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
 
 devcomm_device::kernel_crate!();
+
+pub mod strict;
 
 use devcomm_device::arch::{global_thread_x, grid_threads_x};
 use devcomm_device::{math, KernelParam};

@@ -11,8 +11,14 @@
 //!   barrier (`sync_threads`, `sync_warp`, named barriers) and at every
 //!   `spin_backoff`, so a block with hundreds of threads costs no OS context
 //!   switches. Thread switches happen only at those points, which is what
-//!   makes emulated runs deterministic per block; memory-ordering bugs are
-//!   for the GPU runs to find (docs/design.md, principle 1).
+//!   makes plain emulated runs deterministic per block.
+//! * In strict mode ([`super::strict`], `DEVCOMM_EMU_STRICT=1`) blocks start
+//!   in a random order and, unless the launch asks for co-residency
+//!   ([`LaunchConfig::co_resident`]), in waves of random size; a block's
+//!   threads are resumed in a random rotation; every thread's plain stores
+//!   through the device crate wait in a store buffer until a release, and
+//!   its accesses are checked for data races. A barrier is a release on
+//!   arrival and an acquire on leaving; a spin may drain the buffer.
 //! * Intrinsics find their thread through the thread-local [`ThreadCtx`] the
 //!   scheduler sets before resuming a coroutine.
 //!
@@ -24,15 +30,16 @@
 
 use super::super::LaunchConfig;
 use super::pool;
+use super::strict::{self, Exited, StoreBuffer, StrictLaunch, ThreadMem};
 use crate::error::{Error, Result};
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
-use devcomm_device::emu::{EmuBarrier, EmuHooks, Geometry};
+use devcomm_device::emu::{EmuBarrier, EmuHooks, EmuMemHooks, Geometry};
 use devcomm_device::{Dim3, KernelArgs};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe, Location};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 use std::time::Instant;
 
@@ -91,12 +98,23 @@ struct BlockState {
     exchange: Box<[Cell<u64>]>,
     /// One word per thread for [`hook_barrier_max`], 0 between uses.
     reduce: Box<[Cell<u32>]>,
+    /// Strict mode: stores its threads released to the block only.
+    cta_lines: RefCell<StoreBuffer>,
 }
 
 struct LaunchState {
     aborted: AtomicBool,
     error: Mutex<Option<String>>,
+    /// The launch as the strict mode sees it (`None` when it is off).
+    strict: Option<StrictLaunch>,
+    /// What its ended threads leave for the launch's end (strict mode).
+    exited: Mutex<Vec<Exited>>,
+    /// Races reported so far.
+    races: AtomicUsize,
 }
+
+/// Races printed per launch (the first fails it).
+const RACES_PRINTED: usize = 4;
 
 impl LaunchState {
     fn fail(&self, msg: String) {
@@ -105,12 +123,23 @@ impl LaunchState {
         }
         self.aborted.store(true, Ordering::SeqCst);
     }
+
+    fn race(&self, msg: String) {
+        if self.races.fetch_add(1, Ordering::Relaxed) < RACES_PRINTED {
+            eprintln!("devcomm: {msg}");
+        }
+        self.fail(msg);
+    }
 }
 
 /// One GPU thread's identity, plus where to suspend it.
 struct Slot {
     geometry: Geometry,
     yielder: Cell<*const ThreadYielder>,
+    /// Its strict-mode state (`None` when the memory hooks are off).
+    mem: RefCell<Option<ThreadMem>>,
+    /// Strict mode: the clock when the barrier it last waited at opened.
+    opened_at: Cell<u64>,
 }
 
 #[derive(Clone, Copy)]
@@ -156,16 +185,98 @@ fn launch() -> &'static LaunchState {
 }
 
 fn suspend(why: Suspend) {
+    suspend_ordered(why, false)
+}
+
+/// Suspends the calling thread; `ordered`: at a barrier with memory
+/// ordering among its threads (`bar.sync`, `bar.red`, `bar.warp.sync`; not
+/// `shfl`, `match` or `redux`), which in strict mode is a release on
+/// arrival and an acquire on leaving.
+fn suspend_ordered(why: Suspend, ordered: bool) {
     let y = slot().yielder.get();
     if y.is_null() {
         panic!("devcomm: emulated thread has no scheduler");
+    }
+    match why {
+        // A barrier orders memory among the block's threads only.
+        Suspend::Barrier(_) if ordered => {
+            with_mem(|m, b| m.release_cta(b));
+        }
+        Suspend::Barrier(_) => {}
+        Suspend::Spin => {
+            with_mem(|m, b| m.spin(b));
+            strict::drain_due();
+        }
     }
     // SAFETY: set by the coroutine itself when it started; valid while it runs.
     unsafe { &*y }.suspend(why);
     if block().poisoned.get() || launch().aborted.load(Ordering::Relaxed) {
         resume_unwind(Box::new(LaunchAborted));
     }
+    if ordered {
+        let at = slot().opened_at.get();
+        with_mem(|m, _| m.acquire_at(at));
+    }
 }
+
+/// Runs `f` on the calling emulated thread's strict-mode state and its
+/// block's lines, then reports the race it found, if any; `None` outside an
+/// emulated kernel or with the memory hooks off.
+fn with_mem<R>(f: impl FnOnce(&mut ThreadMem, &mut StoreBuffer) -> R) -> Option<R> {
+    let ctx = CURRENT.with(|c| c.get())?;
+    // SAFETY: CURRENT points at the running thread's slot, block and launch,
+    // alive while its coroutine runs (see `slot`).
+    let (slot, block, launch) = unsafe { (&*ctx.slot, &*ctx.block, &*ctx.launch) };
+    let mut guard = slot.mem.try_borrow_mut().ok()?;
+    let m = guard.as_mut()?;
+    let mut lines = block.cta_lines.try_borrow_mut().ok()?;
+    let r = f(m, &mut lines);
+    if let Some(msg) = m.race.take() {
+        launch.race(format!("{msg}{}", strict::seed_note()));
+    }
+    Some(r)
+}
+
+/// # Safety
+/// As for [`EmuMemHooks::store`].
+unsafe fn hook_mem_store(dst: *mut u8, src: *const u8, len: usize, site: &'static Location<'static>) {
+    // SAFETY: the hook's contract is `ThreadMem::store`'s (the kernel's
+    // memory stays valid until the launch ends, which drains the buffer).
+    if with_mem(|m, b| unsafe { m.store(dst, src, len, site, b) }).is_none() {
+        // SAFETY: the hook's contract (outside a strict kernel: a plain store).
+        unsafe { strict::mem_write(dst, src, len) };
+    }
+}
+
+/// # Safety
+/// As for [`EmuMemHooks::load`].
+unsafe fn hook_mem_load(src: *const u8, dst: *mut u8, len: usize, site: &'static Location<'static>) {
+    // SAFETY: the hook's contract is `ThreadMem::load`'s.
+    if with_mem(|m, b| unsafe { m.load(src, dst, len, site, b) }).is_none() {
+        // SAFETY: the hook's contract (outside a strict kernel: a plain load).
+        unsafe { strict::mem_read(src, dst, len) };
+    }
+}
+
+fn hook_mem_order(acquire: bool, release: bool, cta: bool) {
+    with_mem(|m, b| {
+        if release && cta {
+            m.release_cta(b);
+        } else if release {
+            m.release(b);
+        }
+        if acquire {
+            m.acquire();
+        }
+    });
+}
+
+fn hook_mem_atomic(addr: *const u8, len: usize) {
+    with_mem(|m, b| m.atomic(addr as usize, len, b));
+}
+
+static MEM_HOOKS: EmuMemHooks =
+    EmuMemHooks { store: hook_mem_store, load: hook_mem_load, order: hook_mem_order, atomic: hook_mem_atomic };
 
 fn linear_thread(g: &Geometry) -> u32 {
     g.thread_idx.x + g.block_dim.x * (g.thread_idx.y + g.block_dim.y * g.thread_idx.z)
@@ -176,12 +287,15 @@ fn hook_geometry() -> Geometry {
 }
 
 fn hook_sync_threads() {
-    suspend(Suspend::Barrier(BarrierKey::Block));
+    suspend_ordered(Suspend::Barrier(BarrierKey::Block), true);
 }
 
 fn hook_sync_warp(mask: u32) {
-    let warp = linear_thread(&slot().geometry) / 32;
-    suspend(Suspend::Barrier(BarrierKey::Warp { warp, mask }));
+    let me = linear_thread(&slot().geometry);
+    let (warp, lane) = (me / 32, me % 32);
+    // A barrier of the caller alone orders nothing with anyone.
+    let alone = mask == 1 << lane;
+    suspend_ordered(Suspend::Barrier(BarrierKey::Warp { warp, mask }), !alone);
 }
 
 fn hook_warp_exchange(mask: u32, value: u64) -> [u64; 32] {
@@ -224,8 +338,10 @@ fn hook_barrier_max(barrier: EmuBarrier, value: u32) -> u32 {
     let words = &block().reduce;
     words[me as usize].set(value);
     // Everyone has written; everyone reads; then each clears its own word
-    // (threads that left the kernel keep 0 and count as 0).
-    suspend(Suspend::Barrier(key));
+    // (threads that left the kernel keep 0 and count as 0). `bar.red`
+    // orders memory like `bar.sync`; a warp's `redux.sync` does not.
+    let ordered = !matches!(barrier, EmuBarrier::Warp { .. });
+    suspend_ordered(Suspend::Barrier(key), ordered);
     let max = (first..(first + count).min(words.len() as u32))
         .filter(|t| mask & (1 << ((t - first) % 32)) != 0)
         .map(|t| words[t as usize].get())
@@ -237,7 +353,7 @@ fn hook_barrier_max(barrier: EmuBarrier, value: u32) -> u32 {
 }
 
 fn hook_named_barrier(id: u32, threads: u32) {
-    suspend(Suspend::Barrier(BarrierKey::Named { id, threads }));
+    suspend_ordered(Suspend::Barrier(BarrierKey::Named { id, threads }), true);
 }
 
 fn hook_dynamic_shared() -> (*mut u8, u32) {
@@ -280,7 +396,12 @@ static HOOKS: EmuHooks = EmuHooks {
 /// Installs the hooks (idempotent).
 pub(crate) fn install_hooks() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| devcomm_device::emu::install(&HOOKS));
+    ONCE.call_once(|| {
+        devcomm_device::emu::install(&HOOKS);
+        if strict::config().hooks() {
+            devcomm_device::emu::install_memory(&MEM_HOOKS);
+        }
+    });
 }
 
 fn max_resident_threads() -> u64 {
@@ -315,6 +436,21 @@ fn describe(g: &Geometry) -> String {
     )
 }
 
+/// Whether a co-resident launch fits at once: an error (as a cooperative
+/// launch too large on a GPU) when it does not.
+pub(crate) fn check_co_resident(cfg: &LaunchConfig, name: &str) -> Result<()> {
+    let max_threads = max_resident_threads();
+    let (blocks, per_block) = (cfg.grid.volume(), cfg.block.volume());
+    if blocks > (max_threads / per_block).max(1) {
+        return Err(Error::CudaError(format!(
+            "emulated kernel {name}: a co-resident launch of {blocks} blocks of {per_block} threads does not fit \
+             the emulator's {max_threads} resident threads (DEVCOMM_EMU_MAX_THREADS), as a cooperative launch \
+             too large fails on a GPU"
+        )));
+    }
+    Ok(())
+}
+
 impl<A: KernelArgs> SendJob<A> {
     /// Runs the whole grid and returns when every thread has finished.
     ///
@@ -325,14 +461,42 @@ impl<A: KernelArgs> SendJob<A> {
         let job = &self.0;
         let cfg = job.cfg;
         let blocks = cfg.grid.volume();
-        let per_wave = (max_resident_threads() / cfg.block.volume()).max(1);
-        let launch = LaunchState { aborted: AtomicBool::new(false), error: Mutex::new(None) };
+        let mut per_wave = (max_resident_threads() / cfg.block.volume()).max(1);
+        if cfg.co_resident {
+            check_co_resident(&cfg, job.name)?;
+            per_wave = blocks;
+        }
+        let sc = strict::config();
+        let strict = (sc.hooks() || sc.schedule).then(|| {
+            strict::announce();
+            strict::start_launch(job.name, cfg.grid, cfg.block)
+        });
+        let mut rng = strict::Rng::new(strict.as_ref().map_or(0, |s| s.rng_seed));
+        // The blocks in the order they start (strict: random).
+        let order: Option<Vec<u64>> = sc.schedule.then(|| {
+            let mut v: Vec<u64> = (0..blocks).collect();
+            rng.shuffle(&mut v);
+            v
+        });
+        let launch = LaunchState {
+            aborted: AtomicBool::new(false),
+            error: Mutex::new(None),
+            strict,
+            exited: Mutex::new(Vec::new()),
+            races: AtomicUsize::new(0),
+        };
 
         let mut first = 0u64;
         while first < blocks && !launch.aborted.load(Ordering::SeqCst) {
-            let last = (first + per_wave).min(blocks);
+            // Strict: a random part of what is left is resident at a time
+            // (between one block and all that fit), unless the launch asked
+            // for all of it.
+            let wave =
+                if sc.schedule && !cfg.co_resident { 1 + rng.below(per_wave.min(blocks - first)) } else { per_wave };
+            let last = (first + wave).min(blocks);
             let tasks: Vec<Box<dyn FnOnce() + Send>> = (first..last)
-                .map(|b| {
+                .map(|i| {
+                    let b = order.as_ref().map_or(i, |o| o[i as usize]);
                     let task = BlockTask { job: self as *const SendJob<A>, launch: &launch, block: b };
                     // SAFETY: `run_batch` returns only after every task has
                     // finished, so the job and launch state outlive it.
@@ -344,10 +508,21 @@ impl<A: KernelArgs> SendJob<A> {
             }
             first = last;
         }
+        if let Some(s) = &launch.strict {
+            let exited = std::mem::take(&mut *launch.exited.lock().unwrap_or_else(|p| p.into_inner()));
+            strict::end_launch(s, exited);
+        }
         let err = launch.error.lock().map(|e| e.clone()).unwrap_or(None);
         match err {
             None => Ok(()),
-            Some(msg) => Err(Error::CudaError(format!("emulated kernel {} failed: {msg}", job.name))),
+            Some(msg) => {
+                let note = if launch.strict.is_some() && !msg.contains(strict::SEED_ENV) {
+                    strict::seed_note()
+                } else {
+                    String::new()
+                };
+                Err(Error::CudaError(format!("emulated kernel {} failed: {msg}{note}", job.name)))
+            }
         }
     }
 }
@@ -379,6 +554,7 @@ impl<A: KernelArgs> BlockTask<A> {
             poisoned: Cell::new(false),
             exchange: (0..nthreads).map(|_| Cell::new(0)).collect(),
             reduce: (0..nthreads).map(|_| Cell::new(0)).collect(),
+            cta_lines: RefCell::new(StoreBuffer::new(if launch.strict.is_some() { strict::BLOCK_SLOTS } else { 1 })),
         };
         let block_idx = index_of(self.block, cfg.grid);
         let slots: Vec<Slot> = (0..nthreads as u64)
@@ -390,11 +566,22 @@ impl<A: KernelArgs> BlockTask<A> {
                     grid_dim: cfg.grid,
                 },
                 yielder: Cell::new(std::ptr::null()),
+                mem: RefCell::new(None),
+                opened_at: Cell::new(0),
             })
             .collect();
+        // Strict mode: the tag of this block's shared memory in the race
+        // shadow (a later block may get the same addresses).
+        static BLOCK_TAG: AtomicU64 = AtomicU64::new(1);
+        let smem_tag = BLOCK_TAG.fetch_add(1, Ordering::Relaxed);
+        let smem = {
+            let base = block.shared.as_ptr() as usize;
+            base..base + block.shared.len() * 16
+        };
+        let strict_mem = launch.strict.as_ref().filter(|_| strict::config().hooks());
 
         let mut threads: Vec<Option<ThreadCoroutine>> = Vec::with_capacity(nthreads);
-        for slot in &slots {
+        for (t, slot) in slots.iter().enumerate() {
             let stack =
                 match STACKS.with(|s| s.borrow_mut().pop()).map(Ok).unwrap_or_else(|| DefaultStack::new(STACK_BYTES)) {
                     Ok(s) => s,
@@ -403,17 +590,26 @@ impl<A: KernelArgs> BlockTask<A> {
                         return;
                     }
                 };
+            if let Some(sl) = strict_mem {
+                use corosensei::stack::Stack;
+                let stack_range = stack.limit().get()..stack.base().get();
+                let tid = strict::thread_id(sl.id, self.block, cfg.block, t as u64);
+                *slot.mem.borrow_mut() = Some(ThreadMem::new(tid, sl, stack_range, smem.clone(), smem_tag));
+            }
             let slot_ptr = slot as *const Slot as usize;
             let job_ptr = job as *const GridJob<A> as usize;
             let launch_ptr = launch as *const LaunchState as usize;
+            let block_ptr = &block as *const BlockState as usize;
             threads.push(Some(Coroutine::with_stack(stack, move |y: &ThreadYielder, ()| {
-                // SAFETY: the slot, job and launch outlive the coroutine (the
-                // block frame owns the slots; see `run`'s contract).
-                let (slot, job, launch) = unsafe {
+                // SAFETY: the slot, job, launch and block outlive the coroutine
+                // (the block frame owns the slots and the block state; see
+                // `run`'s contract).
+                let (slot, job, launch, block_ref) = unsafe {
                     (
                         &*(slot_ptr as *const Slot),
                         &*(job_ptr as *const GridJob<A>),
                         &*(launch_ptr as *const LaunchState),
+                        &*(block_ptr as *const BlockState),
                     )
                 };
                 slot.yielder.set(y as *const ThreadYielder);
@@ -424,14 +620,25 @@ impl<A: KernelArgs> BlockTask<A> {
                         launch.fail(format!("panic in {}: {}", describe(&slot.geometry), panic_message(&*p)));
                     }
                 }
+                // Strict mode: the thread's stores drain later, its accesses
+                // are stamped at the launch's end.
+                let mem = slot.mem.borrow_mut().take();
+                if let (Some(m), Some(sl)) = (mem, &launch.strict) {
+                    let e = m.exit(sl.id, &mut block_ref.cta_lines.borrow_mut());
+                    launch.exited.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                }
             })));
         }
 
         let mut sched = Scheduler { waiting: vec![None; nthreads], live: nthreads, arrived: HashMap::new() };
+        let rotate = launch.strict.is_some() && strict::config().schedule;
+        let mut rng = strict::Rng::new(launch.strict.as_ref().map_or(0, |s| strict::mix(s.rng_seed, !self.block)));
         loop {
             let mut progressed = false;
             let mut runnable = 0;
-            for i in 0..nthreads {
+            // Strict: each round starts at a random thread.
+            let start = if rotate { rng.below(nthreads as u64) as usize } else { 0 };
+            for i in (start..nthreads).chain(0..start) {
                 if sched.waiting[i].is_some() {
                     continue;
                 }
@@ -455,7 +662,7 @@ impl<A: KernelArgs> BlockTask<A> {
                         sched.live -= 1;
                     }
                 }
-                sched.release_complete(&slots, &threads);
+                sched.release_complete(&slots, &threads, strict_mem.is_some());
             }
             if sched.live == 0 {
                 break;
@@ -485,6 +692,11 @@ impl<A: KernelArgs> BlockTask<A> {
                 // Only spinning threads: let other blocks and processes run.
                 std::thread::yield_now();
             }
+        }
+        // Strict mode: what the threads released to the block alone lands
+        // later (at the launch's end at the latest).
+        if let Some(sl) = &launch.strict {
+            strict::block_ended(sl.id, &mut block.cta_lines.borrow_mut());
         }
     }
 }
@@ -517,15 +729,19 @@ impl Scheduler {
         }
     }
 
-    fn release_complete(&mut self, slots: &[Slot], threads: &[Option<ThreadCoroutine>]) {
+    /// Opens the barriers every thread has arrived at; `stamp`: note the
+    /// strict mode's clock in the released threads' slots.
+    fn release_complete(&mut self, slots: &[Slot], threads: &[Option<ThreadCoroutine>], stamp: bool) {
         let keys: Vec<BarrierKey> = self.arrived.keys().copied().collect();
         for key in keys {
             let have = self.arrived.get(&key).copied().unwrap_or(0);
             if have > 0 && have >= self.needed(key, slots, threads) {
                 self.arrived.remove(&key);
-                for w in self.waiting.iter_mut() {
+                let now = if stamp { strict::tick() } else { 0 };
+                for (i, w) in self.waiting.iter_mut().enumerate() {
                     if *w == Some(key) {
                         *w = None;
+                        slots[i].opened_at.set(now);
                     }
                 }
             }

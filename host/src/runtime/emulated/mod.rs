@@ -10,10 +10,54 @@
 //!   barriers and shared memory.
 //!
 //! The number of devices is `DEVCOMM_EMULATED_DEVICES` (default 8).
+//!
+//! ## Strict mode
+//!
+//! x86 orders memory more strongly than a GPU, and a CPU runs every block of
+//! a small grid at once; a kernel that lacks a fence or a co-residency it
+//! relies on would pass here and fail on a GPU. `DEVCOMM_EMU_STRICT=1` (CI
+//! sets it) makes the emulator fail such kernels too ([`strict`] has the
+//! details):
+//!
+//! * **weak memory**: the device crate's plain stores
+//!   (`devcomm_device::lsa::copy`, `lsa::put_value`, `arch::store16`,
+//!   `arch::store_volatile`, LSA reductions, the bulk-copy fallback ...)
+//!   wait in a per-thread store buffer and reach memory — other threads,
+//!   blocks, ranks, the GIN proxy — only at a release of the storing thread
+//!   (a fence, a release or acq_rel atomic, a barrier it joins, the end of
+//!   the kernel) or at a random later moment (up to 2 ms); a kernel that
+//!   signals without a release reads wrong data, or waits until its device
+//!   timeout. Plain
+//!   Rust stores in a kernel (`*p = v`) are not intercepted: they land at
+//!   once, as before, and should not be mixed with the library's store
+//!   paths on the same bytes within one thread without a release between
+//!   them. Scopes are modelled in one place: a barrier (or a CTA-scope
+//!   fence or release) publishes a thread's stores to *peer* memory (other
+//!   ranks' LSA windows) to its block only — they reach the peer at the
+//!   next GPU- or system-scope release of any thread of the block — so "the
+//!   block copies to a peer, joins a barrier, the leader signals relaxed"
+//!   fails as on a GPU; stores to local memory are published by a barrier
+//!   to everyone (a block-mate may read them with plain loads).
+//! * **schedule**: blocks start in a random order, in waves of random size
+//!   (one block to all that are left) unless the launch is
+//!   [`LaunchConfig::co_resident`](super::LaunchConfig::co_resident);
+//!   a block's threads are resumed in a random rotation; stream copies and
+//!   stream writes — the GIN proxy's data path — start after a random delay.
+//! * **races**: accesses through those store and load paths are checked
+//!   for data races (two writers, or a writer and a reader, of an 8-byte
+//!   word, not ordered by a release the other side acquired); the first
+//!   fails the launch, naming both threads and both source locations.
+//!   Only accesses within one process are compared.
+//!
+//! `DEVCOMM_EMU_STRICT` also takes a list of `memory`, `schedule`,
+//! `races`. `DEVCOMM_EMU_SEED` fixes the random choices (the seed is
+//! printed at the first strict launch and named in every strict launch
+//! failure); the OS's interleaving of threads and processes stays random.
 
 mod grid;
 mod pool;
 pub(crate) mod shm;
+pub(crate) mod strict;
 
 use super::LaunchConfig;
 use crate::error::{Error, Result};
@@ -106,6 +150,7 @@ impl EmuDevice {
                 "emulated device {ordinal} does not exist: {n} are configured (DEVCOMM_EMULATED_DEVICES)"
             )));
         }
+        strict::check_config()?;
         grid::install_hooks();
         let mut map =
             DEVICES.get_or_init(Default::default).lock().map_err(|_| Error::internal("device table poisoned"))?;
@@ -236,6 +281,10 @@ impl EmuStream {
     /// # Safety
     /// The kernel's pointer arguments must be valid for its whole run.
     pub(crate) unsafe fn launch<K: Kernel>(&self, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        if cfg.co_resident {
+            // Refused at once, as CUDA refuses a cooperative launch too large.
+            grid::check_co_resident(&cfg, K::NAME)?;
+        }
         if lazy_loading() {
             let key = if super::preload_disabled() { K::NAME } else { MODULE_KEY };
             load_lazily(self.ordinal, key)?;
@@ -285,6 +334,7 @@ impl EmuStream {
     pub(crate) unsafe fn memcpy_batch(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
         let copies = copies.to_vec();
         self.submit(Box::new(move || {
+            strict::copy_delay();
             for (d, s, bytes) in copies {
                 // SAFETY: the caller's contract: both ranges are live until
                 // the stream runs this op (it is in the stream, so they are);
@@ -333,6 +383,7 @@ impl EmuStream {
     pub(crate) unsafe fn write_values(&self, ops: &[(u64, u64, bool)]) -> Result<()> {
         let ops = ops.to_vec();
         self.submit(Box::new(move || {
+            strict::copy_delay();
             for (addr, value, _barrier) in ops {
                 // SAFETY: forwarded from the caller. SeqCst orders the store
                 // after everything this worker did before (earlier ops).

@@ -77,6 +77,8 @@ impl Drop for ShmAlloc {
 pub(crate) struct ShmRange {
     base: NonNull<c_void>,
     size: usize,
+    /// Parts that map another device's memory, as the strict mode knows them.
+    peers: Vec<std::ops::Range<usize>>,
 }
 
 // SAFETY: as for ShmAlloc.
@@ -91,7 +93,7 @@ impl ShmRange {
             mmap_anonymous(None, nz(size)?, ProtFlags::PROT_NONE, MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE)
         }
         .map_err(sys_err("reserving address space"))?;
-        Ok(ShmRange { base, size })
+        Ok(ShmRange { base, size, peers: Vec::new() })
     }
 
     pub(crate) fn base(&self) -> u64 {
@@ -120,10 +122,22 @@ impl ShmRange {
         .map_err(sys_err("mapping a peer's memfd"))?;
         Ok(())
     }
+
+    /// Tells the strict mode that `len` bytes at `offset` map another
+    /// device's memory (a barrier publishes stores there to the block only).
+    pub(crate) fn mark_peer(&mut self, offset: usize, len: usize) {
+        let start = self.base.as_ptr() as usize + offset;
+        let r = start..start + len.min(self.size.saturating_sub(offset));
+        super::strict::add_peer_range(r.clone());
+        self.peers.push(r);
+    }
 }
 
 impl Drop for ShmRange {
     fn drop(&mut self) {
+        for r in &self.peers {
+            super::strict::remove_peer_range(r);
+        }
         // SAFETY: the whole range (reservation and overlays) is ours; unmapped once.
         let _ = unsafe { munmap(self.base, self.size) };
     }
