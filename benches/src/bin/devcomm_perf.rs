@@ -319,7 +319,11 @@ impl<T: CollType> Bench<'_, T> {
             // floats on every rank; `iters` sequence numbers from `base` were
             // reserved above (every rank the same).
             unsafe {
-                self.stream.launch_in::<all_reduce_loop_f32>(&module, LaunchConfig::new(ctas, 256), (args, iters))
+                self.stream.launch_in::<all_reduce_loop_f32>(
+                    &module,
+                    LaunchConfig::new(ctas, 256).co_resident(),
+                    (args, iters),
+                )
             }
         };
         launch()?;

@@ -15,7 +15,11 @@
 //! takes [`Part`] `index` of `count`. One CTA can do all of it
 //! ([`Part::WHOLE`]); a grid can share it ([`Part::block`]: CTA `b` of
 //! `grid_dim`). Part `b` synchronises with part `b` of the other ranks
-//! only, through LSA barrier `barrier_base + b` of the [`CollContext`].
+//! only, through LSA barrier `barrier_base + b` of the [`CollContext`]; so
+//! every part of every rank must be running at once (launch a grid that
+//! shares a collective co-resident: a cooperative launch, `LaunchConfig::
+//! co_resident` in `devcomm`), or part `b` of one rank can wait for a part
+//! another rank has not started.
 //!
 //! ## Where data lives
 //!

@@ -736,7 +736,11 @@ impl<'c> Collectives<'c> {
             algorithm: algorithm as u32,
             seq,
         };
-        let cfg = LaunchConfig::new(ctas, self.threads);
+        // Part `b` waits for part `b` of every other rank: if a rank ran
+        // its CTAs in waves, rank 0's first wave could wait for a CTA that
+        // rank 1 runs only after its own first wave, which waits for rank 0.
+        // Every CTA must be resident at once (a cooperative launch on CUDA).
+        let cfg = LaunchConfig::new(ctas, self.threads).co_resident();
         // SAFETY: `args` describes this object's live context and scratch,
         // operands checked above for device, communicator and length (and
         // kept alive by the caller's borrows for the call; freeing device
