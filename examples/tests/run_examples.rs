@@ -31,7 +31,8 @@ fn run(name: &str, expect: &str) {
     let said = format!("on the {runtime} runtime");
     assert!(stdout.contains(&said), "{name} does not say {said:?}:\n{stdout}");
     assert!(stdout.contains(expect), "{name} did not print {expect:?}:\n{stdout}");
-    assert!(t.elapsed() < Duration::from_secs(120), "{name} took {:?}", t.elapsed());
+    // Generous: the strict emulator (CI) delays stores on purpose.
+    assert!(t.elapsed() < Duration::from_secs(240), "{name} took {:?}", t.elapsed());
 }
 
 #[test]
