@@ -243,7 +243,6 @@ impl<T: CollType> Bench<'_, T> {
         ];
         // devcomm, out of place.
         let recv_op = || Operand::range(&recv, 0, rlen);
-        self.stream.memset(&mut dev.alloc::<T>(1)?, 0)?;
         self.op(src()?, recv_op()?, algorithm)?;
         self.coll.synchronize(self.stream)?;
         let wrong = self.wrong(&recv, rlen)?;
@@ -271,7 +270,6 @@ impl<T: CollType> Bench<'_, T> {
         // NCCL, out of place, same buffers.
         if let Some(nc) = self.nccl {
             let f = || nc.run(self.kind, T::DTYPE, send.device_addr(), recv.device_addr(), slen, rlen, self.stream);
-            self.stream.memset(&mut dev.alloc::<T>(1)?, 0)?;
             f()?;
             self.stream.synchronize()?;
             let wrong = self.wrong(&recv, rlen)?;

@@ -254,10 +254,6 @@ impl<'a, T: CollType> Operand<'a, T> {
 
     /// What a kernel is handed for this operand (`CollArgs::src`/`dst`).
     pub fn kernel_buffer(&self) -> CollBuffer {
-        self.buffer()
-    }
-
-    fn buffer(&self) -> CollBuffer {
         match self.window {
             Some((window, offset, _)) => CollBuffer { ptr: self.ptr, window, offset, in_window: 1, reserved: 0 },
             None => CollBuffer { ptr: self.ptr, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 },
@@ -719,14 +715,14 @@ impl<'c> Collectives<'c> {
         // Where the peers read the input must be the same kind on every
         // rank. Broadcast and scatter read the root's alone, and the other
         // ranks cannot know whether it lies in a window: the root stages it.
-        let mut src = send.buffer();
+        let mut src = send.kernel_buffer();
         if matches!(kind, Kind::Broadcast | Kind::Scatter) {
             src.in_window = 0;
         }
         let args = CollArgs {
             ctx: self.ctx,
             src,
-            dst: recv.buffer(),
+            dst: recv.kernel_buffer(),
             count: count as u64 * unit,
             scalar,
             scalar_ptr,
