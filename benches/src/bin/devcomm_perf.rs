@@ -37,7 +37,7 @@ struct Args {
     /// Size step factor.
     #[arg(short = 'f', long, default_value_t = 2)]
     stepfactor: usize,
-    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
+    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, send_recv.
     #[arg(short = 'o', long, default_value = "all_reduce")]
     op: String,
     /// f32, bf16, f16, i32, f64.
@@ -88,6 +88,8 @@ enum Kind {
     Broadcast,
     Reduce,
     AllToAll,
+    /// nccl-tests' sendrecv: send to the next rank, receive from the previous (one group).
+    SendRecv,
 }
 
 impl Kind {
@@ -99,6 +101,7 @@ impl Kind {
             "broadcast" => Kind::Broadcast,
             "reduce" => Kind::Reduce,
             "all_to_all" => Kind::AllToAll,
+            "send_recv" | "sendrecv" => Kind::SendRecv,
             _ => return Err(Error::invalid_argument(format!("unknown op {s}"))),
         })
     }
@@ -107,13 +110,13 @@ impl Kind {
         match self {
             Kind::AllReduce => 2.0 * (n - 1.0) / n,
             Kind::AllGather | Kind::ReduceScatter | Kind::AllToAll => (n - 1.0) / n,
-            Kind::Broadcast | Kind::Reduce => 1.0,
+            Kind::Broadcast | Kind::Reduce | Kind::SendRecv => 1.0,
         }
     }
     /// (send elements, recv elements) per rank for `total` elements.
     fn lens(self, total: usize, n: usize) -> (usize, usize) {
         match self {
-            Kind::AllReduce | Kind::Broadcast | Kind::Reduce => (total, total),
+            Kind::AllReduce | Kind::Broadcast | Kind::Reduce | Kind::SendRecv => (total, total),
             Kind::AllGather => (total / n, total / n * n),
             Kind::ReduceScatter => (total / n * n, total / n),
             Kind::AllToAll => (total / n * n, total / n * n),
@@ -141,6 +144,7 @@ fn expected(kind: Kind, n: usize, me: usize, i: usize, recv_len: usize) -> f64 {
             let c = recv_len / n;
             value(i / c, me * c + i % c)
         }
+        Kind::SendRecv => value((me + n - 1) % n, i),
     }
 }
 
@@ -164,6 +168,13 @@ impl<T: CollType> Bench<'_, T> {
             Kind::Broadcast => c.broadcast(send, recv, 0, s),
             Kind::Reduce => c.reduce(send, recv, Op::Sum, 0, s),
             Kind::AllToAll => c.all_to_all(send, recv, s),
+            Kind::SendRecv => {
+                let (n, me) = (self.comm.count(), self.comm.rank());
+                c.group(s, |g| {
+                    g.send(send, (me + 1) % n)?;
+                    g.recv(recv, (me + n - 1) % n)
+                })
+            }
         }
     }
 
@@ -237,7 +248,11 @@ impl<T: CollType> Bench<'_, T> {
             format!("{:>6}", self.args.datatype),
             format!(
                 "{:>6}",
-                if matches!(self.kind, Kind::AllGather | Kind::Broadcast | Kind::AllToAll) { "none" } else { "sum" }
+                if matches!(self.kind, Kind::AllGather | Kind::Broadcast | Kind::AllToAll | Kind::SendRecv) {
+                    "none"
+                } else {
+                    "sum"
+                }
             ),
             format!("{:>4}", if matches!(self.kind, Kind::Broadcast | Kind::Reduce) { "0" } else { "-1" }),
         ];
@@ -423,6 +438,14 @@ mod nccl {
                             result::recv((recv + off) as *mut _, c, dt, p as i32, self.comm, s)
                                 .map_err(|e| err("recv", e))?;
                         }
+                        result::group_end()
+                    }
+                    Kind::SendRecv => {
+                        let n = result::comm_count(self.comm).map_err(|e| err("comm_count", e))?;
+                        let me = result::comm_user_rank(self.comm).map_err(|e| err("comm_user_rank", e))?;
+                        result::group_start().map_err(|e| err("group_start", e))?;
+                        result::send(sp, slen, dt, (me + 1) % n, self.comm, s).map_err(|e| err("send", e))?;
+                        result::recv(rp, rlen, dt, (me + n - 1) % n, self.comm, s).map_err(|e| err("recv", e))?;
                         result::group_end()
                     }
                 }

@@ -4,8 +4,12 @@
 //! [`CollArgs`]. Reducing collectives have one kernel per datatype
 //! (`all_reduce_f32`, ...); the others move bytes (`all_gather`, ...).
 
+use devcomm_device::arch;
 use devcomm_device::atomic::{self, Order, Scope};
-use devcomm_device::coll::{self, Algorithm, CollArgs, CollBuffer, CollError, Element, Input, Part, RedOp, Reduction};
+use devcomm_device::coll::{
+    self, Algorithm, CollArgs, CollBuffer, CollError, Element, Input, P2pArgs, P2pKind, P2pOp, Part, RedOp, Reduction,
+    MAX_GROUP_OPS,
+};
 use devcomm_device::comm::SymPtr;
 use devcomm_device::coop::{Coop, Cta};
 use devcomm_device::kernel;
@@ -27,14 +31,72 @@ fn input<T>(b: &CollBuffer) -> Input<T> {
 /// `args.errors` is a valid `u32` of device memory, accessed atomically.
 #[inline(always)]
 unsafe fn report(cta: &Cta, args: &CollArgs, r: Result<(), CollError>) {
+    // SAFETY: the contract.
+    unsafe { report_to(cta, args.errors, r) }
+}
+
+/// [`report`] into the error word at `errors`.
+///
+/// # Safety
+/// `errors` is a valid `u32` of device memory, accessed atomically.
+#[inline(always)]
+unsafe fn report_to(cta: &Cta, errors: u64, r: Result<(), CollError>) {
     if let Err(e) = r {
         if cta.is_leader() {
             // SAFETY: the contract: a valid device `u32`, accessed atomically.
             unsafe {
-                atomic::compare_exchange(args.errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys);
+                atomic::compare_exchange(errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys);
             }
         }
     }
+}
+
+/// Entry `i < MAX_GROUP_OPS` of the `p2p_group` kernel's `args.ops`.
+///
+/// On a GPU it is read from the kernel's parameter space with `ld.param`
+/// at a computed address (PTX allows it): indexing the parameter with a
+/// run-time index in Rust makes LLVM copy all 2.4 KiB of parameters to
+/// every thread's local memory first.
+#[inline(always)]
+fn op_at(args: &P2pArgs, i: usize) -> P2pOp {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let _ = args;
+        let at = core::mem::offset_of!(P2pArgs, ops) + i.min(MAX_GROUP_OPS - 1) * core::mem::size_of::<P2pOp>();
+        let (ptr, bytes, first_seq, peer_kind): (u64, u64, u64, u64);
+        // SAFETY: `p2p_group_param_0` is this kernel's one parameter (a
+        // `P2pArgs`: the kernel calls this helper only); `at + 32` lies
+        // inside it (`i` clamped below `MAX_GROUP_OPS`), 8-byte aligned
+        // (`#[repr(C)]`, `ops` at a multiple of 8, entries of 32 bytes).
+        unsafe {
+            core::arch::asm!(
+                "{{ .reg .b64 %base;",
+                "mov.b64 %base, p2p_group_param_0;",
+                "add.s64 %base, %base, {at};",
+                "ld.param.b64 {ptr}, [%base];",
+                "ld.param.b64 {bytes}, [%base+8];",
+                "ld.param.b64 {seq}, [%base+16];",
+                "ld.param.b64 {pk}, [%base+24]; }}",
+                at = in(reg64) at as u64,
+                ptr = out(reg64) ptr,
+                bytes = out(reg64) bytes,
+                seq = out(reg64) first_seq,
+                pk = out(reg64) peer_kind,
+                options(pure, readonly, nostack),
+            );
+        }
+        P2pOp { ptr, bytes, first_seq, peer: peer_kind as u32, kind: (peer_kind >> 32) as u32 }
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        args.ops[i]
+    }
+}
+
+/// Whether entries `a` and `b` belong to the same task (same peer and kind).
+#[inline(always)]
+fn same_task(a: P2pOp, b: P2pOp) -> bool {
+    a.peer == b.peer && a.kind == b.kind
 }
 
 /// The reduction `args` asks for.
@@ -176,5 +238,48 @@ kernel! {
         let cta = Cta::new();
         let r = coll::all_to_all(&cta, &args.ctx, Part::block(), input::<u8>(&args.src), args.dst.ptr as *mut u8, args.count as usize);
         report(&cta, &args, r);
+    }
+}
+
+kernel! {
+    /// A group of sends and receives, one launch (`ncclGroupStart`,
+    /// `ncclSend`/`ncclRecv`…, `ncclGroupEnd`): CTA `b` does part `b %
+    /// ctas_per_task` of every operation of task `b / ctas_per_task`, in
+    /// order (see [`P2pArgs`], [`coll::send`]).
+    ///
+    /// # Safety
+    /// `args` made by the host collectives: live context with channels,
+    /// buffers of the operations' sizes, sequence numbers that match the
+    /// peers' operations; launched co-resident with `ctas_per_task` CTAs
+    /// per task.
+    pub unsafe fn p2p_group(args: P2pArgs) {
+        let cta = Cta::new();
+        let k = args.ctas_per_task.max(1);
+        let (task, part) = (arch::block_idx().x / k, Part { index: arch::block_idx().x % k, count: k });
+        let n = (args.n_ops as usize).min(MAX_GROUP_OPS);
+        // The first entry of task `task`.
+        let (mut i, mut t) = (0, 0);
+        while i < n && t < task {
+            let first = op_at(&args, i);
+            while i < n && same_task(op_at(&args, i), first) {
+                i += 1;
+            }
+            t += 1;
+        }
+        let first = if i < n { op_at(&args, i) } else { P2pOp::NONE };
+        let mut r = Ok(());
+        while i < n && r.is_ok() {
+            let op = op_at(&args, i);
+            if !same_task(op, first) {
+                break;
+            }
+            r = if op.kind == P2pKind::Send as u32 {
+                coll::send(&cta, &args.ctx, part, &op)
+            } else {
+                coll::recv(&cta, &args.ctx, part, &op)
+            };
+            i += 1;
+        }
+        report_to(&cta, args.errors, r);
     }
 }

@@ -7,7 +7,7 @@
 //! a kernel crate of their own (`devcomm-test-kernels`, in `tests/kernels`),
 //! launched from its module with `Stream::launch_in` as a user's are.
 #![no_std]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
 #![warn(missing_docs)]
 
 devcomm_device::kernel_crate!();

@@ -14,7 +14,13 @@ use super::{DevComm, WindowDesc};
 ///   in 16 bytes), zeroed when made;
 /// * staging at `stage_offset`: an input area and a result area of
 ///   `stage_bytes` bytes each (ordinary buffers are copied through them in
-///   chunks).
+///   chunks);
+/// * point-to-point channels at `p2p_offset` (when `p2p_slots > 0`, see
+///   [`CollContext::with_p2p`]): per source rank `p2p_slots` slots of
+///   `p2p_chunk` bytes, then three arrays of `lsa_size * p2p_slots` `u64`s:
+///   the slots' flags and message lengths (written by the sender) and the
+///   credits (written by the receiver into the sender's copy), all zeroed
+///   when made.
 ///
 /// Made by the host crate (`devcomm::coll::Collectives::context`), passed
 /// to kernels by value.
@@ -30,6 +36,10 @@ pub struct CollContext {
     pub(crate) stage_bytes: u64,
     pub(crate) barrier_base: u32,
     pub(crate) parts: u32,
+    pub(crate) p2p_offset: u64,
+    pub(crate) p2p_chunk: u64,
+    pub(crate) p2p_slots: u32,
+    pub(crate) p2p_reserved: u32,
 }
 
 impl CollContext {
@@ -53,7 +63,70 @@ impl CollContext {
         barrier_base: u32,
         parts: u32,
     ) -> Self {
-        CollContext { comm, scratch, ll_offset, ll_bytes, stage_offset, stage_bytes, barrier_base, parts }
+        CollContext {
+            comm,
+            scratch,
+            ll_offset,
+            ll_bytes,
+            stage_offset,
+            stage_bytes,
+            barrier_base,
+            parts,
+            p2p_offset: 0,
+            p2p_chunk: 0,
+            p2p_slots: 0,
+            p2p_reserved: 0,
+        }
+    }
+
+    /// The context with point-to-point channels (`send`/`recv` of
+    /// [`crate::coll`]) at byte `offset` of the scratch window: `slots`
+    /// slots of `chunk` bytes per source rank, then the flag, length and
+    /// credit arrays ([`CollContext::p2p_bytes`] bytes in all).
+    ///
+    /// # Safety
+    /// Every rank's scratch holds that area at `offset` (16-byte aligned,
+    /// `chunk` a non-zero multiple of 16, `slots > 0`), its three arrays
+    /// zeroed before any rank's first send, used by nothing else.
+    pub const unsafe fn with_p2p(mut self, offset: u64, chunk: u64, slots: u32) -> Self {
+        self.p2p_offset = offset;
+        self.p2p_chunk = chunk;
+        self.p2p_slots = slots;
+        self
+    }
+
+    /// Bytes of the point-to-point area for `lsa_size` ranks, `slots` slots
+    /// of `chunk` bytes: the data slots, then the flags, lengths and credits.
+    pub const fn p2p_bytes(lsa_size: u32, chunk: u64, slots: u32) -> u64 {
+        lsa_size as u64 * slots as u64 * (chunk + 3 * 8)
+    }
+
+    /// Payload bytes of one point-to-point slot (0: no channels).
+    #[inline(always)]
+    pub const fn p2p_chunk(&self) -> u64 {
+        self.p2p_chunk
+    }
+
+    /// Slots per channel (0: no channels).
+    #[inline(always)]
+    pub const fn p2p_slots(&self) -> u32 {
+        self.p2p_slots
+    }
+
+    /// Offset of the data of slot `slot` from source `src`.
+    #[inline(always)]
+    pub(crate) const fn p2p_data_offset(&self, src: u32, slot: u32) -> u64 {
+        self.p2p_offset + (src as u64 * self.p2p_slots as u64 + slot as u64) * self.p2p_chunk
+    }
+
+    /// Offset of `u64` word `[rank][slot]` of array `which` (0 flags, 1
+    /// lengths, 2 credits).
+    #[inline(always)]
+    pub(crate) const fn p2p_word_offset(&self, which: u32, rank: u32, slot: u32) -> u64 {
+        let n = self.scratch.lsa_size as u64 * self.p2p_slots as u64;
+        self.p2p_offset
+            + n * self.p2p_chunk
+            + (which as u64 * n + rank as u64 * self.p2p_slots as u64 + slot as u64) * 8
     }
 
     /// The device communicator.
@@ -169,6 +242,68 @@ pub struct CollArgs {
 // SAFETY: #[repr(C)] plain data with the same layout on both targets.
 unsafe impl crate::KernelParam for CollArgs {}
 
+/// Whether a [`P2pOp`] sends or receives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum P2pKind {
+    /// `ncclSend`.
+    Send = 0,
+    /// `ncclRecv`.
+    Recv = 1,
+}
+
+/// One send or receive of a point-to-point channel (see `coll::send`).
+///
+/// A message of `bytes` travels as `max(1, ceil(bytes / p2p_chunk))`
+/// chunks; chunk `i` carries sequence number `first_seq + i`. Both ends
+/// number the chunks of their channel alike: `first_seq` is one more than
+/// the chunks the channel (this pair of ranks, this direction) carried
+/// before (`devcomm::coll::Collectives` counts them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct P2pOp {
+    /// Local device address: the data sent, or where it is received.
+    pub ptr: u64,
+    /// Message bytes (the sender's and the receiver's must match).
+    pub bytes: u64,
+    /// Sequence number of the message's first chunk (non-zero).
+    pub first_seq: u64,
+    /// The peer's LSA rank.
+    pub peer: u32,
+    /// [`P2pKind`] code.
+    pub kind: u32,
+}
+
+impl P2pOp {
+    /// No operation (fills unused entries of [`P2pArgs::ops`]).
+    pub const NONE: P2pOp = P2pOp { ptr: 0, bytes: 0, first_seq: 0, peer: 0, kind: 0 };
+}
+
+/// The most sends and receives one host-launched group carries.
+pub const MAX_GROUP_OPS: usize = 64;
+
+/// A group of sends and receives launched as one kernel: `n_ops` entries
+/// of `ops`, sorted into *tasks* (runs of entries with the same peer and
+/// kind, run in order by the same CTAs); task `t` is done by CTAs `t *
+/// ctas_per_task ..` (parts of each of its operations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct P2pArgs {
+    /// The context.
+    pub ctx: CollContext,
+    /// Where the kernel reports a failure (as [`CollArgs::errors`]).
+    pub errors: u64,
+    /// How many entries of `ops` are used.
+    pub n_ops: u32,
+    /// CTAs per task.
+    pub ctas_per_task: u32,
+    /// The operations.
+    pub ops: [P2pOp; MAX_GROUP_OPS],
+}
+
+// SAFETY: #[repr(C)] plain data with the same layout on both targets.
+unsafe impl crate::KernelParam for P2pArgs {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,7 +312,10 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<CollBuffer>(), 8 + 40 + 8 + 8);
-        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8);
+        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 24);
         assert_eq!(size_of::<CollArgs>() % 8, 0);
+        assert_eq!(size_of::<P2pOp>(), 32);
+        // Kernel parameters stay within the 4 KiB every CUDA version takes.
+        assert!(size_of::<P2pArgs>() <= 4096);
     }
 }

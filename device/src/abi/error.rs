@@ -38,11 +38,13 @@ pub enum DeviceError {
     CollTooLarge = 49,
     /// A collective's datatype, operator, root or algorithm code is invalid.
     CollBadArgument = 50,
+    /// A receive's byte count differs from the matching send's.
+    CollCountMismatch = 51,
 }
 
 impl DeviceError {
     /// Every code, in order.
-    pub const ALL: [DeviceError; 16] = [
+    pub const ALL: [DeviceError; 17] = [
         DeviceError::Timeout,
         DeviceError::Aborted,
         DeviceError::RingFailed,
@@ -59,6 +61,7 @@ impl DeviceError {
         DeviceError::CollPartOutOfRange,
         DeviceError::CollTooLarge,
         DeviceError::CollBadArgument,
+        DeviceError::CollCountMismatch,
     ];
 
     /// The code kernels report.
@@ -98,6 +101,7 @@ impl DeviceError {
             DeviceError::CollPartOutOfRange => "collective part (CTA) index or count beyond the context's parts",
             DeviceError::CollTooLarge => "collective message larger than the LL slots of the context",
             DeviceError::CollBadArgument => "collective datatype, operator, root or algorithm code invalid",
+            DeviceError::CollCountMismatch => "a receive's byte count differs from the matching send's",
         }
     }
 }

@@ -58,14 +58,16 @@ pub mod element;
 mod ll;
 mod movement;
 pub mod op;
+mod p2p;
 mod pack;
 mod reduce;
 mod staging;
 
-pub use crate::abi::coll::{CollArgs, CollBuffer, CollContext};
+pub use crate::abi::coll::{CollArgs, CollBuffer, CollContext, P2pArgs, P2pKind, P2pOp, MAX_GROUP_OPS};
 pub use element::{Accumulator, Bf16, DataType, Element, Fp8E4M3, Fp8E5M2, F16};
 pub use movement::{all_gather, all_to_all, broadcast, gather, scatter};
 pub use op::{RedOp, Reduction};
+pub use p2p::{p2p_chunks, recv, send};
 pub use reduce::{all_reduce, reduce, reduce_scatter};
 
 use crate::arch;
@@ -176,6 +178,8 @@ pub enum CollError {
     Barrier(BarrierError),
     /// A wait failed (timeout, abort).
     Wait(WaitError),
+    /// A receive's byte count differs from the matching send's.
+    CountMismatch,
 }
 
 impl From<BarrierError> for CollError {
@@ -196,6 +200,7 @@ impl ErrorCode for CollError {
             CollError::PartOutOfRange => DeviceError::CollPartOutOfRange as u32,
             CollError::TooLarge => DeviceError::CollTooLarge as u32,
             CollError::BadArgument => DeviceError::CollBadArgument as u32,
+            CollError::CountMismatch => DeviceError::CollCountMismatch as u32,
             CollError::Barrier(b) => b.code(),
             CollError::Wait(w) => w.code(),
         }
@@ -205,6 +210,7 @@ impl ErrorCode for CollError {
             Some(DeviceError::CollPartOutOfRange) => CollError::PartOutOfRange,
             Some(DeviceError::CollTooLarge) => CollError::TooLarge,
             Some(DeviceError::CollBadArgument) => CollError::BadArgument,
+            Some(DeviceError::CollCountMismatch) => CollError::CountMismatch,
             Some(DeviceError::LsaBarrierOutOfRange) => CollError::Barrier(BarrierError::IndexOutOfRange),
             _ => CollError::Wait(WaitError::from_code(code)),
         }

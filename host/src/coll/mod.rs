@@ -48,9 +48,11 @@
 //! wrong results or a device timeout.
 
 mod datatype;
+mod p2p;
 
 pub use datatype::{CollType, DataType, Fp8E4M3, Fp8E5M2};
 pub use devcomm_device::coll::{Algorithm, RedOp, LL_MAX_BYTES, ONE_SHOT_MAX_BYTES};
+pub use p2p::Group;
 
 use crate::comm::Communicator;
 use crate::dev_comm::{DevCommHandle, DevCommRequirements};
@@ -62,6 +64,7 @@ use devcomm_device::coll::{CollArgs, CollBuffer, CollContext};
 use devcomm_device::comm::WindowDesc;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 
 /// Env: `1` turns on [`CollConfig::check_arguments`] for every
 /// [`Collectives`] of the process.
@@ -83,6 +86,15 @@ pub struct CollConfig {
     /// Bytes of each staging area (input, result): the chunk in which
     /// device buffers are copied through scratch.
     pub stage_bytes: usize,
+    /// Payload bytes of each point-to-point slot (send/recv move messages
+    /// in chunks of this size; a multiple of 16).
+    pub p2p_chunk_bytes: usize,
+    /// Slots of each point-to-point channel (one per ordered pair of
+    /// ranks): a send of up to `p2p_slots * p2p_chunk_bytes` bytes
+    /// completes before its receive starts.
+    pub p2p_slots: u32,
+    /// Most CTAs one send or receive uses.
+    pub p2p_max_ctas: u32,
     /// Before each collective, compare its operation, datatype, counts and
     /// root across ranks (through the bootstrap: slow) and return
     /// [`Error::InvalidArgument`] naming the rank that differs, instead of
@@ -98,6 +110,9 @@ impl Default for CollConfig {
             bytes_per_cta: 32 << 10,
             ll_bytes: LL_MAX_BYTES as usize,
             stage_bytes: 8 << 20,
+            p2p_chunk_bytes: 128 << 10,
+            p2p_slots: 8,
+            p2p_max_ctas: 4,
             check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
         }
     }
@@ -284,6 +299,11 @@ pub struct Collectives<'c> {
     threads: u32,
     seq: AtomicU32,
     error: HostMappedWord,
+    /// Per peer: chunks sent to it and received from it so far (the
+    /// point-to-point channels' sequence numbers).
+    p2p_seq: Mutex<Vec<[u64; 2]>>,
+    /// A failure of a group ended by its drop (returned by the next call).
+    pending: Mutex<Option<Error>>,
 }
 
 impl std::fmt::Debug for Collectives<'_> {
@@ -345,10 +365,24 @@ impl Communicator {
         if config.bytes_per_cta == 0 {
             return Err(Error::invalid_argument("bytes_per_cta is 0"));
         }
+        if config.p2p_chunk_bytes == 0 || config.p2p_chunk_bytes % 16 != 0 || config.p2p_chunk_bytes > (64 << 20) {
+            return Err(Error::invalid_argument(format!(
+                "p2p_chunk_bytes {} not a non-zero multiple of 16 up to 64 MiB",
+                config.p2p_chunk_bytes
+            )));
+        }
+        if config.p2p_slots == 0 || config.p2p_slots > 1024 {
+            return Err(Error::invalid_argument(format!("p2p_slots {} not in 1..=1024", config.p2p_slots)));
+        }
+        if config.p2p_max_ctas == 0 || config.p2p_max_ctas > 32 {
+            return Err(Error::invalid_argument(format!("p2p_max_ctas {} not in 1..=32", config.p2p_max_ctas)));
+        }
         let ll_area = 2 * n * 2 * config.ll_bytes;
+        let p2p_area = CollContext::p2p_bytes(n as u32, config.p2p_chunk_bytes as u64, config.p2p_slots) as usize;
+        let p2p_words = 3 * n * config.p2p_slots as usize * 8;
         let mut req = DevCommRequirements::new();
         req.lsa_barrier_count = config.max_ctas;
-        let scratch = req.add_resource((ll_area + 2 * config.stage_bytes) as u64, 256);
+        let scratch = req.add_resource((ll_area + 2 * config.stage_bytes + p2p_area) as u64, 256);
         let handle = self.create_dev_comm(&req)?;
         let offset = handle.resource_offset(scratch)?;
         let window = handle.resource_window();
@@ -356,13 +390,18 @@ impl Communicator {
         // rank before any rank writes into a peer's slots.
         let stream = self.device().stream();
         stream.write_raw(window.local_ptr::<u8>(offset) as u64, &vec![0u8; ll_area])?;
+        // So do the point-to-point flags, lengths and credits.
+        let p2p_offset = offset + (ll_area + 2 * config.stage_bytes) as u64;
+        let p2p_words_offset = p2p_offset + (p2p_area - p2p_words) as u64;
+        stream.write_raw(window.local_ptr::<u8>(p2p_words_offset) as u64, &vec![0u8; p2p_words])?;
         stream.synchronize()?;
         self.bootstrap_barrier()?;
         // SAFETY: the device communicator has `max_ctas` LSA barriers that
         // nothing else uses (it is this object's own); its resource window
         // holds, on every rank, the LL area (zeroed above, on every rank
-        // before the barrier) and the two staging areas at `offset`, 256-byte
-        // aligned, sizes multiples of 16 (checked above).
+        // before the barrier), the two staging areas and the point-to-point
+        // area (its words zeroed above) at `offset`, 256-byte aligned, sizes
+        // multiples of 16 (checked above).
         let ctx = unsafe {
             CollContext::from_raw_parts(
                 handle.dev_comm(),
@@ -374,6 +413,7 @@ impl Communicator {
                 0,
                 config.max_ctas,
             )
+            .with_p2p(p2p_offset, config.p2p_chunk_bytes as u64, config.p2p_slots)
         };
         let threads = match (config.threads, self.device().kind()) {
             (0, RuntimeKind::Cuda) => 256,
@@ -381,7 +421,17 @@ impl Communicator {
             (t, _) => t,
         };
         let error = HostMappedWord::new(self.device())?;
-        Ok(Collectives { comm: self, handle, ctx, config: config.clone(), threads, seq: AtomicU32::new(0), error })
+        Ok(Collectives {
+            comm: self,
+            handle,
+            ctx,
+            config: config.clone(),
+            threads,
+            seq: AtomicU32::new(0),
+            error,
+            p2p_seq: Mutex::new(vec![[0; 2]; n]),
+            pending: Mutex::new(None),
+        })
     }
 }
 
@@ -431,6 +481,9 @@ impl<'c> Collectives<'c> {
     /// The failure a collective's kernel reported, if any (kept until this
     /// object is dropped: the scratch's state is unknown after it).
     pub fn error(&self) -> Option<Error> {
+        if let Some(e) = self.pending.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            return Some(e.clone());
+        }
         Error::from_device_code(self.error.get(), "a collective")
     }
 

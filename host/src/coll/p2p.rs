@@ -1,0 +1,350 @@
+//! Point-to-point operations: `send`, `recv`, groups of them launched as
+//! one kernel, and `all_to_all_v` built on a group (NCCL's `ncclSend`,
+//! `ncclRecv`, `ncclGroupStart`/`ncclGroupEnd`).
+//!
+//! They run over the point-to-point channels of the device collectives
+//! ([`devcomm_device::coll::send`]): a message is pushed in chunks into
+//! slots in the receiver's scratch and copied out by the receiver. A send
+//! of up to `p2p_slots × p2p_chunk_bytes` bytes ([`super::CollConfig`])
+//! completes without its receive (eager); a longer one waits for it. Two
+//! ranks that exchange long messages must therefore put the send and the
+//! receive in one [`Group`] (as with NCCL): its operations run at once, in
+//! one launch.
+
+use super::{CollType, Collectives, Operand};
+use crate::error::{Error, Result};
+use crate::runtime::{LaunchConfig, Stream};
+use devcomm_device::coll::{p2p_chunks, P2pArgs, P2pKind, P2pOp, MAX_GROUP_OPS};
+use std::marker::PhantomData;
+
+/// Sends and receives that run together, in one launch, when the group
+/// ends (NCCL's `ncclGroupStart` … `ncclGroupEnd`).
+///
+/// Made by [`Collectives::group_start`] (ended by [`Group::end`], or by its
+/// drop, which keeps a failure for the next call of the [`Collectives`])
+/// or by [`Collectives::group`] (a closure). Operations to the same peer in
+/// the same direction run in the order they were added and match the
+/// peer's in that order. Collectives called while a group is open are
+/// issued at once, before the group's launch.
+///
+/// ```
+/// use devcomm::prelude::*;
+///
+/// let comms = Communicator::init_all_count(RuntimeSelection::Emulated, 2)?;
+/// std::thread::scope(|s| {
+///     for comm in &comms {
+///         s.spawn(move || -> devcomm::Result<()> {
+///             let coll = comm.collectives()?;
+///             let stream = comm.device().stream();
+///             let peer = 1 - comm.rank();
+///             let mine = comm.device().alloc_from(&[comm.rank() as u32; 100])?;
+///             let theirs = comm.device().alloc::<u32>(100)?;
+///             coll.group(stream, |g| {
+///                 g.send(&mine, peer)?;
+///                 g.recv(&theirs, peer)
+///             })?;
+///             assert_eq!(stream.read_vec(&theirs)?, vec![peer as u32; 100]);
+///             Ok(())
+///         });
+///     }
+/// });
+/// # Ok::<(), devcomm::Error>(())
+/// ```
+#[doc(alias = "ncclGroupStart")]
+#[doc(alias = "ncclGroupEnd")]
+pub struct Group<'g, 'c, 'a> {
+    coll: &'g Collectives<'c>,
+    stream: &'g Stream,
+    /// (kind, peer, device address, bytes), in the order added.
+    ops: Vec<(P2pKind, usize, u64, u64)>,
+    ended: bool,
+    _operands: PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for Group<'_, '_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("ops", &self.ops.len()).field("ended", &self.ended).finish()
+    }
+}
+
+impl<'a> Group<'_, '_, 'a> {
+    /// Adds a send of `buf` to `peer` (`ncclSend`); the peer adds the
+    /// matching [`Group::recv`] (same byte count).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a peer out of range, a buffer
+    /// on another device or communicator, a group already holding
+    /// `MAX_GROUP_OPS` (64) operations.
+    #[doc(alias = "ncclSend")]
+    pub fn send<T: CollType>(&mut self, buf: impl Into<Operand<'a, T>>, peer: usize) -> Result<()> {
+        self.add(P2pKind::Send, "send", buf.into(), peer)
+    }
+
+    /// Adds a receive from `peer` into `buf` (`ncclRecv`); the peer adds
+    /// the matching [`Group::send`]. A sender's different byte count is
+    /// reported by the device (`Error` from the next call or
+    /// [`Collectives::synchronize`]); nothing is written past `buf`.
+    ///
+    /// Errors as [`Group::send`].
+    #[doc(alias = "ncclRecv")]
+    pub fn recv<T: CollType>(&mut self, buf: impl Into<Operand<'a, T>>, peer: usize) -> Result<()> {
+        self.add(P2pKind::Recv, "recv", buf.into(), peer)
+    }
+
+    fn add<T: CollType>(&mut self, kind: P2pKind, what: &str, buf: Operand<'a, T>, peer: usize) -> Result<()> {
+        let n = self.coll.comm.count();
+        if peer >= n {
+            return Err(Error::invalid_argument(format!("{what}: peer {peer} is not below the rank count {n}")));
+        }
+        if !buf.is_empty() {
+            self.coll.check_operand(what, &buf)?;
+        }
+        if self.ops.len() == MAX_GROUP_OPS {
+            return Err(Error::invalid_argument(format!(
+                "{what}: a group holds at most {MAX_GROUP_OPS} sends and receives; end it and start another"
+            )));
+        }
+        let bytes = (buf.len() as u64)
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or_else(|| Error::invalid_argument(format!("{what}: byte count overflows")))?;
+        self.ops.push((kind, peer, buf.ptr, bytes));
+        Ok(())
+    }
+
+    /// Launches the group's operations (one kernel) on the group's stream.
+    ///
+    /// Errors: a failure an earlier operation of the [`Collectives`]
+    /// reported; in checking mode, sends and receives that do not match
+    /// across ranks ([`Error::InvalidArgument`] naming them); launch errors.
+    #[doc(alias = "ncclGroupEnd")]
+    pub fn end(mut self) -> Result<()> {
+        self.ended = true;
+        let ops = std::mem::take(&mut self.ops);
+        self.coll.launch_group(ops, self.stream)
+    }
+}
+
+impl Drop for Group<'_, '_, '_> {
+    /// Ends a group that was not ended: launches it, and keeps a failure
+    /// for the [`Collectives`]' next call.
+    fn drop(&mut self) {
+        if !self.ended {
+            let ops = std::mem::take(&mut self.ops);
+            if let Err(e) = self.coll.launch_group(ops, self.stream) {
+                self.coll.keep(e);
+            }
+        }
+    }
+}
+
+impl<'c> Collectives<'c> {
+    /// Opens a group of sends and receives on `stream` (`ncclGroupStart`);
+    /// see [`Group`].
+    #[doc(alias = "ncclGroupStart")]
+    pub fn group_start<'g, 'a>(&'g self, stream: &'g Stream) -> Group<'g, 'c, 'a> {
+        Group { coll: self, stream, ops: Vec::new(), ended: false, _operands: PhantomData }
+    }
+
+    /// Runs `f` on a new group and ends it (one launch for all its sends
+    /// and receives); returns `f`'s error without launching, else the
+    /// launch's.
+    pub fn group<'g, 'a, R>(
+        &'g self,
+        stream: &'g Stream,
+        f: impl FnOnce(&mut Group<'g, 'c, 'a>) -> Result<R>,
+    ) -> Result<R> {
+        let mut g = self.group_start(stream);
+        match f(&mut g) {
+            Ok(r) => g.end().map(|()| r),
+            Err(e) => {
+                g.ended = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends `buf` to `peer` (`ncclSend`), a group of one: it completes
+    /// without the receive only when eager (see the [module docs](self));
+    /// exchanges of long messages go in one [`Collectives::group`].
+    #[doc(alias = "ncclSend")]
+    pub fn send<'a, T: CollType>(&self, buf: impl Into<Operand<'a, T>>, peer: usize, stream: &Stream) -> Result<()> {
+        let buf = buf.into();
+        self.group(stream, |g| g.send(buf, peer))
+    }
+
+    /// Receives from `peer` into `buf` (`ncclRecv`), a group of one.
+    #[doc(alias = "ncclRecv")]
+    pub fn recv<'a, T: CollType>(&self, buf: impl Into<Operand<'a, T>>, peer: usize, stream: &Stream) -> Result<()> {
+        let buf = buf.into();
+        self.group(stream, |g| g.recv(buf, peer))
+    }
+
+    /// All-to-all with per-peer counts and displacements (in elements):
+    /// `send[send_displs[p]..][..send_counts[p]]` goes to rank `p`, which
+    /// receives it in `recv[recv_displs[me]..][..recv_counts[me]]`
+    /// (`ncclAllToAllv`, MPI's `Alltoallv`): a group of one send and one
+    /// receive per rank. `recv_counts[p]` must equal rank `p`'s
+    /// `send_counts[me]`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for count or displacement lists
+    /// not one per rank, or a range past its buffer; as [`Group::end`].
+    #[doc(alias = "ncclAllToAllv")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_all_v<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: impl Into<Operand<'a, T>>,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        let n = self.comm.count();
+        let me = self.comm.rank();
+        for (name, list) in [
+            ("send_counts", send_counts),
+            ("send_displs", send_displs),
+            ("recv_counts", recv_counts),
+            ("recv_displs", recv_displs),
+        ] {
+            if list.len() != n {
+                return Err(Error::invalid_argument(format!(
+                    "all_to_all_v: {name} has {} entries, it needs one per rank ({n})",
+                    list.len()
+                )));
+            }
+        }
+        let mut parts = Vec::with_capacity(2 * n);
+        for k in 0..n {
+            // Start with the next rank, so ranks do not all send to rank 0 first.
+            let p = (me + k) % n;
+            let s = send.sub(send_displs[p], send_counts[p]).map_err(|e| e.context("all_to_all_v send"))?;
+            let r = recv.sub(recv_displs[p], recv_counts[p]).map_err(|e| e.context("all_to_all_v recv"))?;
+            parts.push((s, r, p));
+        }
+        self.group(stream, |g| {
+            for (s, r, p) in parts {
+                g.send(s, p)?;
+                g.recv(r, p)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Keeps `e` for the next call (a group ended by its drop).
+    fn keep(&self, e: Error) {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        p.get_or_insert(e);
+    }
+
+    /// Queues the group `ops` (kind, peer, address, bytes) as one launch.
+    fn launch_group(&self, ops: Vec<(P2pKind, usize, u64, u64)>, stream: &Stream) -> Result<()> {
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        if self.config.check_arguments {
+            self.check_group_across_ranks(&ops)?;
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        // Tasks: the operations by (peer, kind), each task's in the order added.
+        let mut order: Vec<usize> = (0..ops.len()).collect();
+        order.sort_by_key(|&i| (ops[i].1, ops[i].0 as u32, i));
+        let mut args = P2pArgs {
+            ctx: self.ctx,
+            errors: self.error.device_addr(),
+            n_ops: ops.len() as u32,
+            ctas_per_task: 1,
+            ops: [P2pOp::NONE; MAX_GROUP_OPS],
+        };
+        let mut tasks = 0u32;
+        let mut most_chunks = 1u64;
+        {
+            let mut seqs = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
+            for (slot, &i) in order.iter().enumerate() {
+                let (kind, peer, ptr, bytes) = ops[i];
+                if slot == 0 || (ops[order[slot - 1]].1, ops[order[slot - 1]].0) != (peer, kind) {
+                    tasks += 1;
+                }
+                let chunks = p2p_chunks(&self.ctx, bytes);
+                most_chunks = most_chunks.max(chunks);
+                let counter = &mut seqs[peer][kind as usize];
+                args.ops[slot] = P2pOp { ptr, bytes, first_seq: *counter + 1, peer: peer as u32, kind: kind as u32 };
+                *counter += chunks;
+            }
+        }
+        let k = most_chunks.min(self.config.p2p_max_ctas as u64) as u32;
+        args.ctas_per_task = k;
+        // Every task's CTAs run at once (a send may wait for a receive of
+        // the same launch, on this rank or a peer's): a co-resident launch.
+        let cfg = LaunchConfig::new(tasks * k, self.threads).co_resident();
+        // SAFETY: `args` describes this object's live context (with
+        // channels), operands checked for device and communicator and kept
+        // alive by the caller's borrows until the group ends (freeing
+        // device memory waits for the device); sequence numbers continue
+        // each channel's count, as the peer's do for the same operations
+        // (the caller's contract: matching sends and receives, checked in
+        // checking mode); the error word is this object's.
+        unsafe { stream.launch::<devcomm_kernels::coll::p2p_group>(cfg, (args,)) }
+    }
+
+    /// Checking mode: every rank's sends to `p` match `p`'s receives from
+    /// it, in order and in bytes.
+    fn check_group_across_ranks(&self, ops: &[(P2pKind, usize, u64, u64)]) -> Result<()> {
+        let me = self.comm.rank();
+        let mine: Vec<u8> = ops
+            .iter()
+            .flat_map(|&(k, p, _, b)| [k as u64, p as u64, b].into_iter().flat_map(|v| v.to_le_bytes()))
+            .collect();
+        let all = self.comm.bootstrap_allgather(&mine)?;
+        let decode = |bytes: &[u8]| -> Vec<(u64, usize, u64)> {
+            bytes
+                .chunks_exact(24)
+                .map(|c| {
+                    let w = |i: usize| u64::from_le_bytes(c[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+                    (w(0), w(1) as usize, w(2))
+                })
+                .collect()
+        };
+        let lists: Vec<_> = all.iter().map(|b| decode(b)).collect();
+        for (p, theirs) in lists.iter().enumerate() {
+            // My sends to p against p's receives from me, and the reverse.
+            for (dir, from, to) in [(P2pKind::Send, me, p), (P2pKind::Recv, me, p)] {
+                let mine: Vec<u64> =
+                    lists[from].iter().filter(|o| o.0 == dir as u64 && o.1 == to).map(|o| o.2).collect();
+                let other = if dir == P2pKind::Send { P2pKind::Recv } else { P2pKind::Send };
+                let matching: Vec<u64> =
+                    theirs.iter().filter(|o| o.0 == other as u64 && o.1 == me).map(|o| o.2).collect();
+                if mine != matching {
+                    let (a, b) = if dir == P2pKind::Send { ("sends", "receives") } else { ("receives", "sends") };
+                    return Err(Error::invalid_argument(format!(
+                        "group: rank {me}'s {a} with rank {p} (bytes {mine:?}) do not match rank {p}'s {b} with rank {me} (bytes {matching:?})"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'a, T: CollType> Operand<'a, T> {
+    /// Elements `start..start + len` of this operand.
+    pub(super) fn sub(&self, start: usize, len: usize) -> Result<Self> {
+        if start.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(Error::invalid_argument(format!(
+                "range {start}..{start}+{len} past the operand's {} elements",
+                self.len
+            )));
+        }
+        let skip = (start * std::mem::size_of::<T>()) as u64;
+        let mut op = *self;
+        op.ptr += skip;
+        op.len = len;
+        if let Some((w, off, key)) = op.window {
+            op.window = Some((w, off + skip, key));
+        }
+        Ok(op)
+    }
+}
