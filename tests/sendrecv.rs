@@ -13,10 +13,13 @@
 mod common;
 
 use common::is_child;
-use devcomm::coll::{CollConfig, CollType, Collectives, Operand};
+use devcomm::coll::{CollConfig, CollType, Collectives, Operand, P2pKind};
 use devcomm::comm::Communicator;
+use devcomm::runtime::LaunchConfig;
 use devcomm::runtime::{DeviceBuffer, Stream};
 use devcomm::Error;
+use devcomm_device::coll::P2pOp;
+use devcomm_test_kernels::coll_bench::p2p_exchange;
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -176,6 +179,51 @@ fn eager(c: &mut Ctx) {
     }
 }
 
+/// A kernel of the tests' own calls `coll::send` and `coll::recv` (one
+/// CTA each) on the collectives' context, with sequence numbers from
+/// `reserve_p2p`: a ring exchange of a message longer than the channel's
+/// slots (the two CTAs must run at once).
+fn device_callable(c: &mut Ctx) {
+    c.case += 1;
+    let (n, me, case) = (c.n, c.me, c.case);
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let len = 777;
+    let bytes = (len * 4) as u64;
+    let src = c.comm.device().alloc_from(&message::<u32>(case, me, next, len)).unwrap();
+    let dst = poisoned::<u32>(c.comm, &c.stream, len);
+    let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
+    let send = P2pOp {
+        ptr: src.device_addr(),
+        bytes,
+        first_seq: c.coll.reserve_p2p(P2pKind::Send, next, bytes).unwrap(),
+        peer: next as u32,
+        kind: P2pKind::Send as u32,
+    };
+    let recv = P2pOp {
+        ptr: dst.device_addr() + (GUARD * 4) as u64,
+        bytes,
+        first_seq: c.coll.reserve_p2p(P2pKind::Recv, prev, bytes).unwrap(),
+        peer: prev as u32,
+        kind: P2pKind::Recv as u32,
+    };
+    let kernels = devcomm_tests::test_kernels(c.comm.device());
+    // SAFETY: the context is the live collectives'; `src` and `dst` hold
+    // `bytes` (past the guard); the sequence numbers were reserved above
+    // and the peers reserve theirs alike; `errors` is a device u32.
+    unsafe {
+        c.stream
+            .launch_in::<p2p_exchange>(
+                &kernels,
+                LaunchConfig::new(2, 64).co_resident(),
+                (c.coll.context(), send, recv, errors.device_addr()),
+            )
+            .unwrap();
+    }
+    c.stream.synchronize().unwrap();
+    assert_eq!(c.stream.read_vec(&errors).unwrap(), vec![0], "device-callable send/recv reported an error");
+    assert_eq!(read_between(&c.stream, &dst, "device-callable"), message::<u32>(case, prev, me, len));
+}
+
 /// Bad input: typed errors, nothing launched.
 fn bad_input(c: &mut Ctx) {
     let n = c.n;
@@ -224,6 +272,9 @@ fn child_body(comm: &Communicator) {
         all_to_all_v::<bf16>(&mut c, 300);
     }
     eager(&mut c);
+    device_callable(&mut c);
+    // The host's operations continue the channels after the kernel's.
+    ring::<u32>(&mut c, 300);
     bad_input(&mut c);
     c.stream.synchronize().unwrap();
     assert!(c.coll.error().is_none(), "{:?}", c.coll.error());

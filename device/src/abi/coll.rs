@@ -279,6 +279,9 @@ impl P2pOp {
     pub const NONE: P2pOp = P2pOp { ptr: 0, bytes: 0, first_seq: 0, peer: 0, kind: 0 };
 }
 
+// SAFETY: #[repr(C)] plain data with the same layout on both targets.
+unsafe impl crate::KernelParam for P2pOp {}
+
 /// The most sends and receives one host-launched group carries.
 pub const MAX_GROUP_OPS: usize = 64;
 

@@ -51,7 +51,7 @@ mod datatype;
 mod p2p;
 
 pub use datatype::{CollType, DataType, Fp8E4M3, Fp8E5M2};
-pub use devcomm_device::coll::{Algorithm, RedOp, LL_MAX_BYTES, ONE_SHOT_MAX_BYTES};
+pub use devcomm_device::coll::{Algorithm, P2pKind, RedOp, LL_MAX_BYTES, ONE_SHOT_MAX_BYTES};
 pub use p2p::Group;
 
 use crate::comm::Communicator;
@@ -93,7 +93,8 @@ pub struct CollConfig {
     /// ranks): a send of up to `p2p_slots * p2p_chunk_bytes` bytes
     /// completes before its receive starts.
     pub p2p_slots: u32,
-    /// Most CTAs one send or receive uses.
+    /// Most CTAs one send or receive uses (a group's launch has at most
+    /// 256 CTAs: its tasks share them).
     pub p2p_max_ctas: u32,
     /// Before each collective, compare its operation, datatype, counts and
     /// root across ranks (through the bootstrap: slow) and return
@@ -110,9 +111,9 @@ impl Default for CollConfig {
             bytes_per_cta: 32 << 10,
             ll_bytes: LL_MAX_BYTES as usize,
             stage_bytes: 8 << 20,
-            p2p_chunk_bytes: 128 << 10,
-            p2p_slots: 8,
-            p2p_max_ctas: 4,
+            p2p_chunk_bytes: 64 << 10,
+            p2p_slots: 32,
+            p2p_max_ctas: 16,
             check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
         }
     }

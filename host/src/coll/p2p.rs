@@ -232,6 +232,26 @@ impl<'c> Collectives<'c> {
         })
     }
 
+    /// The first sequence number for a send to (or receive from) `peer` of
+    /// `bytes` bytes in a kernel of your own calling
+    /// [`devcomm_device::coll::send`] / [`recv`](devcomm_device::coll::recv)
+    /// with [`Collectives::context`] ([`P2pOp::first_seq`]): reserves the
+    /// message's chunks on that channel, as this object's own sends and
+    /// receives do. The peer reserves the matching operation alike.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a peer out of range.
+    pub fn reserve_p2p(&self, kind: P2pKind, peer: usize, bytes: u64) -> Result<u64> {
+        let n = self.comm.count();
+        if peer >= n {
+            return Err(Error::invalid_argument(format!("reserve_p2p: peer {peer} is not below the rank count {n}")));
+        }
+        let mut seqs = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
+        let counter = &mut seqs[peer][kind as usize];
+        let first = *counter + 1;
+        *counter += p2p_chunks(&self.ctx, bytes);
+        Ok(first)
+    }
+
     /// Keeps `e` for the next call (a group ended by its drop).
     fn keep(&self, e: Error) {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -262,20 +282,18 @@ impl<'c> Collectives<'c> {
         let mut tasks = 0u32;
         let mut most_chunks = 1u64;
         {
-            let mut seqs = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
             for (slot, &i) in order.iter().enumerate() {
                 let (kind, peer, ptr, bytes) = ops[i];
                 if slot == 0 || (ops[order[slot - 1]].1, ops[order[slot - 1]].0) != (peer, kind) {
                     tasks += 1;
                 }
-                let chunks = p2p_chunks(&self.ctx, bytes);
-                most_chunks = most_chunks.max(chunks);
-                let counter = &mut seqs[peer][kind as usize];
-                args.ops[slot] = P2pOp { ptr, bytes, first_seq: *counter + 1, peer: peer as u32, kind: kind as u32 };
-                *counter += chunks;
+                most_chunks = most_chunks.max(p2p_chunks(&self.ctx, bytes));
+                let first_seq = self.reserve_p2p(kind, peer, bytes)?;
+                args.ops[slot] = P2pOp { ptr, bytes, first_seq, peer: peer as u32, kind: kind as u32 };
             }
         }
-        let k = most_chunks.min(self.config.p2p_max_ctas as u64) as u32;
+        // Up to 256 CTAs in all (every one resident at once).
+        let k = most_chunks.min(self.config.p2p_max_ctas as u64).min((256 / tasks).max(1) as u64) as u32;
         args.ctas_per_task = k;
         // Every task's CTAs run at once (a send may wait for a receive of
         // the same launch, on this rank or a peer's): a co-resident launch.

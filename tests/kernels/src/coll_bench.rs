@@ -36,3 +36,28 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// A user kernel's own point-to-point exchange: CTA 0 sends `send`,
+    /// CTA 1 receives `recv` (each [`Part::WHOLE`]), on `ctx`'s channels;
+    /// the first failure's code goes to `errors`. Launch co-resident with
+    /// 2 CTAs.
+    ///
+    /// # Safety
+    /// `ctx` live with channels; the operations' buffers valid for their
+    /// bytes; sequence numbers reserved with `Collectives::reserve_p2p`,
+    /// the peers' matching alike; `errors` a device `u32`.
+    pub unsafe fn p2p_exchange(ctx: coll::CollContext, send: coll::P2pOp, recv: coll::P2pOp, errors: u64) {
+        let cta = Cta::new();
+        let r = if devcomm_device::arch::block_idx().x == 0 {
+            coll::send(&cta, &ctx, Part::WHOLE, &send)
+        } else {
+            coll::recv(&cta, &ctx, Part::WHOLE, &recv)
+        };
+        if let Err(e) = r {
+            if cta.is_leader() {
+                atomic::compare_exchange(errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys);
+            }
+        }
+    }
+}
