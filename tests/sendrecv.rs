@@ -19,7 +19,7 @@ use devcomm::runtime::LaunchConfig;
 use devcomm::runtime::{DeviceBuffer, Stream};
 use devcomm::Error;
 use devcomm_device::coll::P2pOp;
-use devcomm_test_kernels::coll_bench::p2p_exchange;
+use devcomm_test_kernels::coll_bench::{a2a_value, ll_a2a_exchange, p2p_exchange};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -224,6 +224,51 @@ fn device_callable(c: &mut Ctx) {
     assert_eq!(read_between(&c.stream, &dst, "device-callable"), message::<u32>(case, prev, me, len));
 }
 
+/// The LL all-to-all session from a kernel of the tests' own: 5 epochs
+/// (both parities, twice), 2 blocks, every rank sends a distinct value to
+/// every rank's slot and broadcasts one; each receives them all and the
+/// lane-wise sum of the broadcasts.
+fn ll_a2a(c: &mut Ctx) {
+    let (n, me) = (c.n as u32, c.me as u32);
+    let (blocks, nt, epochs) = (2u32, 64u32, 5u32);
+    let len = (epochs * blocks * n * nt * 3) as usize;
+    let out = c.comm.device().alloc::<u64>(len).unwrap();
+    let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
+    let kernels = devcomm_tests::test_kernels(c.comm.device());
+    // SAFETY: the live collectives' context (2048 slots >= 2 * n * nt, 64
+    // parts); `out` holds every output; every rank launches alike.
+    unsafe {
+        c.stream
+            .launch_in::<ll_a2a_exchange>(
+                &kernels,
+                LaunchConfig::new(blocks, nt).co_resident(),
+                (c.coll.context(), out.as_mut_ptr(), epochs, errors.device_addr()),
+            )
+            .unwrap();
+    }
+    c.stream.synchronize().unwrap();
+    assert_eq!(c.stream.read_vec(&errors).unwrap(), vec![0], "LL all-to-all session reported an error");
+    let got = c.stream.read_vec(&out).unwrap();
+    for e in 0..epochs {
+        for b in 0..blocks {
+            for t in 0..nt {
+                let mut lanes = [0u32; 2];
+                for s in 0..n {
+                    let v = a2a_value(e, s, 0xff, b, t);
+                    lanes[0] = lanes[0].wrapping_add(v as u32);
+                    lanes[1] = lanes[1].wrapping_add((v >> 32) as u32);
+                }
+                let sum = lanes[0] as u64 | (lanes[1] as u64) << 32;
+                for s in 0..n {
+                    let at = ((((e * blocks + b) * n + s) * nt + t) * 3) as usize;
+                    let want = [a2a_value(e, s, me, b, t), a2a_value(e, s, 0xff, b, t), sum];
+                    assert_eq!(got[at..at + 3], want, "LL all-to-all epoch {e} block {b} source {s} thread {t}");
+                }
+            }
+        }
+    }
+}
+
 /// Bad input: typed errors, nothing launched.
 fn bad_input(c: &mut Ctx) {
     let n = c.n;
@@ -273,6 +318,8 @@ fn child_body(comm: &Communicator) {
     }
     eager(&mut c);
     device_callable(&mut c);
+    ll_a2a(&mut c);
+    ll_a2a(&mut c);
     // The host's operations continue the channels after the kernel's.
     ring::<u32>(&mut c, 300);
     bad_input(&mut c);

@@ -39,7 +39,8 @@ pub struct CollContext {
     pub(crate) p2p_offset: u64,
     pub(crate) p2p_chunk: u64,
     pub(crate) p2p_slots: u32,
-    pub(crate) p2p_reserved: u32,
+    pub(crate) a2a_slots: u32,
+    pub(crate) a2a_offset: u64,
 }
 
 impl CollContext {
@@ -75,7 +76,8 @@ impl CollContext {
             p2p_offset: 0,
             p2p_chunk: 0,
             p2p_slots: 0,
-            p2p_reserved: 0,
+            a2a_slots: 0,
+            a2a_offset: 0,
         }
     }
 
@@ -93,6 +95,37 @@ impl CollContext {
         self.p2p_chunk = chunk;
         self.p2p_slots = slots;
         self
+    }
+
+    /// The context with LL all-to-all sessions
+    /// ([`crate::coll::LlA2aSession`]) at byte `offset` of the scratch
+    /// window: per part (block) one 16-byte epoch line, then 2 parities ×
+    /// `slots` slots of 16 bytes ([`CollContext::ll_a2a_bytes`] in all).
+    ///
+    /// # Safety
+    /// Every rank's scratch holds that area at `offset` (16-byte aligned),
+    /// zeroed before any rank's first session, used by nothing else.
+    pub const unsafe fn with_ll_a2a(mut self, offset: u64, slots: u32) -> Self {
+        self.a2a_offset = offset;
+        self.a2a_slots = slots;
+        self
+    }
+
+    /// Bytes of the LL all-to-all area for `parts` blocks of `slots` slots.
+    pub const fn ll_a2a_bytes(parts: u32, slots: u32) -> u64 {
+        parts as u64 * (1 + 2 * slots as u64) * 16
+    }
+
+    /// Slots per parity of each block's LL all-to-all inbox (0: none).
+    #[inline(always)]
+    pub const fn ll_a2a_slots(&self) -> u32 {
+        self.a2a_slots
+    }
+
+    /// Offset of block `block`'s LL all-to-all area (its epoch line first).
+    #[inline(always)]
+    pub(crate) const fn ll_a2a_offset(&self, block: u32) -> u64 {
+        self.a2a_offset + block as u64 * (1 + 2 * self.a2a_slots as u64) * 16
     }
 
     /// Bytes of the point-to-point area for `lsa_size` ranks, `slots` slots
@@ -315,7 +348,7 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<CollBuffer>(), 8 + 40 + 8 + 8);
-        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 24);
+        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32);
         assert_eq!(size_of::<CollArgs>() % 8, 0);
         assert_eq!(size_of::<P2pOp>(), 32);
         // Kernel parameters stay within the 4 KiB every CUDA version takes.

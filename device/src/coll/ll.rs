@@ -58,8 +58,32 @@ unsafe fn write_word(dst: *mut u8, bytes: usize, w: usize, v: u64) {
 
 /// Element `l` of an 8-byte payload word (by shifts).
 #[inline(always)]
-fn lane<T: Element>(v: u64, l: usize) -> T {
+pub(crate) fn lane<T: Element>(v: u64, l: usize) -> T {
     T::from_bits64(v >> ((l * size_of::<T>() * 8) % 64))
+}
+
+/// Stores payload `v` with `flag` in both halves into the 16-byte LL word
+/// pair at `at` (one store: the reader sees both flags or neither).
+///
+/// # Safety
+/// `at` valid, 16-byte aligned, accessed only atomically.
+#[inline(always)]
+pub(crate) unsafe fn store_flagged(at: *mut u64, v: u64, flag: u32) {
+    let f = (flag as u64) << 32;
+    // SAFETY: the caller's contract.
+    unsafe { atomic::store_pair_relaxed(at, [(v & 0xffff_ffff) | f, (v >> 32) | f], Scope::Sys) };
+}
+
+/// The payload of the LL word pair at `at` once both halves carry `flag`.
+///
+/// # Safety
+/// As for [`store_flagged`].
+#[inline(always)]
+pub(crate) unsafe fn poll_flagged(at: *const u64, flag: u32) -> Option<u64> {
+    let f = (flag as u64) << 32;
+    // SAFETY: the caller's contract.
+    let (lo, hi) = unsafe { (atomic::load_relaxed(at, Scope::Sys), atomic::load_relaxed(at.add(1), Scope::Sys)) };
+    (lo & !0xffff_ffff == f && hi & !0xffff_ffff == f).then_some((lo & 0xffff_ffff) | (hi << 32))
 }
 
 /// The LL all-reduce (see the module docs).
@@ -85,7 +109,6 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
     let words = bytes.div_ceil(8);
     let (wb, we) = super::staging::piece(words, 1, part.count as usize, part.index as usize);
-    let flag = (seq as u64) << 32;
     let (src8, dst8) = (src as *const u8, dst as *mut u8);
     let slot = |peer: u32, from: u32| -> *mut u64 { ctx.scratch().lsa_ptr(ctx.ll_slot_offset(seq, from), peer) };
     // Send: word `w` of the input to every peer.
@@ -93,13 +116,12 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
     while w < we {
         // SAFETY: `8w < bytes`: inside `src` (the contract).
         let v = unsafe { read_word(src8, bytes, w) };
-        let pair = [(v & 0xffff_ffff) | flag, (v >> 32) | flag];
         for k in 1..n {
             let peer = (me + k) % n;
             // SAFETY: slot `[seq & 1][me]` of `peer` holds `2 * ll_bytes
             // >= 2 * 8 * words` bytes (checked above), 16-byte aligned (the
             // context's contract); slots are accessed only atomically.
-            unsafe { atomic::store_pair_relaxed(slot(peer, me).add(2 * w), pair, Scope::Sys) };
+            unsafe { store_flagged(slot(peer, me).add(2 * w), v, seq) };
         }
         w += nt;
     }
@@ -119,10 +141,8 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
                 loop {
                     // SAFETY: the caller's own slot `[seq & 1][p]`, word
                     // pair `w` (in bounds as above), only accessed atomically.
-                    let (lo, hi) =
-                        unsafe { (atomic::load_relaxed(at, Scope::Sys), atomic::load_relaxed(at.add(1), Scope::Sys)) };
-                    if lo & !0xffff_ffff == flag && hi & !0xffff_ffff == flag {
-                        break (lo & 0xffff_ffff) | (hi << 32);
+                    if let Some(v) = unsafe { poll_flagged(at, seq) } {
+                        break v;
                     }
                     if let Err(e) = deadline.poll() {
                         result = Err(CollError::Wait(e));

@@ -56,6 +56,7 @@
 
 pub mod element;
 mod ll;
+mod ll_a2a;
 mod movement;
 pub mod op;
 mod p2p;
@@ -65,6 +66,7 @@ mod staging;
 
 pub use crate::abi::coll::{CollArgs, CollBuffer, CollContext, P2pArgs, P2pKind, P2pOp, MAX_GROUP_OPS};
 pub use element::{Accumulator, Bf16, DataType, Element, Fp8E4M3, Fp8E5M2, F16};
+pub use ll_a2a::LlA2aSession;
 pub use movement::{all_gather, all_to_all, broadcast, gather, scatter};
 pub use op::{RedOp, Reduction};
 pub use p2p::{p2p_chunks, recv, send};

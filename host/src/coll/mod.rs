@@ -93,6 +93,10 @@ pub struct CollConfig {
     /// ranks): a send of up to `p2p_slots * p2p_chunk_bytes` bytes
     /// completes before its receive starts.
     pub p2p_slots: u32,
+    /// Slots (of 8 bytes of payload each) per parity of every block's LL
+    /// all-to-all inbox (`devcomm_device::coll::LlA2aSession`), one block
+    /// per CTA of `max_ctas`.
+    pub ll_a2a_slots: u32,
     /// Most CTAs one send or receive uses (a group's launch has at most
     /// 256 CTAs: its tasks share them).
     pub p2p_max_ctas: u32,
@@ -114,6 +118,7 @@ impl Default for CollConfig {
             p2p_chunk_bytes: 64 << 10,
             p2p_slots: 32,
             p2p_max_ctas: 16,
+            ll_a2a_slots: 2048,
             check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
         }
     }
@@ -378,12 +383,17 @@ impl Communicator {
         if config.p2p_max_ctas == 0 || config.p2p_max_ctas > 32 {
             return Err(Error::invalid_argument(format!("p2p_max_ctas {} not in 1..=32", config.p2p_max_ctas)));
         }
+        if config.ll_a2a_slots > (1 << 20) {
+            return Err(Error::invalid_argument(format!("ll_a2a_slots {} above 2^20", config.ll_a2a_slots)));
+        }
         let ll_area = 2 * n * 2 * config.ll_bytes;
+        let a2a_area = CollContext::ll_a2a_bytes(config.max_ctas, config.ll_a2a_slots) as usize;
         let p2p_area = CollContext::p2p_bytes(n as u32, config.p2p_chunk_bytes as u64, config.p2p_slots) as usize;
         let p2p_words = 3 * n * config.p2p_slots as usize * 8;
         let mut req = DevCommRequirements::new();
         req.lsa_barrier_count = config.max_ctas;
-        let scratch = req.add_resource((ll_area + 2 * config.stage_bytes + p2p_area) as u64, 256);
+        let scratch =
+            req.add_resource((ll_area + 2 * config.stage_bytes + p2p_area.next_multiple_of(16) + a2a_area) as u64, 256);
         let handle = self.create_dev_comm(&req)?;
         let offset = handle.resource_offset(scratch)?;
         let window = handle.resource_window();
@@ -395,13 +405,17 @@ impl Communicator {
         let p2p_offset = offset + (ll_area + 2 * config.stage_bytes) as u64;
         let p2p_words_offset = p2p_offset + (p2p_area - p2p_words) as u64;
         stream.write_raw(window.local_ptr::<u8>(p2p_words_offset) as u64, &vec![0u8; p2p_words])?;
+        // And the LL all-to-all inboxes and epochs.
+        let a2a_offset = p2p_offset + p2p_area.next_multiple_of(16) as u64;
+        stream.write_raw(window.local_ptr::<u8>(a2a_offset) as u64, &vec![0u8; a2a_area])?;
         stream.synchronize()?;
         self.bootstrap_barrier()?;
         // SAFETY: the device communicator has `max_ctas` LSA barriers that
         // nothing else uses (it is this object's own); its resource window
         // holds, on every rank, the LL area (zeroed above, on every rank
         // before the barrier), the two staging areas and the point-to-point
-        // area (its words zeroed above) at `offset`, 256-byte aligned, sizes
+        // area (its words zeroed above) and the LL all-to-all area (zeroed
+        // above) at `offset`, 256-byte aligned, sizes
         // multiples of 16 (checked above).
         let ctx = unsafe {
             CollContext::from_raw_parts(
@@ -415,6 +429,7 @@ impl Communicator {
                 config.max_ctas,
             )
             .with_p2p(p2p_offset, config.p2p_chunk_bytes as u64, config.p2p_slots)
+            .with_ll_a2a(a2a_offset, config.ll_a2a_slots)
         };
         let threads = match (config.threads, self.device().kind()) {
             (0, RuntimeKind::Cuda) => 256,

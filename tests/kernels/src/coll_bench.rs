@@ -61,3 +61,69 @@ kernel! {
         }
     }
 }
+
+/// The value rank `src` sends rank `dst` from thread `t` of block `b` in
+/// epoch `e` of `ll_a2a_exchange` (`dst == 0xff`: its broadcast value).
+pub const fn a2a_value(e: u32, src: u32, dst: u32, b: u32, t: u32) -> u64 {
+    ((e as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        ^ (src as u64) << 40
+        ^ (dst as u64) << 32
+        ^ (b as u64) << 16
+        ^ t as u64
+}
+
+kernel! {
+    /// `epochs` epochs of an LL all-to-all session per block (block `b`,
+    /// `nt` threads, `n` ranks): thread `t` sends [`a2a_value`] to slot `me
+    /// * nt + t` of every rank and broadcasts one to slot `(n + me) * nt +
+    /// t`, then receives every source's two and the lane-wise `u32` sum of
+    /// the broadcasts (`recv_reduce`), into `out[(((e * blocks + b) * n +
+    /// s) * nt + t) * 3 + {0, 1, 2}]`; the first failure's code goes to
+    /// `errors`.
+    ///
+    /// # Safety
+    /// `ctx` live with LL all-to-all slots (at least `2 * n * nt`), at
+    /// least `gridDim.x` parts; `out` holds the outputs; launched
+    /// co-resident on every rank alike.
+    pub unsafe fn ll_a2a_exchange(ctx: coll::CollContext, out: *mut u64, epochs: u32, errors: u64) {
+        let cta = Cta::new();
+        let (b, blocks) = (devcomm_device::arch::block_idx().x, devcomm_device::arch::grid_dim().x);
+        let (t, nt) = (cta.thread_rank(), cta.size());
+        let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
+        let red = Reduction::new(RedOp::Sum, 0u32, n);
+        let mut session = match coll::LlA2aSession::new(&cta, &ctx, b) {
+            Ok(s) => s,
+            Err(e) => {
+                if cta.is_leader() {
+                    atomic::compare_exchange(errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys);
+                }
+                return;
+            }
+        };
+        for e in 0..epochs {
+            let mut r = Ok(());
+            for p in 0..n {
+                r = r.and(session.send(p, me * nt + t, a2a_value(e, me, p, b, t)));
+            }
+            r = r.and(session.bcast((n + me) * nt + t, a2a_value(e, me, 0xff, b, t)));
+            let sum = session.recv_reduce(n * nt + t, n, nt, &red);
+            for s in 0..n {
+                let at = out.add(((((e * blocks + b) * n + s) * nt + t) * 3) as usize);
+                match (session.recv(s * nt + t), session.recv((n + s) * nt + t), sum) {
+                    (Ok(x), Ok(y), Ok(z)) => {
+                        *at = x;
+                        *at.add(1) = y;
+                        *at.add(2) = z;
+                    }
+                    (x, y, z) => r = r.and(x.and(y).and(z).map(|_| ())),
+                }
+            }
+            if let Err(err) = session.end_epoch(&cta, r) {
+                if cta.is_leader() {
+                    atomic::compare_exchange(errors as *mut u32, 0, err.code(), Order::Relaxed, Scope::Sys);
+                }
+                return;
+            }
+        }
+    }
+}
