@@ -543,7 +543,9 @@ fn coll_mismatched_counts_are_refused_in_checking_mode() {
     common::run_on_runtime("child_coll_mismatch", 3, &[]);
 }
 
-/// Several LSA teams are refused, saying what to do.
+/// Several LSA teams: the collectives other than send/recv are refused,
+/// saying what to do (nothing runs; matching calls work afterwards, and
+/// send/recv across teams is tested in `tests/sendrecv.rs`).
 #[test]
 #[ignore = "a rank of a multi-rank test: its parent runs it"]
 fn child_coll_two_teams() {
@@ -551,10 +553,14 @@ fn child_coll_two_teams() {
         return;
     }
     let comm = Communicator::init_from_env().unwrap();
-    match comm.collectives() {
-        Err(Error::InvalidUsage(m)) => assert!(m.contains("LSA"), "{m}"),
+    let coll = comm.collectives_with(&tiny()).unwrap();
+    let x = comm.device().alloc_from(&[1.0f32; 8]).unwrap();
+    match coll.all_reduce(&x, &x, Op::Sum, comm.device().stream()) {
+        Err(Error::InvalidUsage(m)) => assert!(m.contains("LSA") && m.contains("send"), "{m}"),
         other => panic!("expected InvalidUsage, got {other:?}"),
     }
+    assert!(coll.error().is_none());
+    drop(coll);
     comm.finalize().unwrap();
 }
 

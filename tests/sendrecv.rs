@@ -229,7 +229,8 @@ fn device_callable(c: &mut Ctx) {
 /// every rank's slot and broadcasts one; each receives them all and the
 /// lane-wise sum of the broadcasts.
 fn ll_a2a(c: &mut Ctx) {
-    let (n, me) = (c.n as u32, c.me as u32);
+    // The session's ranks are the LSA team's.
+    let (n, me) = (c.coll.context().scratch().lsa_size(), c.coll.context().scratch().lsa_rank());
     let (blocks, nt, epochs) = (2u32, 64u32, 5u32);
     let len = (epochs * blocks * n * nt * 3) as usize;
     let out = c.comm.device().alloc::<u64>(len).unwrap();
@@ -297,6 +298,8 @@ fn bad_input(c: &mut Ctx) {
 
 fn child_body(comm: &Communicator) {
     let coll = comm.collectives_with(&tiny()).unwrap();
+    // Several LSA teams: the channels to other teams go over GIN.
+    assert_eq!(coll.context().has_p2p_gin(), comm.lsa_size().unwrap() < comm.count());
     let stream = comm.device().new_stream().unwrap();
     let mut c = Ctx { comm, coll, stream, n: comm.count(), me: comm.rank(), case: 0 };
     let quick = std::env::var("DEVCOMM_COLL_TEST_QUICK").is_ok();
@@ -362,6 +365,34 @@ fn sendrecv_3_ranks() {
 #[test]
 fn sendrecv_4_ranks() {
     common::run_on_runtime("child_sendrecv", 4, &slow());
+}
+
+/// Several LSA teams: channels to the other teams' ranks go over GIN
+/// (copy engine), 2 teams of 2.
+#[test]
+fn sendrecv_4_ranks_in_two_lsa_teams() {
+    let mut env = slow();
+    env.push(("DEVCOMM_LSA_SIZE", "2".to_string()));
+    env.push(("DEVCOMM_COLL_TEST_QUICK", "1".to_string()));
+    common::run_on_runtime("child_sendrecv", 4, &env);
+}
+
+/// Every rank its own LSA team, GIN over TCP.
+#[test]
+fn sendrecv_3_ranks_over_gin_tcp() {
+    let mut env = slow();
+    env.push(("DEVCOMM_LSA_SIZE", "1".to_string()));
+    env.push(("DEVCOMM_GIN_TRANSPORT", "tcp".to_string()));
+    env.push(("DEVCOMM_COLL_TEST_QUICK", "1".to_string()));
+    common::run_on_runtime("child_sendrecv", 3, &env);
+}
+
+/// Every rank its own LSA team, GIN over the copy engine, the full battery.
+#[test]
+fn sendrecv_2_ranks_over_gin() {
+    let mut env = slow();
+    env.push(("DEVCOMM_LSA_SIZE", "1".to_string()));
+    common::run_on_runtime("child_sendrecv", 2, &env);
 }
 
 #[test]
@@ -433,4 +464,9 @@ fn child_sendrecv_mismatch() {
 #[test]
 fn sendrecv_mismatched_counts_are_errors() {
     common::run_on_runtime("child_sendrecv_mismatch", 2, &[]);
+}
+
+#[test]
+fn sendrecv_mismatched_counts_over_gin_are_errors() {
+    common::run_on_runtime("child_sendrecv_mismatch", 2, &[("DEVCOMM_LSA_SIZE", "1".to_string())]);
 }

@@ -41,6 +41,9 @@ pub struct CollContext {
     pub(crate) p2p_slots: u32,
     pub(crate) a2a_slots: u32,
     pub(crate) a2a_offset: u64,
+    pub(crate) gin_scratch: WindowDesc,
+    pub(crate) gin_signal_base: u32,
+    pub(crate) gin_context: u32,
 }
 
 impl CollContext {
@@ -78,6 +81,9 @@ impl CollContext {
             p2p_slots: 0,
             a2a_slots: 0,
             a2a_offset: 0,
+            gin_scratch: WindowDesc::NONE,
+            gin_signal_base: 0,
+            gin_context: 0,
         }
     }
 
@@ -95,6 +101,76 @@ impl CollContext {
         self.p2p_chunk = chunk;
         self.p2p_slots = slots;
         self
+    }
+
+    /// The context with point-to-point channels to ranks outside the LSA
+    /// team, over GIN (context `gin_context` of the communicator): in
+    /// window `scratch` (registered for GIN on every rank,
+    /// [`CollContext::p2p_gin_bytes`] bytes: per world rank `p2p_slots`
+    /// inbox slots, then as many outbox slots, of `p2p_chunk` bytes, then
+    /// one length word per inbox slot), and GIN signals `signal_base ..
+    /// signal_base + 2 * nranks * p2p_slots` (one per inbox slot: chunks
+    /// arrived; one per outbox slot: chunks consumed by the receiver). Call
+    /// after [`CollContext::with_p2p`].
+    ///
+    /// # Safety
+    /// The device communicator has GIN with those signals (zero) and that
+    /// context, used by nothing else; `scratch` as above, on every rank,
+    /// used by nothing else.
+    pub const unsafe fn with_p2p_gin(mut self, scratch: WindowDesc, signal_base: u32, gin_context: u32) -> Self {
+        self.gin_scratch = scratch;
+        self.gin_signal_base = signal_base;
+        self.gin_context = gin_context;
+        self
+    }
+
+    /// Bytes of the GIN point-to-point window for `nranks` ranks.
+    pub const fn p2p_gin_bytes(nranks: u32, chunk: u64, slots: u32) -> u64 {
+        nranks as u64 * slots as u64 * (2 * chunk + 8)
+    }
+
+    /// GIN signals the GIN point-to-point channels use.
+    pub const fn p2p_gin_signals(nranks: u32, slots: u32) -> u32 {
+        2 * nranks * slots
+    }
+
+    /// Whether channels to ranks outside the LSA team exist (over GIN).
+    #[inline(always)]
+    pub const fn has_p2p_gin(&self) -> bool {
+        self.gin_scratch.size != 0
+    }
+
+    /// The GIN point-to-point window.
+    #[inline(always)]
+    pub(crate) const fn gin_scratch(&self) -> &WindowDesc {
+        &self.gin_scratch
+    }
+
+    /// GIN context of the GIN channels.
+    #[inline(always)]
+    pub(crate) const fn gin_context(&self) -> u32 {
+        self.gin_context
+    }
+
+    /// Offset in the GIN window of inbox slot `[src][slot]` (`outbox`:
+    /// outbox slot `[dst][slot]`), or of its length word (`len`).
+    #[inline(always)]
+    pub(crate) const fn p2p_gin_offset(&self, rank: u32, slot: u32, what: u32) -> u64 {
+        let n = self.comm.nranks as u64 * self.p2p_slots as u64;
+        let i = rank as u64 * self.p2p_slots as u64 + slot as u64;
+        match what {
+            0 => i * self.p2p_chunk,
+            1 => (n + i) * self.p2p_chunk,
+            _ => 2 * n * self.p2p_chunk + i * 8,
+        }
+    }
+
+    /// GIN signal counting chunks arrived in inbox slot `[src][slot]`
+    /// (`credit`: consumed from outbox slot `[dst][slot]`).
+    #[inline(always)]
+    pub(crate) const fn p2p_gin_signal(&self, rank: u32, slot: u32, credit: bool) -> u32 {
+        let n = self.comm.nranks * self.p2p_slots;
+        self.gin_signal_base + credit as u32 * n + rank * self.p2p_slots + slot
     }
 
     /// The context with LL all-to-all sessions
@@ -301,7 +377,8 @@ pub struct P2pOp {
     pub bytes: u64,
     /// Sequence number of the message's first chunk (non-zero).
     pub first_seq: u64,
-    /// The peer's LSA rank.
+    /// The peer's world rank (inside the LSA team the channel is LSA
+    /// stores, outside GIN puts).
     pub peer: u32,
     /// [`P2pKind`] code.
     pub kind: u32,
@@ -348,7 +425,7 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<CollBuffer>(), 8 + 40 + 8 + 8);
-        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32);
+        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48);
         assert_eq!(size_of::<CollArgs>() % 8, 0);
         assert_eq!(size_of::<P2pOp>(), 32);
         // Kernel parameters stay within the 4 KiB every CUDA version takes.

@@ -182,6 +182,14 @@ pub enum CollError {
     Wait(WaitError),
     /// A receive's byte count differs from the matching send's.
     CountMismatch,
+    /// A GIN operation of a channel to a rank outside the LSA team failed.
+    Gin(crate::gin::GinError),
+}
+
+impl From<crate::gin::GinError> for CollError {
+    fn from(e: crate::gin::GinError) -> Self {
+        CollError::Gin(e)
+    }
 }
 
 impl From<BarrierError> for CollError {
@@ -203,6 +211,7 @@ impl ErrorCode for CollError {
             CollError::TooLarge => DeviceError::CollTooLarge as u32,
             CollError::BadArgument => DeviceError::CollBadArgument as u32,
             CollError::CountMismatch => DeviceError::CollCountMismatch as u32,
+            CollError::Gin(g) => ErrorCode::code(g),
             CollError::Barrier(b) => b.code(),
             CollError::Wait(w) => w.code(),
         }
@@ -214,6 +223,18 @@ impl ErrorCode for CollError {
             Some(DeviceError::CollBadArgument) => CollError::BadArgument,
             Some(DeviceError::CollCountMismatch) => CollError::CountMismatch,
             Some(DeviceError::LsaBarrierOutOfRange) => CollError::Barrier(BarrierError::IndexOutOfRange),
+            Some(
+                DeviceError::RingFailed
+                | DeviceError::NoGin
+                | DeviceError::ContextOutOfRange
+                | DeviceError::PeerNotInTeam
+                | DeviceError::PeerNotConnected
+                | DeviceError::SignalOutOfRange
+                | DeviceError::CounterOutOfRange
+                | DeviceError::OutOfWindow
+                | DeviceError::ValueTooWide
+                | DeviceError::GinBarrierOutOfRange,
+            ) => CollError::Gin(<crate::gin::GinError as ErrorCode>::from_code(code)),
             _ => CollError::Wait(WaitError::from_code(code)),
         }
     }

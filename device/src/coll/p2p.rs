@@ -1,6 +1,13 @@
-//! Point-to-point channels: `send` and `recv` between two ranks of the LSA
-//! team (`ncclSend` / `ncclRecv`), callable by one CTA or shared by
-//! several ([`Part`]).
+//! Point-to-point channels: `send` and `recv` between two ranks
+//! (`ncclSend` / `ncclRecv`), callable by one CTA or shared by several
+//! ([`Part`]). Inside the LSA team a channel moves chunks with NVLink
+//! stores and flag words (below); to a rank outside it, with GIN puts and
+//! signals (when the context has them: [`CollContext::with_p2p_gin`]):
+//! the sender stages a chunk into its outbox slot, puts its length and
+//! then the chunk into the receiver's inbox slot with a strong `SignalInc`
+//! of that slot's arrival signal; the receiver waits for the signal, copies
+//! out and signals the slot's credit back. Per-slot signals, because chunks
+//! of one channel may be consumed out of order by different parts.
 //!
 //! Each ordered pair of ranks (sender → receiver) has a channel: a ring
 //! of `p2p_slots` slots of `p2p_chunk` bytes in the **receiver's** scratch
@@ -31,8 +38,40 @@
 use super::{CollContext, CollError, P2pOp, Part};
 use crate::atomic::{self, Scope};
 use crate::coop::Coop;
+use crate::gin::{Gin, LocalAction, RemoteAction};
 use crate::lsa::ops::copy_strided;
 use crate::wait::{self, Deadline};
+
+/// How a channel reaches its peer.
+#[derive(Clone, Copy)]
+enum Route {
+    /// LSA stores; the peer's LSA rank.
+    Lsa(u32),
+    /// GIN puts and signals.
+    Gin,
+}
+
+/// Where `op.peer` (a world rank) is reached from, checked.
+#[inline(always)]
+fn route(ctx: &CollContext, op: &P2pOp) -> Result<Route, CollError> {
+    let c = ctx.comm();
+    if op.peer >= c.nranks() {
+        return Err(CollError::BadArgument);
+    }
+    match c.lsa().world_to_rank(c.rank(), op.peer) {
+        Some(l) if l < ctx.scratch().lsa_size() => Ok(Route::Lsa(l)),
+        Some(_) => Err(CollError::BadArgument),
+        None if ctx.has_p2p_gin() => Ok(Route::Gin),
+        None => Err(CollError::BadArgument),
+    }
+}
+
+/// (slot, how many times the slot was used before) of chunk `s` (>= 1).
+#[inline(always)]
+fn slot_use(s: u64, slots: u64) -> (u32, u64) {
+    let z = s.wrapping_sub(1);
+    ((z % slots) as u32, z / slots)
+}
 
 /// Chunks of a `bytes`-byte message on `ctx`'s channels (at least one).
 #[inline(always)]
@@ -46,13 +85,13 @@ pub const fn p2p_chunks(ctx: &CollContext, bytes: u64) -> u64 {
 
 /// Checks the context, part and peer (the same answer on every thread).
 #[inline(always)]
-fn check(ctx: &CollContext, part: Part, op: &P2pOp) -> Result<(), CollError> {
+fn check(ctx: &CollContext, part: Part, op: &P2pOp) -> Result<Route, CollError> {
     if part.count == 0 || part.index >= part.count {
         Err(CollError::PartOutOfRange)
-    } else if ctx.p2p_slots() == 0 || op.peer >= ctx.scratch().lsa_size() || op.first_seq == 0 {
+    } else if ctx.p2p_slots() == 0 || op.first_seq == 0 {
         Err(CollError::BadArgument)
     } else {
-        Ok(())
+        route(ctx, op)
     }
 }
 
@@ -68,7 +107,19 @@ fn check(ctx: &CollContext, part: Part, op: &P2pOp) -> Result<(), CollError> {
 /// every thread of `coop` calls with the same arguments.
 #[doc(alias = "ncclSend")]
 pub unsafe fn send<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp) -> Result<(), CollError> {
-    coop.agree(check(ctx, part, op))?;
+    match coop.agree(check(ctx, part, op))? {
+        // SAFETY: this function's contract; `peer` is the LSA rank of `op.peer`.
+        Route::Lsa(peer) => unsafe { send_lsa(coop, ctx, part, op, peer) },
+        // SAFETY: this function's contract; the context has GIN channels.
+        Route::Gin => unsafe { send_gin(coop, ctx, part, op) },
+    }
+}
+
+/// [`send`] to LSA rank `peer`.
+///
+/// # Safety
+/// As for [`send`].
+unsafe fn send_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp, peer: u32) -> Result<(), CollError> {
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let me = ctx.scratch().lsa_rank();
     let (chunk, slots) = (ctx.p2p_chunk(), ctx.p2p_slots() as u64);
@@ -80,7 +131,7 @@ pub unsafe fn send<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
         let slot = (s % slots) as u32;
         let mut r = Ok(());
         if coop.is_leader() {
-            let credit = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(2, op.peer, slot), me);
+            let credit = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(2, peer, slot), me);
             // SAFETY: credit word `[peer][slot]` of the caller's own area
             // (`peer < lsa_size`, `slot < p2p_slots`: the context's
             // contract), aligned, written by the receiver atomically only.
@@ -92,21 +143,21 @@ pub unsafe fn send<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
         coop.agree(r)?;
         let begin = i * chunk;
         let m = op.bytes.saturating_sub(begin).min(chunk) as usize;
-        let data = ctx.scratch().lsa_ptr::<u8>(ctx.p2p_data_offset(me, slot), op.peer);
+        let data = ctx.scratch().lsa_ptr::<u8>(ctx.p2p_data_offset(me, slot), peer);
         // SAFETY: slot `[me][slot]` of the peer's area holds `chunk >= m`
         // bytes, free (the credit above); the source holds `begin + m <=
         // bytes` (the contract); the two do not overlap (scratch is the
         // library's own).
         unsafe { copy_strided(t, nt, data, (op.ptr as *const u8).wrapping_add(begin as usize), m) };
         if coop.is_leader() {
-            let len = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(1, me, slot), op.peer);
+            let len = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(1, me, slot), peer);
             // SAFETY: length word `[me][slot]` of the peer's area, aligned,
             // read by the receiver after it acquires the flag below.
             unsafe { atomic::store_relaxed(len, op.bytes, Scope::Sys) };
         }
         coop.sync();
         if coop.is_leader() {
-            let flag = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(0, me, slot), op.peer);
+            let flag = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(0, me, slot), peer);
             // SAFETY: flag word `[me][slot]` of the peer's area, aligned,
             // accessed atomically only; the release publishes the coop's
             // stores (ordered before it by the join above).
@@ -126,7 +177,19 @@ pub unsafe fn send<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
 /// As for [`send`], `op.ptr` valid for writes of `op.bytes`.
 #[doc(alias = "ncclRecv")]
 pub unsafe fn recv<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp) -> Result<(), CollError> {
-    coop.agree(check(ctx, part, op))?;
+    match coop.agree(check(ctx, part, op))? {
+        // SAFETY: this function's contract; `peer` is the LSA rank of `op.peer`.
+        Route::Lsa(peer) => unsafe { recv_lsa(coop, ctx, part, op, peer) },
+        // SAFETY: this function's contract; the context has GIN channels.
+        Route::Gin => unsafe { recv_gin(coop, ctx, part, op) },
+    }
+}
+
+/// [`recv`] from LSA rank `peer`.
+///
+/// # Safety
+/// As for [`recv`].
+unsafe fn recv_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp, peer: u32) -> Result<(), CollError> {
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let me = ctx.scratch().lsa_rank();
     let (chunk, slots) = (ctx.p2p_chunk(), ctx.p2p_slots() as u64);
@@ -138,12 +201,12 @@ pub unsafe fn recv<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
         let slot = (s % slots) as u32;
         let mut r = Ok(());
         if coop.is_leader() {
-            let flag = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(0, op.peer, slot), me);
+            let flag = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(0, peer, slot), me);
             // SAFETY: flag word `[peer][slot]` of the caller's own area,
             // aligned, written by the sender atomically only.
             r = unsafe { wait::wait_ge_u64(flag, s, Scope::Sys, &mut deadline) }.map_err(CollError::from).and_then(
                 |_| {
-                    let len = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(1, op.peer, slot), me);
+                    let len = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(1, peer, slot), me);
                     // SAFETY: the length word beside it, written before the
                     // flag's release that the wait acquired.
                     let sent = unsafe { atomic::load_relaxed(len, Scope::Sys) };
@@ -159,20 +222,158 @@ pub unsafe fn recv<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
         coop.agree(r)?;
         let begin = i * chunk;
         let m = op.bytes.saturating_sub(begin).min(chunk) as usize;
-        let data = ctx.scratch().lsa_ptr::<u8>(ctx.p2p_data_offset(op.peer, slot), me);
+        let data = ctx.scratch().lsa_ptr::<u8>(ctx.p2p_data_offset(peer, slot), me);
         // SAFETY: the caller's slot `[peer][slot]` holds the chunk's `m`
         // bytes (published by the flag acquired above); the destination
         // holds `begin + m <= bytes` (the contract).
         unsafe { copy_strided(t, nt, (op.ptr as *mut u8).wrapping_add(begin as usize), data, m) };
         coop.sync();
         if coop.is_leader() {
-            let credit = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(2, me, slot), op.peer);
+            let credit = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(2, me, slot), peer);
             // SAFETY: credit word `[me][slot]` of the sender's area,
             // aligned, accessed atomically only; the release orders the
             // coop's reads of the slot (joined above) before the sender's
             // next writes.
             unsafe { atomic::store_release(credit, s, Scope::Sys) };
         }
+        i += part.count as u64;
+    }
+    Ok(())
+}
+
+/// [`send`] to a rank outside the LSA team, over GIN.
+///
+/// # Safety
+/// As for [`send`].
+unsafe fn send_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp) -> Result<(), CollError> {
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let me = ctx.comm().rank();
+    let world = ctx.comm().world();
+    let win = ctx.gin_scratch();
+    let gin = coop.agree(Gin::new(ctx.comm(), ctx.gin_context()).map_err(CollError::from))?;
+    let (chunk, slots) = (ctx.p2p_chunk(), ctx.p2p_slots() as u64);
+    let chunks = p2p_chunks(ctx, op.bytes);
+    let mut i = part.index as u64;
+    while i < chunks {
+        let (slot, used) = slot_use(op.first_seq.wrapping_add(i), slots);
+        if used > 0 {
+            // The receiver consumed the slot's previous chunk (so its put
+            // also finished reading the outbox slot).
+            gin.wait_signal(coop, ctx.p2p_gin_signal(op.peer, slot, true), used)?;
+        }
+        let begin = i * chunk;
+        let m = op.bytes.saturating_sub(begin).min(chunk);
+        let outbox = ctx.p2p_gin_offset(op.peer, slot, 1);
+        // SAFETY: outbox slot `[peer][slot]` of the caller's GIN window
+        // holds `chunk >= m` bytes, free (above); the source holds `begin +
+        // m <= bytes` (the contract).
+        unsafe {
+            copy_strided(
+                t,
+                nt,
+                win.local_ptr::<u8>(outbox),
+                (op.ptr as *const u8).wrapping_add(begin as usize),
+                m as usize,
+            )
+        };
+        let mut r = Ok(());
+        if coop.is_leader() {
+            // SAFETY: the GIN window is registered for GIN on every rank
+            // (the context's contract); the length word lies inside it.
+            r = unsafe {
+                gin.put_value(
+                    &world,
+                    op.peer,
+                    win,
+                    ctx.p2p_gin_offset(me, slot, 2),
+                    op.bytes,
+                    RemoteAction::None,
+                    LocalAction::None,
+                )
+            };
+        }
+        coop.agree(r.map_err(CollError::from))?;
+        let arrived = RemoteAction::SignalInc { signal: ctx.p2p_gin_signal(me, slot, false), strong: true };
+        if m == 0 {
+            let mut r = Ok(());
+            if coop.is_leader() {
+                // SAFETY: as above.
+                r = unsafe { gin.signal(&world, op.peer, arrived) };
+            }
+            coop.agree(r.map_err(CollError::from))?;
+        } else {
+            // SAFETY: as above; inbox slot `[me][slot]` of the peer and the
+            // outbox slot hold `m` bytes. `put` joins the coop (the staged
+            // bytes) and fences before posting.
+            unsafe {
+                gin.put(
+                    coop,
+                    &world,
+                    op.peer,
+                    win,
+                    ctx.p2p_gin_offset(me, slot, 0),
+                    win,
+                    outbox,
+                    m,
+                    arrived,
+                    LocalAction::None,
+                )
+            }?;
+        }
+        i += part.count as u64;
+    }
+    Ok(())
+}
+
+/// [`recv`] from a rank outside the LSA team, over GIN.
+///
+/// # Safety
+/// As for [`recv`].
+unsafe fn recv_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp) -> Result<(), CollError> {
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let me = ctx.comm().rank();
+    let world = ctx.comm().world();
+    let win = ctx.gin_scratch();
+    let gin = coop.agree(Gin::new(ctx.comm(), ctx.gin_context()).map_err(CollError::from))?;
+    let (chunk, slots) = (ctx.p2p_chunk(), ctx.p2p_slots() as u64);
+    let chunks = p2p_chunks(ctx, op.bytes);
+    let mut i = part.index as u64;
+    while i < chunks {
+        let (slot, used) = slot_use(op.first_seq.wrapping_add(i), slots);
+        gin.wait_signal(coop, ctx.p2p_gin_signal(op.peer, slot, false), used + 1)?;
+        let mut r = Ok(());
+        if coop.is_leader() {
+            // SAFETY: the length word of inbox slot `[peer][slot]` in the
+            // caller's GIN window, landed before the signal acquired above.
+            let sent =
+                unsafe { atomic::load_relaxed(win.local_ptr::<u64>(ctx.p2p_gin_offset(op.peer, slot, 2)), Scope::Sys) };
+            if sent != op.bytes {
+                r = Err(CollError::CountMismatch);
+            }
+        }
+        coop.agree(r)?;
+        let begin = i * chunk;
+        let m = op.bytes.saturating_sub(begin).min(chunk) as usize;
+        // SAFETY: inbox slot `[peer][slot]` holds the chunk's `m` bytes
+        // (landed before the signal); the destination holds `begin + m`.
+        unsafe {
+            copy_strided(
+                t,
+                nt,
+                (op.ptr as *mut u8).wrapping_add(begin as usize),
+                win.local_ptr::<u8>(ctx.p2p_gin_offset(op.peer, slot, 0)),
+                m,
+            )
+        };
+        coop.sync();
+        let mut r = Ok(());
+        if coop.is_leader() {
+            let credit = RemoteAction::SignalInc { signal: ctx.p2p_gin_signal(me, slot, true), strong: false };
+            // SAFETY: the GIN window's contract; the coop's reads of the
+            // slot are done (joined above).
+            r = unsafe { gin.signal(&world, op.peer, credit) };
+        }
+        coop.agree(r.map_err(CollError::from))?;
         i += part.count as u64;
     }
     Ok(())

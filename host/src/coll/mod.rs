@@ -39,8 +39,11 @@
 //! [`Collectives::synchronize`].
 //!
 //! Today the collectives run over one LSA team (all ranks on one node, or
-//! `DEVCOMM_LSA_SIZE` equal to the rank count); a world of several LSA
-//! teams (GIN between them) is refused with [`Error::InvalidUsage`].
+//! `DEVCOMM_LSA_SIZE` equal to the rank count). In a world of several LSA
+//! teams, sends, receives, groups and `all_to_all_v` work (channels to
+//! ranks of other teams go over GIN: the `Collectives` then creates its
+//! device communicator with GIN, connection `Full`); the other collectives
+//! return [`Error::InvalidUsage`] (the hierarchical path is not built yet).
 //!
 //! Operations of one `Collectives` must run in the same order on every
 //! rank and one at a time: issue them on one stream (or synchronise between
@@ -300,6 +303,10 @@ enum Kind {
 pub struct Collectives<'c> {
     comm: &'c Communicator,
     handle: DevCommHandle<'c>,
+    /// The GIN channels' window and memory (several LSA teams), dropped
+    /// after the device communicator that uses them.
+    gin_window: Option<Window<'c>>,
+    _gin_mem: Option<crate::memory::SymmetricMemory>,
     ctx: CollContext,
     config: CollConfig,
     threads: u32,
@@ -322,8 +329,10 @@ impl Communicator {
     /// The host collectives of this communicator, with the default
     /// [`CollConfig`]. Collective: every rank calls it.
     ///
-    /// Errors: [`Error::InvalidUsage`] when the ranks span several LSA
-    /// teams (not supported yet); those of [`Communicator::create_dev_comm`].
+    /// Errors: those of [`Communicator::create_dev_comm`] (with several LSA
+    /// teams: with GIN, connection `Full`), of
+    /// [`Communicator::register_window`] (several LSA teams: the GIN
+    /// channels' window).
     #[doc(alias = "ncclAllReduce")]
     #[doc(alias = "ncclBroadcast")]
     #[doc(alias = "ncclReduce")]
@@ -341,12 +350,9 @@ impl Communicator {
     pub fn collectives_with(&self, config: &CollConfig) -> Result<Collectives<'_>> {
         let n = self.count();
         let lsa = self.lsa_size()?;
-        if lsa != n {
-            return Err(Error::invalid_usage(format!(
-                "collectives over several LSA teams (here {n} ranks in teams of {lsa}) need the hierarchical \
-                 LSA + GIN path, which is not built yet; run with one LSA team (DEVCOMM_LSA_SIZE={n})"
-            )));
-        }
+        // Several LSA teams: sends and receives reach the other teams over
+        // GIN; the other collectives refuse (see `run`).
+        let several_teams = lsa != n;
         if config.max_ctas == 0 || config.max_ctas > 128 {
             return Err(Error::invalid_argument(format!("max_ctas {} not in 1..=128", config.max_ctas)));
         }
@@ -388,10 +394,23 @@ impl Communicator {
         }
         let ll_area = 2 * n * 2 * config.ll_bytes;
         let a2a_area = CollContext::ll_a2a_bytes(config.max_ctas, config.ll_a2a_slots) as usize;
-        let p2p_area = CollContext::p2p_bytes(n as u32, config.p2p_chunk_bytes as u64, config.p2p_slots) as usize;
-        let p2p_words = 3 * n * config.p2p_slots as usize * 8;
+        let p2p_area = CollContext::p2p_bytes(lsa as u32, config.p2p_chunk_bytes as u64, config.p2p_slots) as usize;
+        let p2p_words = 3 * lsa * config.p2p_slots as usize * 8;
         let mut req = DevCommRequirements::new();
         req.lsa_barrier_count = config.max_ctas;
+        // The GIN channels' window (several LSA teams only).
+        let gin = if several_teams {
+            let bytes = CollContext::p2p_gin_bytes(n as u32, config.p2p_chunk_bytes as u64, config.p2p_slots);
+            let mem = self.mem_alloc(bytes as usize)?;
+            let window = self.register_window(&mem, WindowFlags::COLL_SYMMETRIC)?;
+            req.use_window(&window);
+            req.gin_connection_type = crate::gin::GinConnectionType::Full;
+            req.gin_signal_count = CollContext::p2p_gin_signals(n as u32, config.p2p_slots);
+            req.gin_context_count = 1;
+            Some((window, mem))
+        } else {
+            None
+        };
         let scratch =
             req.add_resource((ll_area + 2 * config.stage_bytes + p2p_area.next_multiple_of(16) + a2a_area) as u64, 256);
         let handle = self.create_dev_comm(&req)?;
@@ -431,15 +450,26 @@ impl Communicator {
             .with_p2p(p2p_offset, config.p2p_chunk_bytes as u64, config.p2p_slots)
             .with_ll_a2a(a2a_offset, config.ll_a2a_slots)
         };
+        let ctx = match &gin {
+            // SAFETY: the device communicator has GIN (Full) with
+            // `p2p_gin_signals` signals from 0 (zero when made) and context
+            // 0, nothing else uses them; the window was registered on every
+            // rank with `p2p_gin_bytes` bytes and declared with use_window.
+            Some((window, _)) => unsafe { ctx.with_p2p_gin(window.desc(), 0, 0) },
+            None => ctx,
+        };
         let threads = match (config.threads, self.device().kind()) {
             (0, RuntimeKind::Cuda) => 256,
             (0, RuntimeKind::Emulated) => 64,
             (t, _) => t,
         };
         let error = HostMappedWord::new(self.device())?;
+        let (gin_window, gin_mem) = gin.map_or((None, None), |(w, m)| (Some(w), Some(m)));
         Ok(Collectives {
             comm: self,
             handle,
+            gin_window,
+            _gin_mem: gin_mem,
             ctx,
             config: config.clone(),
             threads,
@@ -762,6 +792,16 @@ impl<'c> Collectives<'c> {
     ) -> Result<()> {
         if let Some(e) = self.error() {
             return Err(e);
+        }
+        if self.gin_window.is_some() {
+            return Err(Error::invalid_usage(format!(
+                "{kind:?} over several LSA teams (here {} ranks in teams of {}) needs the hierarchical LSA + GIN \
+                 path, which is not built yet; send, recv, groups and all_to_all_v work across teams; run with one \
+                 LSA team (DEVCOMM_LSA_SIZE={})",
+                self.comm.count(),
+                self.ctx.scratch().lsa_size(),
+                self.comm.count()
+            )));
         }
         let (scalar, scalar_ptr) = op.scalar()?;
         if self.config.check_arguments {
