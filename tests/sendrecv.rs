@@ -88,7 +88,9 @@ fn ring<T: CollType + From<u8> + std::fmt::Debug>(c: &mut Ctx, len: usize) {
             Ok(())
         })
         .unwrap();
-    c.coll.synchronize(&c.stream).unwrap();
+    if let Err(e) = c.coll.synchronize(&c.stream) {
+        panic!("{what}: {e} (GIN: {:?})", c.coll.dev_comm().gin_error());
+    }
     for (k, recv) in recvs.iter().enumerate() {
         let want = message::<T>(case * 3 + k as u64, prev, me, len + k);
         assert_eq!(read_between(&c.stream, recv, &what), want, "{what}: message {k} from {prev}");

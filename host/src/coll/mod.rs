@@ -319,6 +319,20 @@ pub struct Collectives<'c> {
     pending: Mutex<Option<Error>>,
 }
 
+impl Drop for Collectives<'_> {
+    /// With several LSA teams, dropping is collective: the last GIN
+    /// operations of this rank's kernels (credits, puts still in the
+    /// proxy) may be addressed to peers that have finished; every rank
+    /// waits for its device, then for every other rank, before its GIN
+    /// proxy drains and stops (errors are ignored here: a dead peer).
+    fn drop(&mut self) {
+        if self.gin_window.is_some() {
+            let _ = self.comm.device().synchronize();
+            let _ = self.comm.bootstrap_barrier();
+        }
+    }
+}
+
 impl std::fmt::Debug for Collectives<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Collectives").field("rank", &self.comm.rank()).field("config", &self.config).finish()
