@@ -543,28 +543,22 @@ fn coll_mismatched_counts_are_refused_in_checking_mode() {
     common::run_on_runtime("child_coll_mismatch", 3, &[]);
 }
 
-/// Several LSA teams: the collectives other than send/recv are refused,
-/// saying what to do (nothing runs; matching calls work afterwards, and
-/// send/recv across teams is tested in `tests/sendrecv.rs`).
+/// Several LSA teams (2 of 2): every collective over GIN between the
+/// teams (flat: groups of sends and receives), the shorter battery.
 #[test]
-#[ignore = "a rank of a multi-rank test: its parent runs it"]
-fn child_coll_two_teams() {
-    if !is_child("child_coll_two_teams") {
-        return;
-    }
-    let comm = Communicator::init_from_env().unwrap();
-    let coll = comm.collectives_with(&tiny()).unwrap();
-    let x = comm.device().alloc_from(&[1.0f32; 8]).unwrap();
-    match coll.all_reduce(&x, &x, Op::Sum, comm.device().stream()) {
-        Err(Error::InvalidUsage(m)) => assert!(m.contains("LSA") && m.contains("send"), "{m}"),
-        other => panic!("expected InvalidUsage, got {other:?}"),
-    }
-    assert!(coll.error().is_none());
-    drop(coll);
-    comm.finalize().unwrap();
+fn coll_4_ranks_in_two_lsa_teams() {
+    let mut env = slow().to_vec();
+    env.push(("DEVCOMM_LSA_SIZE", "2".to_string()));
+    env.push((QUICK_ENV, "1".to_string()));
+    common::run_on_runtime("child_coll", 4, &env);
 }
 
+/// Every rank its own LSA team, GIN over TCP, the shorter battery.
 #[test]
-fn coll_over_two_lsa_teams_is_refused() {
-    common::run_on_runtime("child_coll_two_teams", 4, &[("DEVCOMM_LSA_SIZE", "2".to_string())]);
+fn coll_3_ranks_over_gin_tcp() {
+    let mut env = slow().to_vec();
+    env.push(("DEVCOMM_LSA_SIZE", "1".to_string()));
+    env.push(("DEVCOMM_GIN_TRANSPORT", "tcp".to_string()));
+    env.push((QUICK_ENV, "1".to_string()));
+    common::run_on_runtime("child_coll", 3, &env);
 }

@@ -99,12 +99,22 @@ fn same_task(a: P2pOp, b: P2pOp) -> bool {
     a.peer == b.peer && a.kind == b.kind
 }
 
-/// The reduction `args` asks for.
+/// The reduction `args` asks for, over the LSA team's ranks.
 ///
 /// # Safety
 /// `args.scalar_ptr` is 0 or a valid `T` of device memory.
 #[inline(always)]
 unsafe fn reduction<T: Element>(args: &CollArgs) -> Result<Reduction<T>, CollError> {
+    // SAFETY: the contract.
+    unsafe { reduction_over(args, args.ctx.scratch().lsa_size()) }
+}
+
+/// The reduction `args` asks for, over `nranks` inputs (`Avg`'s divisor).
+///
+/// # Safety
+/// As for [`reduction`].
+#[inline(always)]
+unsafe fn reduction_over<T: Element>(args: &CollArgs, nranks: u32) -> Result<Reduction<T>, CollError> {
     let op = RedOp::from_code(args.op).ok_or(CollError::BadArgument)?;
     let scalar = if args.scalar_ptr != 0 {
         // SAFETY: the contract.
@@ -115,7 +125,7 @@ unsafe fn reduction<T: Element>(args: &CollArgs) -> Result<Reduction<T>, CollErr
         // every bit pattern is a `T`.
         unsafe { (bytes.as_ptr() as *const T).read_unaligned() }
     };
-    Ok(Reduction::new(op, scalar, args.ctx.scratch().lsa_size()))
+    Ok(Reduction::new(op, scalar, nranks))
 }
 
 macro_rules! reducing_kernels {
@@ -187,6 +197,48 @@ reducing_kernels! {
     coll::Bf16 => all_reduce_bf16, reduce_bf16, reduce_scatter_bf16;
     coll::Fp8E4M3 => all_reduce_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
     coll::Fp8E5M2 => all_reduce_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
+}
+
+macro_rules! local_reduce_kernels {
+    ($($t:ty => $name:ident;)*) => {$(
+        kernel! {
+            /// `dst[i] = op over b < args.root of src[b * args.count + i]`
+            /// for `i < args.count`, by the whole grid: the local reduction
+            /// of received blocks behind the collectives over several LSA
+            /// teams (see [`coll::reduce_blocks`]); `PreMulSum`'s scalar and
+            /// `Avg`'s divisor (`args.root` blocks) as for the other kernels.
+            ///
+            /// # Safety
+            /// `args.src.ptr` holds `args.root` blocks of `args.count`
+            /// elements, `args.dst.ptr` `args.count` (or is block 0).
+            pub unsafe fn $name(args: CollArgs) {
+                let cta = Cta::new();
+                let r = reduction_over::<$t>(&args, args.root).map(|red| {
+                    let (t, nt) = (arch::global_thread_x() as usize, arch::grid_threads_x() as usize);
+                    coll::reduce_blocks(
+                        t, nt, args.src.ptr as *const $t, args.root, args.count as usize,
+                        args.dst.ptr as *mut $t, args.count as usize, &red,
+                    );
+                });
+                report(&cta, &args, r);
+            }
+        }
+    )*};
+}
+
+local_reduce_kernels! {
+    i8 => reduce_local_i8;
+    u8 => reduce_local_u8;
+    i32 => reduce_local_i32;
+    u32 => reduce_local_u32;
+    i64 => reduce_local_i64;
+    u64 => reduce_local_u64;
+    coll::F16 => reduce_local_f16;
+    f32 => reduce_local_f32;
+    f64 => reduce_local_f64;
+    coll::Bf16 => reduce_local_bf16;
+    coll::Fp8E4M3 => reduce_local_fp8e4m3;
+    coll::Fp8E5M2 => reduce_local_fp8e5m2;
 }
 
 kernel! {

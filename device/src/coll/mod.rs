@@ -70,6 +70,7 @@ pub use ll_a2a::LlA2aSession;
 pub use movement::{all_gather, all_to_all, broadcast, gather, scatter};
 pub use op::{RedOp, Reduction};
 pub use p2p::{p2p_chunks, recv, send};
+pub use pack::reduce_blocks;
 pub use reduce::{all_reduce, reduce, reduce_scatter};
 
 use crate::arch;

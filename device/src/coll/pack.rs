@@ -108,3 +108,30 @@ pub(crate) unsafe fn reduce_into<T: Element>(
         i += nt;
     }
 }
+
+/// `dst[i] = red over b < blocks of src[b * stride + i]` for `i < count`,
+/// by thread `t` of `nt` (any set of threads: a coop, or a whole grid with
+/// `t` the global thread index): reduces blocks that already sit in local
+/// memory (received copies of the ranks' inputs, say), 16 bytes at a time
+/// where the addresses allow. `dst` may be block 0 itself.
+///
+/// # Safety
+/// `src` holds `blocks` blocks of `count` elements `stride` apart, `dst`
+/// `count` elements, no other block overlapping `dst`; `blocks >= 1`;
+/// every thread `t < nt` calls with the same arguments.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn reduce_blocks<T: Element>(
+    t: usize,
+    nt: usize,
+    src: *const T,
+    blocks: u32,
+    stride: usize,
+    dst: *mut T,
+    count: usize,
+    red: &Reduction<T>,
+) {
+    // SAFETY: the contract: every block and `dst` hold elements `0..count`;
+    // each element (or pack) of `dst` is written by one thread only, after
+    // it read the same element of every block.
+    unsafe { reduce_into(t, nt, blocks.max(1), &|b| src.wrapping_add(b as usize * stride), 1, &|_| dst, 0, count, red) }
+}

@@ -40,10 +40,12 @@
 //!
 //! Today the collectives run over one LSA team (all ranks on one node, or
 //! `DEVCOMM_LSA_SIZE` equal to the rank count). In a world of several LSA
-//! teams, sends, receives, groups and `all_to_all_v` work (channels to
-//! ranks of other teams go over GIN: the `Collectives` then creates its
-//! device communicator with GIN, connection `Full`); the other collectives
-//! return [`Error::InvalidUsage`] (the hierarchical path is not built yet).
+//! teams, channels to ranks of other teams go over GIN (the `Collectives`
+//! then creates its device communicator with GIN, connection `Full`), and
+//! every collective runs as a group of sends and receives (flat: each rank
+//! exchanges with every rank; the reductions reduce the received blocks
+//! locally) — correct everywhere, not yet the hierarchical algorithm (LSA
+//! inside a team, GIN between teams' rails) that would move fewer bytes.
 //!
 //! Operations of one `Collectives` must run in the same order on every
 //! rank and one at a time: issue them on one stream (or synchronise between
@@ -317,6 +319,9 @@ pub struct Collectives<'c> {
     p2p_seq: Mutex<Vec<[u64; 2]>>,
     /// A failure of a group ended by its drop (returned by the next call).
     pending: Mutex<Option<Error>>,
+    /// Where collectives over several LSA teams receive the blocks they
+    /// reduce (grown on demand; stream-ordered reuse).
+    flat_temp: Mutex<Option<DeviceBuffer<u8>>>,
 }
 
 impl Drop for Collectives<'_> {
@@ -491,6 +496,7 @@ impl Communicator {
             error,
             p2p_seq: Mutex::new(vec![[0; 2]; n]),
             pending: Mutex::new(None),
+            flat_temp: Mutex::new(None),
         })
     }
 }
@@ -807,19 +813,13 @@ impl<'c> Collectives<'c> {
         if let Some(e) = self.error() {
             return Err(e);
         }
-        if self.gin_window.is_some() {
-            return Err(Error::invalid_usage(format!(
-                "{kind:?} over several LSA teams (here {} ranks in teams of {}) needs the hierarchical LSA + GIN \
-                 path, which is not built yet; send, recv, groups and all_to_all_v work across teams; run with one \
-                 LSA team (DEVCOMM_LSA_SIZE={})",
-                self.comm.count(),
-                self.ctx.scratch().lsa_size(),
-                self.comm.count()
-            )));
-        }
         let (scalar, scalar_ptr) = op.scalar()?;
         if self.config.check_arguments {
             self.check_across_ranks(kind, T::DTYPE, count, root, op.code(), send.window.is_some())?;
+        }
+        if self.gin_window.is_some() {
+            // Several LSA teams: sends and receives (GIN between teams).
+            return self.run_flat(kind, send, recv, count, op, root, stream);
         }
         let seq = self.next_seq();
         if bytes == 0 {

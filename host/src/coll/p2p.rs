@@ -11,10 +11,12 @@
 //! receive in one [`Group`] (as with NCCL): its operations run at once, in
 //! one launch.
 
-use super::{CollType, Collectives, Operand};
+use super::{CollType, Collectives, Kind, Op, Operand};
 use crate::error::{Error, Result};
 use crate::runtime::{LaunchConfig, Stream};
 use devcomm_device::coll::{p2p_chunks, P2pArgs, P2pKind, P2pOp, MAX_GROUP_OPS};
+use devcomm_device::coll::{CollArgs, CollBuffer, DataType};
+use devcomm_device::comm::WindowDesc;
 use std::marker::PhantomData;
 
 /// Sends and receives that run together, in one launch, when the group
@@ -252,6 +254,150 @@ impl<'c> Collectives<'c> {
         Ok(first)
     }
 
+    /// A collective over several LSA teams, as a group of sends and
+    /// receives (flat: every rank with every rank; GIN between teams), the
+    /// reductions then reduce the received blocks with a local kernel.
+    /// `count` is the per-rank block (as `run` takes it).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_flat<T: CollType>(
+        &self,
+        kind: Kind,
+        send: &Operand<'_, T>,
+        recv: &Operand<'_, T>,
+        count: usize,
+        op: &Op<'_, T>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (n, me) = (self.comm.count(), self.comm.rank());
+        if 2 * n > MAX_GROUP_OPS {
+            return Err(Error::invalid_usage(format!(
+                "{kind:?} over several LSA teams runs as one group of {} sends and receives, more than {MAX_GROUP_OPS}",
+                2 * n
+            )));
+        }
+        let (send, recv) = (*send, *recv);
+        // Every rank's block `p` of an operand holding `n` blocks.
+        fn blk<'o, T: CollType>(o: &Operand<'o, T>, p: usize, count: usize) -> Result<Operand<'o, T>> {
+            o.sub(p * count, count)
+        }
+        let block = |o, p| blk(o, p, count);
+        // Peers in the order next rank first.
+        let peers = move || (0..n).map(move |k| (me + k) % n);
+        match kind {
+            Kind::AllGather => self.group(stream, |g| {
+                for p in peers() {
+                    let dst = block(&recv, p)?;
+                    // In place: the own block is already there.
+                    if p != me || dst.ptr != send.ptr {
+                        g.send(send, p)?;
+                        g.recv(dst, p)?;
+                    }
+                }
+                Ok(())
+            }),
+            Kind::AllToAll => self.group(stream, |g| {
+                for p in peers() {
+                    g.send(block(&send, p)?, p)?;
+                    g.recv(block(&recv, p)?, p)?;
+                }
+                Ok(())
+            }),
+            Kind::Broadcast => self.group(stream, |g| {
+                if me == root {
+                    for p in peers().filter(|&p| p != me || send.ptr != recv.ptr) {
+                        g.send(send, p)?;
+                    }
+                }
+                if me != root || send.ptr != recv.ptr {
+                    g.recv(recv, root)?;
+                }
+                Ok(())
+            }),
+            Kind::Scatter => self.group(stream, |g| {
+                if me == root {
+                    for p in peers() {
+                        g.send(block(&send, p)?, p)?;
+                    }
+                }
+                g.recv(recv, root)
+            }),
+            Kind::Gather => self.group(stream, |g| {
+                g.send(send, root)?;
+                if me == root {
+                    for p in peers() {
+                        g.recv(block(&recv, p)?, p)?;
+                    }
+                }
+                Ok(())
+            }),
+            Kind::AllReduce | Kind::Reduce | Kind::ReduceScatter => {
+                // Receive every rank's block into `temp` (rank order), then
+                // reduce the blocks locally (rank order: the same bits on
+                // every rank).
+                let receives = kind != Kind::Reduce || me == root;
+                let temp = self.flat_temp::<T>(if receives { n * count } else { 0 })?;
+                self.group(stream, |g| {
+                    for p in peers() {
+                        let (to, part) = match kind {
+                            Kind::AllReduce => (Some(p), send),
+                            Kind::Reduce => (if p == 0 { Some(root) } else { None }, send),
+                            _ => (Some(p), block(&send, p)?),
+                        };
+                        if let Some(to) = to {
+                            g.send(part, to)?;
+                        }
+                        if receives {
+                            g.recv(block(&temp, p)?, p)?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                if !receives || count == 0 {
+                    return Ok(());
+                }
+                let (scalar, scalar_ptr) = op.scalar()?;
+                let plain =
+                    |ptr: u64| CollBuffer { ptr, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
+                let args = CollArgs {
+                    ctx: self.ctx,
+                    src: plain(temp.ptr),
+                    dst: plain(recv.ptr),
+                    count: count as u64,
+                    scalar,
+                    scalar_ptr,
+                    errors: self.error.device_addr(),
+                    op: op.code() as u32,
+                    root: n as u32,
+                    algorithm: 0,
+                    seq: 0,
+                };
+                let packs = (count * std::mem::size_of::<T>()).div_ceil(16);
+                let ctas = packs.div_ceil(self.threads as usize).clamp(1, 512) as u32;
+                // SAFETY: `temp` holds `n` blocks of `count` elements (the
+                // group above filled them, earlier on this stream), `recv`
+                // `count` (checked by the caller); the error word is ours.
+                unsafe { launch_reduce_local(stream, T::DTYPE, LaunchConfig::new(ctas, self.threads), args) }
+            }
+        }
+    }
+
+    /// The scratch operand of `len` elements of `T` for collectives over
+    /// several LSA teams (grown on demand; reused in stream order).
+    fn flat_temp<T: CollType>(&self, len: usize) -> Result<Operand<'static, T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::invalid_argument("collective over several LSA teams: byte count overflows"))?;
+        let mut temp = self.flat_temp.lock().unwrap_or_else(|p| p.into_inner());
+        if temp.as_ref().is_none_or(|b| b.len() < bytes) {
+            // The old buffer is freed first (freeing waits for the device).
+            *temp = None;
+            *temp = Some(self.comm.device().alloc::<u8>(bytes.max(16))?);
+        }
+        let b = temp.as_ref().ok_or_else(|| Error::internal("flat_temp: no buffer"))?;
+        Ok(Operand { ptr: b.device_addr(), len, ordinal: b.device().ordinal(), window: None, _t: PhantomData })
+    }
+
     /// Keeps `e` for the next call (a group ended by its drop).
     fn keep(&self, e: Error) {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -364,5 +510,37 @@ impl<'a, T: CollType> Operand<'a, T> {
             op.window = Some((w, off + skip, key));
         }
         Ok(op)
+    }
+}
+
+/// Launches the local reduction kernel for `dtype`.
+///
+/// # Safety
+/// As for the kernel (see `run_flat`).
+unsafe fn launch_reduce_local(stream: &Stream, dtype: DataType, cfg: LaunchConfig, args: CollArgs) -> Result<()> {
+    use devcomm_kernels::coll as k;
+    macro_rules! by_type {
+        ($($d:ident => $k:ident,)*) => {
+            match dtype {
+                $(
+                    // SAFETY: the caller's contract.
+                    DataType::$d => unsafe { stream.launch::<k::$k>(cfg, (args,)) },
+                )*
+            }
+        };
+    }
+    by_type! {
+        I8 => reduce_local_i8,
+        U8 => reduce_local_u8,
+        I32 => reduce_local_i32,
+        U32 => reduce_local_u32,
+        I64 => reduce_local_i64,
+        U64 => reduce_local_u64,
+        F16 => reduce_local_f16,
+        F32 => reduce_local_f32,
+        F64 => reduce_local_f64,
+        Bf16 => reduce_local_bf16,
+        Fp8E4M3 => reduce_local_fp8e4m3,
+        Fp8E5M2 => reduce_local_fp8e5m2,
     }
 }
