@@ -178,7 +178,10 @@ fn every_call_server(ep: &Endpoint) {
     let want = if forced_tcp() { P2pTransport::Tcp } else { P2pTransport::Ipc };
     assert_eq!(conn.transport(), want);
     let meta = ConnMetadata::from_bytes(&conn.metadata()).unwrap();
-    assert_eq!((meta.id, meta.initiator, meta.remote_gpu, meta.transport, meta.threads), (conn.id(), false, gpu, want, 3));
+    assert_eq!(
+        (meta.id, meta.initiator, meta.remote_gpu, meta.transport, meta.threads),
+        (conn.id(), false, gpu, want, 3)
+    );
     assert_eq!(meta.peer_addr, conn.peer_addr());
     // The other direction: this side connects to the client.
     let client = ("127.0.0.1", peer_port(1));
@@ -188,9 +191,8 @@ fn every_call_server(ep: &Endpoint) {
     let mut m = Mem::new(ep);
 
     // A. Two-sided between every kind of memory: (size, our kind, offset).
-    for (i, &(n, k, off)) in [(1_000_003usize, 0usize, 5usize), (333_333, 1, 3), (77_777, 0, 1_200_000), (123_457, 2, 11)]
-        .iter()
-        .enumerate()
+    for (i, &(n, k, off)) in
+        [(1_000_003usize, 0usize, 5usize), (333_333, 1, 3), (77_777, 0, 1_200_000), (123_457, 2, 11)].iter().enumerate()
     {
         let (mr, p) = m.at(k, off);
         let got = ep.recv(&conn, mr, p, n + 100_000).unwrap();
@@ -201,7 +203,8 @@ fn every_call_server(ep: &Endpoint) {
 
     // B. Vectored, odd sizes (one empty), into all three kinds.
     let sizes = [1usize, 4097, 0, 65_537, 200_003, 13];
-    let slots: Vec<(usize, usize)> = sizes.iter().enumerate().map(|(i, _)| (i % 3, 300_000 + i * 210_000 % 600_000)).collect();
+    let slots: Vec<(usize, usize)> =
+        sizes.iter().enumerate().map(|(i, _)| (i % 3, 300_000 + i * 210_000 % 600_000)).collect();
     let parts: Vec<(&Mr, u64, usize)> = slots
         .iter()
         .zip(sizes)
@@ -243,8 +246,8 @@ fn every_call_server(ep: &Endpoint) {
         assert!(t.elapsed() < Duration::from_secs(60), "async receives did not finish");
     }
     assert!(matches!(ep.poll_async(ids[0]), Err(Error::InvalidArgument(_))), "a reported transfer is forgotten");
-    for i in 0..count {
-        assert_eq!(done[i], Some(size(i)), "async receive {i}");
+    for (i, d) in done.iter().enumerate() {
+        assert_eq!(*d, Some(size(i)), "async receive {i}");
         let (k, off) = slot(i);
         assert_bytes(&format!("async receive {i}"), &m.bytes(k, off, size(i)), &pattern(1000 + i as u64, size(i)));
     }
@@ -308,9 +311,10 @@ fn every_call_client(ep: &Endpoint) {
     let mut m = Mem::new(ep);
 
     // A. (size, our kind, offset).
-    for (i, &(n, k, off)) in [(1_000_003usize, 0usize, 1usize), (333_333, 1, 17), (77_777, 2, 999), (123_457, 0, 1_500_000)]
-        .iter()
-        .enumerate()
+    for (i, &(n, k, off)) in
+        [(1_000_003usize, 0usize, 1usize), (333_333, 1, 17), (77_777, 2, 999), (123_457, 0, 1_500_000)]
+            .iter()
+            .enumerate()
     {
         m.fill(k, off, &pattern(i as u64, n));
         let (mr, p) = m.at(k, off);
@@ -366,7 +370,9 @@ fn every_call_client(ep: &Endpoint) {
     assert_eq!(mapped.is_some(), !forced_tcp(), "shareable spans are mapped on IPC connections");
     assert_eq!(ep.mapped_address(&conn, &r_dev).unwrap(), None, "plain device memory is not");
     // Reads into each kind of local memory, from both spans.
-    for (k, (r, seed, len)) in [(0usize, (&r_sym, 70u64, 300_000usize)), (1, (&r_dev, 71, 200_000)), (2, (&r_sym, 70, 300_000))] {
+    for (k, (r, seed, len)) in
+        [(0usize, (&r_sym, 70u64, 300_000usize)), (1, (&r_dev, 71, 200_000)), (2, (&r_sym, 70, 300_000))]
+    {
         let (off, n) = (1_001usize, 123_457usize.min(len - 1_001));
         let (mr, p) = m.at(k, 600_000);
         ep.read(&conn, mr, p, n, r, off).unwrap();
@@ -382,7 +388,9 @@ fn every_call_client(ep: &Endpoint) {
     assert_eq!(ep.wait_async(w1).unwrap(), 250_001);
     assert_eq!(ep.wait_async(w2).unwrap(), 199_999);
     // Out of the advertised span, a descriptor of a deregistered region, a bad one.
-    assert!(matches!(ep.write(&conn, mr0, p0, 100, &r_dev, 199_901), Err(Error::InvalidArgument(m)) if m.contains("do not fit")));
+    assert!(
+        matches!(ep.write(&conn, mr0, p0, 100, &r_dev, 199_901), Err(Error::InvalidArgument(m)) if m.contains("do not fit"))
+    );
     let e = ep.write(&conn, mr0, p0, 100, &r_gone, 0).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("peer") && m.contains("not registered")), "{e:?}");
     let e = ep.read(&conn, mr0, p0, 100, &r_gone, 0).unwrap_err();
@@ -588,7 +596,8 @@ fn garbage_on_the_listening_port() {
     let rej = server.rejections();
     let text: Vec<String> = rej.iter().map(|e| e.to_string()).collect();
     assert!(rej.iter().all(|e| matches!(e, Error::RemoteError(_))), "{text:?}");
-    for needle in ["not a devcomm point-to-point hello", "version 99", "no pending connection", "closed the connection"] {
+    for needle in ["not a devcomm point-to-point hello", "version 99", "no pending connection", "closed the connection"]
+    {
         assert!(text.iter().any(|t| t.contains(needle)), "no rejection says {needle:?}: {text:?}");
     }
     drop(held);

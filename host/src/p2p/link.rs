@@ -341,7 +341,8 @@ impl ConnInner {
             handles.push(spawn(format!("{tag}-ctl"), move || c.control_loop(control_r))?);
         }
         for (i, ((r, w), rx)) in readers.into_iter().zip(writer_socks).zip(rxs).enumerate() {
-            let (rb, wb) = (HostMappedBuffer::new(&shared.device, chunk)?, HostMappedBuffer::new(&shared.device, chunk)?);
+            let (rb, wb) =
+                (HostMappedBuffer::new(&shared.device, chunk)?, HostMappedBuffer::new(&shared.device, chunk)?);
             let (rs, ws) = (shared.device.new_stream()?, shared.device.new_stream()?);
             let c = conn.clone();
             handles.push(spawn(format!("{tag}-rd{i}"), move || c.reader_loop(r, rb, rs))?);
@@ -473,7 +474,18 @@ impl ConnInner {
     }
 
     /// Splits `len` bytes at `src` into data frames over the sockets.
-    fn stripe(&self, kind: u32, seq: u64, mr_id: u64, at: u64, mr: &Arc<MrInner>, src: u64, len: usize, op: Option<&Arc<Op>>) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn stripe(
+        &self,
+        kind: u32,
+        seq: u64,
+        mr_id: u64,
+        at: u64,
+        mr: &Arc<MrInner>,
+        src: u64,
+        len: usize,
+        op: Option<&Arc<Op>>,
+    ) -> Result<()> {
         let chunk = self.shared.config.chunk_bytes;
         let n = len.div_ceil(chunk);
         if let Some(op) = op {
@@ -505,8 +517,12 @@ impl ConnInner {
             }
             let r = match w {
                 Work::Send { op, mr, addr, len } => self.do_send(&op, &mr, addr, len, &stream),
-                Work::Write { op, mr, addr, len, remote, raddr } => self.do_write(&op, &mr, addr, len, &remote, raddr, &stream),
-                Work::Read { op, mr, addr, len, remote, raddr } => self.do_read(&op, &mr, addr, len, &remote, raddr, &stream),
+                Work::Write { op, mr, addr, len, remote, raddr } => {
+                    self.do_write(&op, &mr, addr, len, &remote, raddr, &stream)
+                }
+                Work::Read { op, mr, addr, len, remote, raddr } => {
+                    self.do_read(&op, &mr, addr, len, &remote, raddr, &stream)
+                }
             };
             if let Err(e) = r {
                 op.finish(Err(e));
@@ -576,7 +592,16 @@ impl ConnInner {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn do_write(&self, op: &Arc<Op>, mr: &Arc<MrInner>, addr: u64, len: usize, remote: &RemoteRegion, raddr: u64, stream: &Stream) -> Result<()> {
+    fn do_write(
+        &self,
+        op: &Arc<Op>,
+        mr: &Arc<MrInner>,
+        addr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        raddr: u64,
+        stream: &Stream,
+    ) -> Result<()> {
         if let Some(dst) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
             self.copy(stream, dst, addr, len, mr)?;
             op.finish(Ok(len));
@@ -595,7 +620,16 @@ impl ConnInner {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn do_read(&self, op: &Arc<Op>, mr: &Arc<MrInner>, addr: u64, len: usize, remote: &RemoteRegion, raddr: u64, stream: &Stream) -> Result<()> {
+    fn do_read(
+        &self,
+        op: &Arc<Op>,
+        mr: &Arc<MrInner>,
+        addr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        raddr: u64,
+        stream: &Stream,
+    ) -> Result<()> {
         if let Some(src) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
             if len > 0 {
                 let _g = mr.hold()?;
@@ -616,7 +650,10 @@ impl ConnInner {
             if let Some(e) = &st.error {
                 return Err(e.clone());
             }
-            st.reads.insert(seq, ReadSlot { op: op.clone(), mr: mr.clone(), addr, len: len as u64, landed: 0, error: None });
+            st.reads.insert(
+                seq,
+                ReadSlot { op: op.clone(), mr: mr.clone(), addr, len: len as u64, landed: 0, error: None },
+            );
         }
         self.send_control(&Control::new(wire::C_READ, seq, remote.mr_id, raddr, len as u64))
     }
@@ -712,10 +749,9 @@ impl ConnInner {
             }
             wire::C_SEND => {
                 let mut st = lock(&self.st);
-                let slot = st
-                    .recvs
-                    .get_mut(&c.a)
-                    .ok_or_else(|| Error::remote(format!("peer sent a message for receive {} that was not posted", c.a)))?;
+                let slot = st.recvs.get_mut(&c.a).ok_or_else(|| {
+                    Error::remote(format!("peer sent a message for receive {} that was not posted", c.a))
+                })?;
                 if c.b > slot.max_len {
                     return Err(Error::remote("peer sent a message larger than the receive region"));
                 }
@@ -793,7 +829,10 @@ impl ConnInner {
         if !self.ipc {
             return Err(Error::invalid_usage("descriptors are only passed between endpoints of one host"));
         }
-        let mr = self.shared.mr(mr_id).ok_or_else(|| Error::invalid_argument(format!("memory region {mr_id} is not registered")))?;
+        let mr = self
+            .shared
+            .mr(mr_id)
+            .ok_or_else(|| Error::invalid_argument(format!("memory region {mr_id} is not registered")))?;
         let alloc = mr.alloc.as_ref().ok_or_else(|| {
             Error::invalid_argument(format!("memory region {mr_id} is not in shareable (SymmetricMemory) memory"))
         })?;
@@ -806,7 +845,13 @@ impl ConnInner {
         };
         let deadline = Instant::now() + self.shared.config.op_timeout;
         use std::os::fd::AsFd;
-        crate::window::fd_passing::send_fd(&unix_name(self.peer_token), &header, fd.as_fd(), deadline, &self.shared.shutdown)
+        crate::window::fd_passing::send_fd(
+            &unix_name(self.peer_token),
+            &header,
+            fd.as_fd(),
+            deadline,
+            &self.shared.shutdown,
+        )
     }
 
     /// Finishes receive `seq` if all its bytes are in.
@@ -837,7 +882,13 @@ impl ConnInner {
 
     // ---- data sockets ----
 
-    fn writer_loop(self: Arc<Self>, mut sock: TcpStream, rx: mpsc::Receiver<Job>, bounce: HostMappedBuffer, stream: Stream) {
+    fn writer_loop(
+        self: Arc<Self>,
+        mut sock: TcpStream,
+        rx: mpsc::Receiver<Job>,
+        bounce: HostMappedBuffer,
+        stream: Stream,
+    ) {
         for job in rx {
             if let Some(e) = self.error() {
                 if let Some((op, _)) = &job.op {
@@ -916,7 +967,12 @@ impl ConnInner {
                             Some((s.mr.clone(), s.addr + h.addr))
                         }
                         Some(_) => None,
-                        None => return Err(Error::remote(format!("peer sent data for receive {} that was not posted", h.seq))),
+                        None => {
+                            return Err(Error::remote(format!(
+                                "peer sent data for receive {} that was not posted",
+                                h.seq
+                            )))
+                        }
                     }
                 };
                 let res = match dest {
@@ -959,7 +1015,9 @@ impl ConnInner {
                 let dest = {
                     let st = lock(&self.st);
                     match st.reads.get(&h.seq) {
-                        Some(s) if h.addr.checked_add(h.len).is_some_and(|e| e <= s.len) => Some((s.mr.clone(), s.addr + h.addr)),
+                        Some(s) if h.addr.checked_add(h.len).is_some_and(|e| e <= s.len) => {
+                            Some((s.mr.clone(), s.addr + h.addr))
+                        }
                         Some(_) => return Err(Error::remote("peer sent read data past the end of the request")),
                         None => None,
                     }
@@ -1014,7 +1072,14 @@ fn drain(r: &mut impl Read, len: u64, bounce: &HostMappedBuffer) -> Result<()> {
 /// breaks the connection (the socket failed); the inner one is the
 /// transfer's (the region went away, a device copy failed): the bytes are
 /// consumed either way.
-fn land(mr: &MrInner, dst: u64, len: u64, r: &mut impl Read, bounce: &HostMappedBuffer, stream: &Stream) -> Result<Result<()>> {
+fn land(
+    mr: &MrInner,
+    dst: u64,
+    len: u64,
+    r: &mut impl Read,
+    bounce: &HostMappedBuffer,
+    stream: &Stream,
+) -> Result<Result<()>> {
     let g = match mr.hold() {
         Ok(g) => g,
         Err(e) => {

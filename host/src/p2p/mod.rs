@@ -173,18 +173,13 @@ impl P2pConfig {
             c.force_tcp = match v.trim().to_ascii_lowercase().as_str() {
                 "tcp" => true,
                 "" | "auto" => false,
-                o => {
-                    return Err(Error::invalid_argument(format!("{TRANSPORT_ENV}={o:?}: expected `tcp` or `auto`")))
-                }
+                o => return Err(Error::invalid_argument(format!("{TRANSPORT_ENV}={o:?}: expected `tcp` or `auto`"))),
             };
         }
         if let Some(v) = get(TIMEOUT_ENV) {
-            let ms: u64 = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|&m| m > 0)
-                .ok_or_else(|| Error::invalid_argument(format!("{TIMEOUT_ENV}={v:?}: expected positive milliseconds")))?;
+            let ms: u64 = v.trim().parse().ok().filter(|&m| m > 0).ok_or_else(|| {
+                Error::invalid_argument(format!("{TIMEOUT_ENV}={v:?}: expected positive milliseconds"))
+            })?;
             c = c.with_timeouts(Duration::from_millis(ms));
         }
         if let Some(v) = get(BIND_ENV) {
@@ -1050,7 +1045,15 @@ impl Endpoint {
 
     /// Writes `len` bytes at `ptr` into the peer's `remote` region at
     /// `offset` and waits until they are there (see [`Endpoint::write_async`]).
-    pub fn write(&self, conn: &Conn, mr: &Mr, ptr: u64, len: usize, remote: &RemoteRegion, offset: usize) -> Result<()> {
+    pub fn write(
+        &self,
+        conn: &Conn,
+        mr: &Mr,
+        ptr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        offset: usize,
+    ) -> Result<()> {
         let id = self.write_async(conn, mr, ptr, len, remote, offset)?;
         self.wait_async(id).map(|_| ())
     }
