@@ -266,6 +266,7 @@ fn every_call_server(ep: &Endpoint) {
     put("r_sym", &r_sym.to_bytes());
     put("r_dev", &r_dev.to_bytes());
     put("r_gone", &r_gone.to_bytes());
+    put("secret", &m.host_mr.id().to_le_bytes());
     // The client writes, reads, then tells us with a one-byte message.
     let (mr, p) = m.at(2, 0);
     assert_eq!(ep.recv(&conn, mr, p, 8).unwrap(), 1);
@@ -393,6 +394,12 @@ fn every_call_client(ep: &Endpoint) {
     );
     let e = ep.write(&conn, mr0, p0, 100, &r_gone, 0).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("peer") && m.contains("not registered")), "{e:?}");
+    // A forged descriptor of a region the server registered but never advertised.
+    let mut forged = get("r_dev");
+    forged[24..32].copy_from_slice(&get("secret")[..8]);
+    let forged = RemoteRegion::from_bytes(&forged).unwrap();
+    let e = ep.write(&conn, mr0, p0, 100, &forged, 0).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("never advertised")), "{e:?}");
     let e = ep.read(&conn, mr0, p0, 100, &r_gone, 0).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("not registered")), "{e:?}");
     assert!(conn.error().is_none(), "refused one-sided transfers leave the connection usable");

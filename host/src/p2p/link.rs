@@ -47,11 +47,17 @@ impl Shared {
         self.mrs.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
 
-    /// The registered region `id`, checked to hold `addr .. addr + len`.
+    /// The registered region `id`, checked to be advertised and to hold
+    /// `addr .. addr + len`: what a peer may write and read one-sidedly.
     fn checked_mr(&self, id: u64, addr: u64, len: u64) -> Result<Arc<MrInner>> {
         let mr = self.mr(id).ok_or_else(|| {
             Error::invalid_argument(format!("memory region {id} is not registered at this endpoint (deregistered?)"))
         })?;
+        if !mr.advertised.load(Ordering::SeqCst) {
+            return Err(Error::invalid_argument(format!(
+                "memory region {id} was never advertised (Endpoint::advertise): peers may not write or read it"
+            )));
+        }
         if !mr.contains(addr, len) {
             return Err(Error::invalid_argument(format!(
                 "{len} bytes at {addr:#x} are not inside memory region {id} ({:#x} + {} bytes)",
@@ -79,6 +85,10 @@ pub(crate) struct MrInner {
     pub(crate) alloc: Option<Arc<ShareableAlloc>>,
     /// `true` while registered (see the module docs).
     pub(crate) live: RwLock<bool>,
+    /// Advertised to peers: they may write, read and map it.
+    pub(crate) advertised: AtomicBool,
+    /// Posted as a receive: the sending peer may map it.
+    pub(crate) posted: AtomicBool,
 }
 
 impl MrInner {
@@ -444,6 +454,7 @@ impl ConnInner {
     pub(crate) fn post_recv(self: &Arc<Self>, mr: Arc<MrInner>, addr: u64, max_len: usize) -> Result<Arc<Op>> {
         let op = Op::new(self);
         let seq = self.next_seq();
+        mr.posted.store(true, Ordering::SeqCst);
         {
             let mut st = lock(&self.st);
             if let Some(e) = &st.error {
@@ -832,7 +843,8 @@ impl ConnInner {
         let mr = self
             .shared
             .mr(mr_id)
-            .ok_or_else(|| Error::invalid_argument(format!("memory region {mr_id} is not registered")))?;
+            .filter(|m| m.advertised.load(Ordering::SeqCst) || m.posted.load(Ordering::SeqCst))
+            .ok_or_else(|| Error::invalid_argument(format!("memory region {mr_id} is not registered and exposed")))?;
         let alloc = mr.alloc.as_ref().ok_or_else(|| {
             Error::invalid_argument(format!("memory region {mr_id} is not in shareable (SymmetricMemory) memory"))
         })?;

@@ -82,8 +82,9 @@
 //! the receive region fails both sides with [`Error::InvalidArgument`], and
 //! the connection stays usable. One-sided writes are acknowledged by the
 //! target once every byte landed (over TCP) or are complete when the local
-//! copy is (IPC); the target checks every address against its registered
-//! regions.
+//! copy is (IPC); the target checks every address against its registered,
+//! advertised regions (a region never advertised cannot be written or read
+//! by peers; one posted as a receive can be mapped by the sending peer).
 //!
 //! # Errors and time limits
 //!
@@ -810,7 +811,16 @@ impl Endpoint {
     fn add_mr(&self, addr: u64, len: usize, host: bool, alloc: Option<Arc<crate::runtime::ShareableAlloc>>) -> Mr {
         let sh = &self.ep.shared;
         let id = self.ep.next_id.fetch_add(1, Ordering::Relaxed);
-        let inner = Arc::new(MrInner { id, addr, len, host, alloc, live: RwLock::new(true) });
+        let inner = Arc::new(MrInner {
+            id,
+            addr,
+            len,
+            host,
+            alloc,
+            live: RwLock::new(true),
+            advertised: AtomicBool::new(false),
+            posted: AtomicBool::new(false),
+        });
         sh.mrs.write().unwrap_or_else(|p| p.into_inner()).insert(id, inner.clone());
         Mr { inner, shared: sh.clone() }
     }
@@ -822,12 +832,16 @@ impl Endpoint {
 
     /// A descriptor of `len` bytes at `ptr` of `mr`, for a peer to
     /// [`write`](Endpoint::write) and [`read`](Endpoint::read) over a
-    /// connection it made to this endpoint.
+    /// connection it made to this endpoint. Until a region is advertised,
+    /// peers cannot write or read it one-sidedly at all (the endpoint
+    /// refuses); once it is, they may access all of it (as with an RDMA
+    /// key), until it is dropped.
     ///
     /// Errors: [`Error::InvalidArgument`] when the span is not inside `mr`
     /// or `mr` is another endpoint's.
     pub fn advertise(&self, mr: &Mr, ptr: u64, len: usize) -> Result<RemoteRegion> {
         self.check_mr(mr, ptr, len, "advertise")?;
+        mr.inner.advertised.store(true, Ordering::SeqCst);
         Ok(RemoteRegion { endpoint: self.ep.shared.token, mr_id: mr.inner.id, addr: ptr, len: len as u64 })
     }
 
