@@ -164,18 +164,22 @@ impl Side<'_> {
         Ok(b)
     }
 
-    /// Both sides meet (one small message each way).
+    /// Both sides meet (one byte each way over the plain TCP socket, so
+    /// that no message of the engine's connections is taken by a receive
+    /// posted for the measurement).
     fn sync(&self) -> Result<()> {
-        match self.role {
-            Role::Client => {
-                self.send_mail(&self.out, &[1])?;
-                self.recv_mail(&self.inc).map(|_| ())
-            }
-            Role::Server => {
-                self.recv_mail(&self.inc)?;
-                self.send_mail(&self.out, &[1])
-            }
-        }
+        self.send_u64(1)?;
+        self.recv_u64().map(|_| ())
+    }
+
+    fn send_u64(&self, v: u64) -> Result<()> {
+        (&self.plain).write_all(&v.to_le_bytes()).map_err(|e| Error::system("plain TCP socket", e))
+    }
+
+    fn recv_u64(&self) -> Result<u64> {
+        let mut b = [0u8; 8];
+        (&self.plain).read_exact(&mut b).map_err(|e| Error::system("plain TCP socket", e))?;
+        Ok(u64::from_le_bytes(b))
     }
 
     fn wait_all(&self, ids: Vec<devcomm::p2p::TransferId>) -> Result<()> {
@@ -224,12 +228,19 @@ fn setup<'a>(args: &Args, role: Role, ep: &'a Endpoint, max: usize) -> Result<Si
             let out = loop {
                 match ep.connect(server, remote_gpu) {
                     Ok(c) => break c,
-                    Err(Error::RemoteError(m)) if m.contains("nobody listens") && t.elapsed() < Duration::from_secs(60) => {
+                    Err(Error::RemoteError(m))
+                        if m.contains("nobody listens") && t.elapsed() < Duration::from_secs(60) =>
+                    {
                         std::thread::sleep(Duration::from_millis(50))
                     }
                     Err(e) => return Err(e),
                 }
             };
+            // Our endpoint's port first, so that the server can connect back.
+            let mail = SymmetricMemory::alloc(&dev, 4096)?;
+            mail.write(dev.stream(), 0, &ep.addr().port().to_le_bytes())?;
+            let mr = ep.reg_symmetric(&mail)?;
+            ep.send(&out, &mr, mail.device_addr(), 2)?;
             let (_, _, inc) = ep.accept()?;
             let plain = TcpStream::connect((args.remote_ip.as_str(), args.port.wrapping_add(1)))
                 .map_err(|e| Error::system("connecting the plain TCP socket (port + 1)", e))?;
@@ -276,7 +287,6 @@ fn setup<'a>(args: &Args, role: Role, ep: &'a Endpoint, max: usize) -> Result<Si
     // Descriptors and (client → server) NCCL's id.
     match role {
         Role::Client => {
-            side.send_mail(&side.out, &ep.addr().port().to_le_bytes())?;
             side.send_mail(&side.out, &mine.to_bytes())?;
             side.peer_recv = RemoteRegion::from_bytes(&side.recv_mail(&side.inc)?)?;
             if args.nccl {
@@ -412,12 +422,10 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
     if client {
         let ids = (0..iters).map(|_| ep.send_async(&side.out, &side.send_mr, sp, s)).collect::<Result<Vec<_>>>()?;
         side.wait_all(ids)?;
-        let ack = side.recv_mail(&side.inc)?;
-        bad += u64::from_le_bytes(ack[..8].try_into().unwrap_or([0; 8])) as usize;
+        bad += side.recv_u64()? as usize;
     } else {
         side.wait_all(ids)?;
-        let w = wrong(&side.dev, &side.recv, &data)? as u64;
-        side.send_mail(&side.out, &w.to_le_bytes())?;
+        side.send_u64(wrong(&side.dev, &side.recv, &data)? as u64)?;
     }
     let sr_uni = gbs(iters * s, t.elapsed());
 
@@ -452,11 +460,9 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
     }
     side.sync()?;
     if !client {
-        let w = wrong(&side.dev, &side.recv, &data)? as u64;
-        side.send_mail(&side.out, &w.to_le_bytes())?;
+        side.send_u64(wrong(&side.dev, &side.recv, &data)? as u64)?;
     } else {
-        let ack = side.recv_mail(&side.inc)?;
-        bad += u64::from_le_bytes(ack[..8].try_into().unwrap_or([0; 8])) as usize;
+        bad += side.recv_u64()? as usize;
     }
     side.sync()?;
     let t = Instant::now();
