@@ -35,7 +35,7 @@ fn dir() -> PathBuf {
 }
 
 fn put(name: &str, bytes: &[u8]) {
-    let tmp = dir().join(format!("{name}.tmp"));
+    let tmp = dir().join(format!("{name}.{}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::rename(tmp, dir().join(name)).unwrap();
 }
@@ -85,13 +85,15 @@ fn forced_tcp() -> bool {
 /// The three kinds of memory a test registers: shareable (SymmetricMemory),
 /// plain device memory (not shareable: over TCP even on one host), host memory.
 struct Mem {
+    // The regions first: fields drop in order, so they are deregistered
+    // before the memory they name is freed.
+    sym_mr: Mr,
+    dev_mr: Mr,
+    host_mr: Mr,
     dev: Device,
     sym: SymmetricMemory,
     dbuf: DeviceBuffer<u8>,
     host: Vec<u8>,
-    sym_mr: Mr,
-    dev_mr: Mr,
-    host_mr: Mr,
 }
 
 const SYM: usize = 2 << 20;
@@ -107,13 +109,13 @@ impl Mem {
         let mut host = vec![POISON; HOST];
         let sym_mr = ep.reg_symmetric(&sym).unwrap();
         assert!(sym_mr.is_shareable() && !sym_mr.is_host());
-        // SAFETY: the buffer outlives the region (fields drop in order: the regions are dropped by `Drop for Mem` first).
+        // SAFETY: the buffer outlives the region (`Mem`'s fields drop in order, the regions first).
         let dev_mr = unsafe { ep.reg(dbuf.device_addr(), DBUF) }.unwrap();
         assert!(!dev_mr.is_shareable());
         // SAFETY: as above; `host` is never moved or resized while registered.
         let host_mr = unsafe { ep.reg(host.as_mut_ptr() as u64, HOST) }.unwrap();
         assert!(!host_mr.is_shareable());
-        Mem { dev, sym, dbuf, host, sym_mr, dev_mr, host_mr }
+        Mem { sym_mr, dev_mr, host_mr, dev, sym, dbuf, host }
     }
 
     /// (region, address) of byte `off` of memory kind `k` (0 shareable, 1 device, 2 host).

@@ -89,11 +89,37 @@ pub(crate) struct MrInner {
     pub(crate) advertised: AtomicBool,
     /// Posted as a receive: the sending peer may map it.
     pub(crate) posted: AtomicBool,
+    /// Copies on the copy engine in flight from or to the region.
+    pub(crate) busy: Mutex<usize>,
+    pub(crate) idle: Condvar,
 }
 
 impl MrInner {
     pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len as u64)
+    }
+
+    /// Counts a copy in flight (the region must be registered);
+    /// [`MrInner::end`] ends it.
+    fn begin(&self) -> Result<()> {
+        let _g = self.hold()?;
+        *lock(&self.busy) += 1;
+        Ok(())
+    }
+
+    fn end(&self) {
+        let mut b = lock(&self.busy);
+        *b = b.saturating_sub(1);
+        self.idle.notify_all();
+    }
+
+    /// Marks the region deregistered and waits until no thread uses it.
+    pub(crate) fn retire(&self) {
+        *self.live.write().unwrap_or_else(|p| p.into_inner()) = false;
+        let mut b = lock(&self.busy);
+        while *b > 0 {
+            b = self.idle.wait(b).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Holds the region registered for the guard's life.
@@ -224,6 +250,15 @@ pub(crate) enum Work {
     Read { op: Arc<Op>, mr: Arc<MrInner>, addr: u64, len: usize, remote: RemoteRegion, raddr: u64 },
 }
 
+/// A copy queued on the worker's stream, finished by the completer.
+struct Copied {
+    op: Arc<Op>,
+    mr: Arc<MrInner>,
+    len: usize,
+    /// The receive a send landed in (its `C_SEND` goes out once the copy is done).
+    send_seq: Option<u64>,
+}
+
 /// A piece for a data socket's writer.
 struct Job {
     hdr: DataHeader,
@@ -269,6 +304,7 @@ pub(crate) struct ConnInner {
     writers: Mutex<Option<Vec<mpsc::Sender<Job>>>>,
     rr: AtomicUsize,
     work: Mutex<Option<mpsc::Sender<Work>>>,
+    copied: Mutex<Option<mpsc::Sender<Copied>>>,
     st: Mutex<State>,
     cv: Condvar,
     mappings: Mutex<HashMap<u64, Option<Arc<RemoteMapping>>>>,
@@ -315,6 +351,7 @@ impl ConnInner {
             s.set_read_timeout(None).map_err(|e| io("setting a socket timeout", e))?;
         }
         let (work_tx, work_rx) = mpsc::channel::<Work>();
+        let (copied_tx, copied_rx) = mpsc::channel::<Copied>();
         let mut txs = Vec::new();
         let mut rxs = Vec::new();
         for _ in 0..p.data.len() {
@@ -337,6 +374,7 @@ impl ConnInner {
             writers: Mutex::new(Some(txs)),
             rr: AtomicUsize::new(0),
             work: Mutex::new(p.initiator.then_some(work_tx)),
+            copied: Mutex::new(p.initiator.then_some(copied_tx)),
             st: Mutex::new(State::default()),
             cv: Condvar::new(),
             mappings: Mutex::new(HashMap::new()),
@@ -362,7 +400,10 @@ impl ConnInner {
         if p.initiator {
             let stream = shared.device.new_stream()?;
             let c = conn.clone();
+            let s2 = stream.clone();
             handles.push(spawn(format!("{tag}-work"), move || c.work_loop(work_rx, stream))?);
+            let c = conn.clone();
+            handles.push(spawn(format!("{tag}-done"), move || c.complete_loop(copied_rx, s2))?);
         }
         *lock(&conn.handles) = handles;
         Ok(conn)
@@ -380,10 +421,18 @@ impl ConnInner {
     /// Fails the connection: every transfer in flight gets `e`, later ones
     /// too; the sockets are shut so every thread ends.
     pub(crate) fn fail(&self, e: Error) {
+        if self.set_error(e) {
+            self.teardown();
+        }
+    }
+
+    /// Records `e` as the connection's error (if it has none yet) and fails
+    /// every transfer in flight with it; `false` when it had failed already.
+    fn set_error(&self, e: Error) -> bool {
         let ops: Vec<Arc<Op>> = {
             let mut st = lock(&self.st);
             if st.error.is_some() {
-                return;
+                return false;
             }
             st.error = Some(e.clone());
             st.cts.clear();
@@ -400,21 +449,30 @@ impl ConnInner {
             op.finish(Err(e.clone()));
         }
         self.cv.notify_all();
+        self.shared.fds_cv.notify_all();
+        true
+    }
+
+    /// Shuts the sockets and ends the channels, so every thread ends.
+    fn teardown(&self) {
         for s in &self.sockets {
             let _ = s.shutdown(Shutdown::Both);
         }
         lock(&self.writers).take();
         lock(&self.work).take();
-        self.shared.fds_cv.notify_all();
+        lock(&self.copied).take();
     }
 
     /// Closes the connection (a goodbye to the peer first) and joins its threads.
     pub(crate) fn close(&self) {
         self.closing.store(true, Ordering::SeqCst);
-        if self.error().is_none() {
-            let _ = self.send_control(&Control::new(wire::C_BYE, 0, 0, 0, 0));
+        // Our own error first, so that the peer's reaction to the goodbye
+        // cannot make this side's later calls report a remote failure.
+        if self.set_error(Error::invalid_usage(format!("point-to-point connection {} is closed", self.id))) {
+            let bye = Control::new(wire::C_BYE, 0, 0, 0, 0).encode();
+            let _ = lock(&self.control).write_all(&bye);
         }
-        self.fail(Error::invalid_usage(format!("point-to-point connection {} is closed", self.id)));
+        self.teardown();
         let handles = std::mem::take(&mut *lock(&self.handles));
         let me = std::thread::current().id();
         for h in handles {
@@ -565,18 +623,70 @@ impl ConnInner {
         }
     }
 
-    fn copy(&self, stream: &Stream, dst: u64, src: u64, len: usize, mr: &MrInner) -> Result<()> {
-        if len == 0 {
-            return Ok(());
+    /// Queues a copy on the copy engine; the completer finishes `op` (and
+    /// tells the peer about receive `send_seq`) once it is done. Copies run
+    /// back to back on the stream, each waited for by the completer in batches.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_copy(
+        &self,
+        stream: &Stream,
+        dst: u64,
+        src: u64,
+        len: usize,
+        mr: &Arc<MrInner>,
+        op: &Arc<Op>,
+        send_seq: Option<u64>,
+    ) -> Result<()> {
+        mr.begin()?;
+        let queued = if len == 0 {
+            Ok(())
+        } else {
+            // SAFETY: one of `src`, `dst` lies in a registered region of this
+            // device, counted busy above (its drop waits until the completer
+            // ends the count, after the copy); the other lies in a peer's
+            // allocation mapped into this device (`RemoteMapping::local`
+            // checked the span), kept mapped by this connection; different
+            // allocations, so they do not overlap.
+            unsafe { stream.memcpy_raw(dst, src, len) }
+        };
+        let sent = queued.and_then(|()| {
+            let tx = lock(&self.copied);
+            let tx =
+                tx.as_ref().ok_or_else(|| self.error().unwrap_or_else(|| Error::internal("p2p completer gone")))?;
+            tx.send(Copied { op: op.clone(), mr: mr.clone(), len, send_seq })
+                .map_err(|_| self.error().unwrap_or_else(|| Error::internal("p2p completer gone")))
+        });
+        if let Err(e) = sent {
+            // The copy may be queued: wait for it before the count ends.
+            let _ = stream.synchronize();
+            mr.end();
+            return Err(e);
         }
-        let _g = mr.hold()?;
-        // SAFETY: `src .. src + len` lies in a live registered region of this
-        // device (held above); `dst` lies in a peer's allocation mapped into
-        // this device (`RemoteMapping::local` checked the span), or the other
-        // way round; the two are different allocations, so they do not
-        // overlap; we wait for the copy before the hold ends.
-        unsafe { stream.memcpy_raw(dst, src, len) }?;
-        stream.synchronize()
+        Ok(())
+    }
+
+    fn complete_loop(self: Arc<Self>, rx: mpsc::Receiver<Copied>, stream: Stream) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while let Ok(c) = rx.try_recv() {
+                batch.push(c);
+            }
+            let r = stream.synchronize();
+            for c in batch {
+                c.mr.end();
+                let r = r.clone().and_then(|()| match c.send_seq {
+                    Some(seq) => self.send_control(&Control::new(wire::C_SEND, seq, c.len as u64, 1, 0)),
+                    None => Ok(()),
+                });
+                match r {
+                    Ok(()) => c.op.finish(Ok(c.len)),
+                    Err(e) => {
+                        c.op.finish(Err(e.clone()));
+                        self.fail(e);
+                    }
+                }
+            }
+        }
     }
 
     fn do_send(&self, op: &Arc<Op>, mr: &Arc<MrInner>, addr: u64, len: usize, stream: &Stream) -> Result<()> {
@@ -589,10 +699,7 @@ impl ConnInner {
             )));
         }
         if let Some(dst) = self.ipc_local(mr, cts.mr, cts.addr, len as u64)? {
-            self.copy(stream, dst, addr, len, mr)?;
-            self.send_control(&Control::new(wire::C_SEND, cts.seq, len as u64, 1, 0))?;
-            op.finish(Ok(len));
-            return Ok(());
+            return self.queue_copy(stream, dst, addr, len, mr, op, Some(cts.seq));
         }
         self.send_control(&Control::new(wire::C_SEND, cts.seq, len as u64, 0, 0))?;
         if len == 0 {
@@ -614,9 +721,7 @@ impl ConnInner {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(dst) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
-            self.copy(stream, dst, addr, len, mr)?;
-            op.finish(Ok(len));
-            return Ok(());
+            return self.queue_copy(stream, dst, addr, len, mr, op, None);
         }
         let seq = self.next_seq();
         {
@@ -642,14 +747,7 @@ impl ConnInner {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(src) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
-            if len > 0 {
-                let _g = mr.hold()?;
-                // SAFETY: as in `copy`, the other way round.
-                unsafe { stream.memcpy_raw(addr, src, len) }?;
-                stream.synchronize()?;
-            }
-            op.finish(Ok(len));
-            return Ok(());
+            return self.queue_copy(stream, addr, src, len, mr, op, None);
         }
         if len == 0 {
             op.finish(Ok(0));

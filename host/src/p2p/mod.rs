@@ -252,8 +252,9 @@ pub enum P2pTransport {
 }
 
 /// A registered memory region ([`Endpoint::reg`], [`Endpoint::reg_symmetric`]).
-/// Dropping it deregisters it: it waits for a transfer touching it at that
-/// moment, and later transfers naming it fail.
+/// Dropping it deregisters it: it waits for the transfers touching it at
+/// that moment (a piece on a socket, copies queued on the copy engine), and
+/// later transfers naming it fail.
 #[doc(alias = "mr_id")]
 pub struct Mr {
     inner: Arc<MrInner>,
@@ -309,7 +310,7 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         self.shared.mrs.write().unwrap_or_else(|p| p.into_inner()).remove(&self.inner.id);
-        *self.inner.live.write().unwrap_or_else(|p| p.into_inner()) = false;
+        self.inner.retire();
     }
 }
 
@@ -820,6 +821,8 @@ impl Endpoint {
             live: RwLock::new(true),
             advertised: AtomicBool::new(false),
             posted: AtomicBool::new(false),
+            busy: Mutex::new(0),
+            idle: Condvar::new(),
         });
         sh.mrs.write().unwrap_or_else(|p| p.into_inner()).insert(id, inner.clone());
         Mr { inner, shared: sh.clone() }
@@ -1175,22 +1178,23 @@ fn accept_loop(ep: Arc<EpInner>, listener: TcpListener) {
 }
 
 fn fd_loop(sh: Arc<Shared>, listener: std::os::unix::net::UnixListener) {
-    use crate::window::fd_passing::accept_fds;
+    use crate::window::fd_passing::receive_one;
     while !sh.shutdown.load(Ordering::SeqCst) {
-        match accept_fds(&listener, 1, Instant::now() + Duration::from_millis(50), &sh.shutdown) {
-            Ok(got) => {
-                let mut fds = lock(&sh.fds);
-                for (h, fd) in got {
-                    fds.insert((h.magic as u64, h.seq), Ok((h.from_rank, h.alloc_size as usize, fd)));
+        match listener.accept() {
+            // Each descriptor gets the whole op timeout to arrive (none is
+            // lost to a deadline that was about to pass when it connected).
+            Ok((s, _)) => match receive_one(s, Instant::now() + sh.config.op_timeout) {
+                Ok((h, fd)) => {
+                    lock(&sh.fds).insert((h.magic as u64, h.seq), Ok((h.from_rank, h.alloc_size as usize, fd)));
+                    sh.fds_cv.notify_all();
                 }
-                drop(fds);
-                sh.fds_cv.notify_all();
-            }
-            Err(Error::Timeout(_)) => {}
+                Err(e) => tracing::debug!(error = %e, "p2p: a descriptor did not arrive"),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
-                if !sh.shutdown.load(Ordering::SeqCst) {
-                    tracing::debug!(error = %e, "p2p: a descriptor did not arrive");
-                }
+                tracing::debug!(error = %e, "p2p: accepting a descriptor connection");
+                std::thread::sleep(Duration::from_millis(10));
             }
         }
     }
