@@ -345,10 +345,14 @@ impl ConnInner {
         }
         let chunk = shared.config.chunk_bytes;
         let op_timeout = shared.config.op_timeout;
-        for s in p.data.iter().chain(std::iter::once(&p.control)) {
+        for (i, s) in p.data.iter().chain(std::iter::once(&p.control)).enumerate() {
             s.set_nodelay(true).map_err(|e| io("TCP_NODELAY", e))?;
             s.set_write_timeout(Some(op_timeout)).map_err(|e| io("setting a socket timeout", e))?;
-            s.set_read_timeout(None).map_err(|e| io("setting a socket timeout", e))?;
+            // Data sockets: a frame that stalls half way fails the
+            // connection after the op timeout (a region's drop waits for
+            // the frame landing in it); between frames they may idle.
+            let read_timeout = (i < p.data.len()).then_some(op_timeout);
+            s.set_read_timeout(read_timeout).map_err(|e| io("setting a socket timeout", e))?;
         }
         let (work_tx, work_rx) = mpsc::channel::<Work>();
         let (copied_tx, copied_rx) = mpsc::channel::<Copied>();
@@ -1054,9 +1058,32 @@ impl ConnInner {
         let mut r = BufReader::with_capacity(256 << 10, sock);
         loop {
             let mut h = [0u8; wire::DATA_BYTES];
-            if let Err(e) = r.read_exact(&mut h) {
-                self.fail(wire::io_err(&format!("point-to-point connection {} to {}", self.id, self.peer_addr), e));
-                return;
+            let mut got = 0;
+            while got < h.len() {
+                match r.read(&mut h[got..]) {
+                    Ok(0) => {
+                        let e = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                        self.fail(wire::io_err(
+                            &format!("point-to-point connection {} to {}", self.id, self.peer_addr),
+                            e,
+                        ));
+                        return;
+                    }
+                    Ok(n) => got += n,
+                    // Idle between frames: keep waiting (the connection's
+                    // failure shuts the socket, which ends the wait).
+                    Err(e)
+                        if got == 0
+                            && matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        self.fail(wire::io_err(
+                            &format!("point-to-point connection {} to {}", self.id, self.peer_addr),
+                            e,
+                        ));
+                        return;
+                    }
+                }
             }
             let r2 = DataHeader::decode(&h).and_then(|hdr| self.on_data(hdr, &mut r, &bounce, &stream));
             if let Err(e) = r2 {
