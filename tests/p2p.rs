@@ -635,3 +635,63 @@ fn garbage_on_the_listening_port() {
     // Accepting with nobody coming times out.
     assert!(matches!(server.accept_timeout(Duration::from_millis(50)), Err(Error::Timeout(_))));
 }
+
+/// `Endpoint::new(gpu, threads)` (runtime and settings from the
+/// environment), two endpoints in one process: host memory both ways, an
+/// empty message, one-sided write and read of host memory, and a region
+/// dropped while registered on the receiving side.
+#[test]
+fn endpoints_in_one_process_with_host_memory() {
+    let a = Endpoint::new(0, 2).unwrap();
+    let b = Endpoint::new(0, 2).unwrap();
+    assert_eq!(a.config().threads, 2);
+    let port = b.addr().port();
+    let n = 300_007;
+    let mut src = pattern(40, n);
+    let mut dst = vec![POISON; n + 8];
+    // SAFETY: both vectors outlive their regions (dropped at the end of this scope, regions first).
+    let (smr, dmr) =
+        unsafe { (a.reg(src.as_mut_ptr() as u64, n).unwrap(), b.reg(dst.as_mut_ptr() as u64, n + 8).unwrap()) };
+    assert!(matches!(unsafe { a.reg(0, 10) }, Err(Error::InvalidArgument(_))));
+    assert!(matches!(unsafe { a.reg(src.as_ptr() as u64, 0) }, Err(Error::InvalidArgument(_))));
+    std::thread::scope(|s| {
+        let acc = s.spawn(|| b.accept().unwrap());
+        let conn = a.connect(("127.0.0.1", port), b.device().ordinal()).unwrap();
+        let (_, _, bconn) = acc.join().unwrap();
+        // A region of the other endpoint is refused.
+        assert!(
+            matches!(a.send(&conn, &dmr, dst.as_ptr() as u64, 1), Err(Error::InvalidArgument(m)) if m.contains("another endpoint"))
+        );
+        let id = b.recv_async(&bconn, &dmr, dst.as_ptr() as u64, n + 8).unwrap();
+        assert!(id.get() > 0);
+        a.send(&conn, &smr, src.as_ptr() as u64, n).unwrap();
+        assert_eq!(b.wait_async(id).unwrap(), n);
+        let id = b.recv_async(&bconn, &dmr, dst.as_ptr() as u64, 8).unwrap();
+        a.send(&conn, &smr, src.as_ptr() as u64, 0).unwrap();
+        assert_eq!(b.wait_async(id).unwrap(), 0);
+        // One-sided, into and out of host memory.
+        let region = b.advertise(&dmr, dst.as_ptr() as u64 + 8, n).unwrap();
+        a.write(&conn, &smr, src.as_ptr() as u64 + 1, n - 1, &region, 0).unwrap();
+        a.read(&conn, &smr, src.as_ptr() as u64, 1000, &region, 5).unwrap();
+        // The receiver's region goes away: the writer is told, typed.
+        drop(dmr);
+        let e = a.write(&conn, &smr, src.as_ptr() as u64, 10, &region, 0).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("not registered")), "{e:?}");
+        a.close(&conn);
+        let t = Instant::now();
+        while bconn.error().is_none() {
+            assert!(t.elapsed() < Duration::from_secs(10), "the peer's close never arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(matches!(bconn.error(), Some(Error::RemoteError(m)) if m.contains("closed")));
+    });
+    drop(smr);
+    // SAFETY: no region names the vectors any more; read them through volatile loads.
+    let got: Vec<u8> = (0..n + 8).map(|i| unsafe { std::ptr::read_volatile(dst.as_ptr().add(i)) }).collect();
+    let want = pattern(40, n);
+    assert_bytes("send into host memory, then write at offset 8", &got[..8], &want[..8]);
+    assert_bytes("write into host memory", &got[8..n + 7], &want[1..n]);
+    let mut src_want = want.clone();
+    src_want[..1000].copy_from_slice(&want[6..1006]);
+    assert_bytes("read into host memory", &src, &src_want);
+}
