@@ -1190,7 +1190,7 @@ fn fd_loop(sh: Arc<Shared>, listener: std::os::unix::net::UnixListener) {
                 }
                 Err(e) => tracing::debug!(error = %e, "p2p: a descriptor did not arrive"),
             },
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
                 tracing::debug!(error = %e, "p2p: accepting a descriptor connection");
