@@ -59,3 +59,8 @@ fn allreduce_runs() {
 fn fused_allreduce_rmsnorm_runs() {
     run("fused_allreduce_rmsnorm", "matched the host reference");
 }
+
+#[test]
+fn p2p_runs() {
+    run("p2p", "every byte checked");
+}

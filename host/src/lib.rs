@@ -122,6 +122,9 @@
 //! * [`memory`], [`window`]: symmetric memory and windows.
 //! * [`dev_comm`]: device communicators ([`DevCommRequirements`], [`DevCommHandle`]).
 //! * [`gin`]: GIN backends ([`gin::GinType`], [`gin::GinConnectionType`]).
+//! * [`p2p`]: a point-to-point transfer engine independent of communicators
+//!   (UCCL-style endpoints, send/recv, one-sided write/read; copy engine on
+//!   one host, TCP between hosts).
 //!
 //! Kernels are written once with [`devcomm_device::kernel!`] and run on both
 //! runtimes.
@@ -141,6 +144,7 @@ pub mod env;
 pub mod gin;
 pub mod launch;
 pub mod memory;
+pub mod p2p;
 pub mod ptx;
 pub mod team;
 pub mod window;

@@ -23,6 +23,28 @@ use std::sync::Arc;
 
 static NEXT_ALLOC_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The live shareable allocations of this process (address, size, the
+/// allocation), so that the point-to-point engine can tell whether a
+/// pointer it is handed lies in memory a same-host peer can map.
+type LiveAllocs = std::sync::Mutex<Vec<(u64, usize, std::sync::Weak<ShareableAlloc>)>>;
+static LIVE_SHAREABLE: LiveAllocs = std::sync::Mutex::new(Vec::new());
+
+fn remember_shareable(alloc: &Arc<ShareableAlloc>) {
+    let mut live = LIVE_SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
+    live.retain(|(_, _, w)| w.strong_count() > 0);
+    live.push((alloc.addr(), alloc.size(), Arc::downgrade(alloc)));
+}
+
+/// The live shareable allocation (made by [`SymmetricMemory::alloc`]) that
+/// holds all of `addr .. addr + len`, if any.
+pub(crate) fn find_shareable(addr: u64, len: usize) -> Option<Arc<ShareableAlloc>> {
+    let live = LIVE_SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
+    live.iter().find_map(|(a, size, w)| {
+        let end = addr.checked_add(len as u64)?;
+        (addr >= *a && end <= a + *size as u64).then(|| w.upgrade()).flatten()
+    })
+}
+
 /// Device memory that can be registered as a symmetric [window](crate::window::Window)
 /// (CUDA VMM memory with POSIX file-descriptor handles; a `memfd` on the
 /// emulated runtime). Freed on drop; a window registered over it keeps the
@@ -66,9 +88,10 @@ impl SymmetricMemory {
         if bytes == 0 {
             return Err(Error::invalid_argument("symmetric allocation of 0 bytes"));
         }
-        let alloc = ShareableAlloc::new(device, bytes)?;
+        let alloc = Arc::new(ShareableAlloc::new(device, bytes)?);
+        remember_shareable(&alloc);
         Ok(SymmetricMemory {
-            alloc: Arc::new(alloc),
+            alloc,
             id: NEXT_ALLOC_ID.fetch_add(1, Ordering::Relaxed),
             requested: bytes,
             device: device.clone(),

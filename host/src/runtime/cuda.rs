@@ -154,6 +154,41 @@ impl CudaDevice {
         Ok(Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// The GPU whose memory `addr` is (`Some(ordinal)`), or `None` for host
+    /// memory (pinned or pageable, which the driver does not know).
+    pub(crate) fn pointer_device(&self, addr: u64) -> Result<Option<usize>> {
+        self.bind()?;
+        let mut mem_type: u32 = 0;
+        // SAFETY: for MEMORY_TYPE the out-parameter is an unsigned int; the
+        // driver only inspects its tables for `addr`, it does not dereference it.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut mem_type as *mut u32).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                addr,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // CUDA_ERROR_INVALID_VALUE: an address the driver does not know, i.e. pageable host memory.
+            return Ok(None);
+        }
+        if mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Ok(None);
+        }
+        let mut ordinal: i32 = -1;
+        // SAFETY: for DEVICE_ORDINAL the out-parameter is an int; as above.
+        unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                addr,
+            )
+        }
+        .result()
+        .map_err(cuda_err("cuPointerGetAttribute(DEVICE_ORDINAL)"))?;
+        Ok(usize::try_from(ordinal).ok())
+    }
+
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(cuda_err("cuCtxSynchronize"))
     }

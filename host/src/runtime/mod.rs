@@ -403,6 +403,16 @@ impl Device {
         }
     }
 
+    /// Where `addr` lives: `Some(ordinal)` for memory of CUDA GPU `ordinal`,
+    /// `None` for host memory. On the emulated runtime every address is
+    /// this device's (its device memory is host memory).
+    pub(crate) fn pointer_device(&self, addr: u64) -> Result<Option<usize>> {
+        match &self.inner {
+            DeviceInner::Cuda(d) => d.pointer_device(addr),
+            DeviceInner::Emulated(d) => Ok(Some(d.ordinal)),
+        }
+    }
+
     /// Loads a PTX module (a user's kernel crate built with `devcomm-build`),
     /// whose kernels [`Stream::launch_in`] launches. Load it once per device
     /// and keep the [`Module`]: each call loads the PTX again.

@@ -152,7 +152,8 @@ pub(crate) fn accept_fds(
     Ok(got)
 }
 
-fn receive_one(stream: UnixStream, deadline: Instant) -> Result<(Header, OwnedFd)> {
+/// Receives one header and descriptor from an accepted `stream`, by `deadline`.
+pub(crate) fn receive_one(stream: UnixStream, deadline: Instant) -> Result<(Header, OwnedFd)> {
     let what = "receiving an allocation handle";
     stream.set_nonblocking(false).map_err(|e| Error::system(what, e))?;
     stream.set_read_timeout(Some(left(deadline, what)?)).map_err(|e| Error::system(what, e))?;

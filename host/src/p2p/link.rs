@@ -1,0 +1,1251 @@
+//! One connection's machinery: the control socket, the striped data
+//! sockets with a writer and a reader thread each, the initiator's worker
+//! thread that runs transfers in order, and the tables of transfers in
+//! flight (see the [module docs](super) for the protocol).
+//!
+//! `unsafe` invariants: memory of a region is only touched while its
+//! `live` read lock is held and says `true`; dropping the region (`Mr`)
+//! takes the write lock, so once the drop returns no thread touches it.
+//! Regions registered with `Endpoint::reg` are valid while registered (the
+//! caller's promise); the others own their memory.
+
+use super::wire::{self, Control, DataHeader};
+use super::{P2pConfig, RemoteRegion};
+use crate::error::{Error, Result};
+use crate::runtime::{AddressRange, Device, HostMappedBuffer, ShareableAlloc, Stream};
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A descriptor received from a same-host peer: (allocation base there, size, fd).
+pub(crate) type FdMail = Result<(u64, usize, OwnedFd)>;
+
+/// What the endpoint and all its connections share.
+pub(crate) struct Shared {
+    pub(crate) device: Device,
+    pub(crate) config: P2pConfig,
+    pub(crate) token: u128,
+    pub(crate) host_id: u128,
+    pub(crate) mrs: RwLock<HashMap<u64, Arc<MrInner>>>,
+    /// Descriptors that same-host peers sent, by (connection nonce, request).
+    pub(crate) fds: Mutex<HashMap<(u64, u64), FdMail>>,
+    pub(crate) fds_cv: Condvar,
+    pub(crate) shutdown: Arc<AtomicBool>,
+}
+
+impl Shared {
+    pub(crate) fn mr(&self, id: u64) -> Option<Arc<MrInner>> {
+        self.mrs.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    }
+
+    /// The registered region `id`, checked to be advertised and to hold
+    /// `addr .. addr + len`: what a peer may write and read one-sidedly.
+    fn checked_mr(&self, id: u64, addr: u64, len: u64) -> Result<Arc<MrInner>> {
+        let mr = self.mr(id).ok_or_else(|| {
+            Error::invalid_argument(format!("memory region {id} is not registered at this endpoint (deregistered?)"))
+        })?;
+        if !mr.advertised.load(Ordering::SeqCst) {
+            return Err(Error::invalid_argument(format!(
+                "memory region {id} was never advertised (Endpoint::advertise): peers may not write or read it"
+            )));
+        }
+        if !mr.contains(addr, len) {
+            return Err(Error::invalid_argument(format!(
+                "{len} bytes at {addr:#x} are not inside memory region {id} ({:#x} + {} bytes)",
+                mr.addr, mr.len
+            )));
+        }
+        Ok(mr)
+    }
+}
+
+/// The abstract Unix socket name of the endpoint with `token` (same-host descriptors).
+pub(crate) fn unix_name(token: u128) -> String {
+    format!("devcomm-p2p-{token:032x}")
+}
+
+/// A registered memory region.
+pub(crate) struct MrInner {
+    pub(crate) id: u64,
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+    /// Host memory (plain loads and stores); else device memory of the
+    /// endpoint's device (copies through its streams).
+    pub(crate) host: bool,
+    /// The shareable allocation holding the region, which a same-host peer can map.
+    pub(crate) alloc: Option<Arc<ShareableAlloc>>,
+    /// `true` while registered (see the module docs).
+    pub(crate) live: RwLock<bool>,
+    /// Advertised to peers: they may write, read and map it.
+    pub(crate) advertised: AtomicBool,
+    /// Posted as a receive: the sending peer may map it.
+    pub(crate) posted: AtomicBool,
+    /// Copies on the copy engine in flight from or to the region.
+    pub(crate) busy: Mutex<usize>,
+    pub(crate) idle: Condvar,
+}
+
+impl MrInner {
+    pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len as u64)
+    }
+
+    /// Counts a copy in flight (the region must be registered);
+    /// [`MrInner::end`] ends it.
+    fn begin(&self) -> Result<()> {
+        let _g = self.hold()?;
+        *lock(&self.busy) += 1;
+        Ok(())
+    }
+
+    fn end(&self) {
+        let mut b = lock(&self.busy);
+        *b = b.saturating_sub(1);
+        self.idle.notify_all();
+    }
+
+    /// Marks the region deregistered and waits until no thread uses it.
+    pub(crate) fn retire(&self) {
+        *self.live.write().unwrap_or_else(|p| p.into_inner()) = false;
+        let mut b = lock(&self.busy);
+        while *b > 0 {
+            b = self.idle.wait(b).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Holds the region registered for the guard's life.
+    fn hold(&self) -> Result<std::sync::RwLockReadGuard<'_, bool>> {
+        let g = self.live.read().unwrap_or_else(|p| p.into_inner());
+        if !*g {
+            return Err(Error::invalid_usage(format!(
+                "memory region {} was deregistered while a transfer used it",
+                self.id
+            )));
+        }
+        Ok(g)
+    }
+}
+
+/// One transfer's completion.
+pub(crate) struct Op {
+    state: Mutex<Option<Result<usize>>>,
+    cv: Condvar,
+    /// Pieces still to go (striped sends).
+    pending: AtomicUsize,
+    pub(crate) conn: std::sync::Weak<ConnInner>,
+}
+
+impl Op {
+    pub(crate) fn new(conn: &Arc<ConnInner>) -> Arc<Op> {
+        Arc::new(Op {
+            state: Mutex::new(None),
+            cv: Condvar::new(),
+            pending: AtomicUsize::new(0),
+            conn: Arc::downgrade(conn),
+        })
+    }
+
+    /// Records the outcome (the first one wins).
+    pub(crate) fn finish(&self, r: Result<usize>) {
+        let mut s = lock(&self.state);
+        if s.is_none() {
+            *s = Some(r);
+        }
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn poll(&self) -> Option<Result<usize>> {
+        lock(&self.state).clone()
+    }
+
+    /// Waits up to `timeout`; a transfer that does not finish in time fails
+    /// its connection (it may be half done: nothing may land later).
+    pub(crate) fn wait(&self, timeout: Duration) -> Result<usize> {
+        let deadline = Instant::now() + timeout;
+        let mut s = lock(&self.state);
+        loop {
+            if let Some(r) = s.as_ref() {
+                return r.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                drop(s);
+                let e = Error::Timeout(format!(
+                    "a point-to-point transfer did not finish within {timeout:?} (P2pConfig::op_timeout); its \
+                     connection is failed"
+                ));
+                if let Some(c) = self.conn.upgrade() {
+                    c.fail(e.clone());
+                }
+                self.finish(Err(e));
+                s = lock(&self.state);
+                continue;
+            }
+            s = self.cv.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// A receive the peer posted (initiator side).
+#[derive(Clone, Copy, Debug)]
+struct Cts {
+    seq: u64,
+    mr: u64,
+    addr: u64,
+    max_len: u64,
+}
+
+/// A receive this side posted.
+struct RecvSlot {
+    op: Arc<Op>,
+    mr: Arc<MrInner>,
+    addr: u64,
+    max_len: u64,
+    expected: Option<u64>,
+    landed: u64,
+    error: Option<Error>,
+}
+
+/// A write a peer makes into this side's memory.
+#[derive(Default)]
+struct InWrite {
+    expected: Option<u64>,
+    landed: u64,
+    error: Option<Error>,
+}
+
+/// A read this side asked for.
+struct ReadSlot {
+    op: Arc<Op>,
+    mr: Arc<MrInner>,
+    addr: u64,
+    len: u64,
+    landed: u64,
+    error: Option<Error>,
+}
+
+#[derive(Default)]
+struct State {
+    error: Option<Error>,
+    cts: VecDeque<Cts>,
+    recvs: HashMap<u64, RecvSlot>,
+    writes_in: HashMap<u64, InWrite>,
+    writes_out: HashMap<u64, Arc<Op>>,
+    reads: HashMap<u64, ReadSlot>,
+}
+
+/// What the initiator's worker runs, in order.
+pub(crate) enum Work {
+    Send { op: Arc<Op>, mr: Arc<MrInner>, addr: u64, len: usize },
+    Write { op: Arc<Op>, mr: Arc<MrInner>, addr: u64, len: usize, remote: RemoteRegion, raddr: u64 },
+    Read { op: Arc<Op>, mr: Arc<MrInner>, addr: u64, len: usize, remote: RemoteRegion, raddr: u64 },
+}
+
+/// A copy queued on the worker's stream, finished by the completer.
+struct Copied {
+    op: Arc<Op>,
+    mr: Arc<MrInner>,
+    len: usize,
+    /// The receive a send landed in (its `C_SEND` goes out once the copy is done).
+    send_seq: Option<u64>,
+}
+
+/// A piece for a data socket's writer.
+struct Job {
+    hdr: DataHeader,
+    mr: Arc<MrInner>,
+    src: u64,
+    /// The transfer to count down (striped sends), finished with `total` at zero.
+    op: Option<(Arc<Op>, usize)>,
+}
+
+/// A same-host peer's allocation mapped here.
+pub(crate) struct RemoteMapping {
+    range: AddressRange,
+    remote_base: u64,
+    size: usize,
+}
+
+// SAFETY: the range is only used to compute addresses; its owner unmaps it once.
+unsafe impl Send for RemoteMapping {}
+// SAFETY: as above.
+unsafe impl Sync for RemoteMapping {}
+
+impl RemoteMapping {
+    /// The local address of the peer's `addr .. addr + len`, if mapped here.
+    pub(crate) fn local(&self, addr: u64, len: u64) -> Option<u64> {
+        let off = addr.checked_sub(self.remote_base)?;
+        (off.checked_add(len)? <= self.size as u64).then(|| self.range.base() + off)
+    }
+}
+
+/// One connection (see the module docs).
+pub(crate) struct ConnInner {
+    pub(crate) id: u64,
+    pub(crate) initiator: bool,
+    pub(crate) peer_addr: SocketAddr,
+    pub(crate) remote_gpu: usize,
+    pub(crate) peer_token: u128,
+    pub(crate) nonce: u64,
+    pub(crate) ipc: bool,
+    pub(crate) threads: usize,
+    pub(crate) shared: Arc<Shared>,
+    control: Mutex<TcpStream>,
+    sockets: Vec<TcpStream>,
+    writers: Mutex<Option<Vec<mpsc::Sender<Job>>>>,
+    rr: AtomicUsize,
+    work: Mutex<Option<mpsc::Sender<Work>>>,
+    copied: Mutex<Option<mpsc::Sender<Copied>>>,
+    st: Mutex<State>,
+    cv: Condvar,
+    mappings: Mutex<HashMap<u64, Option<Arc<RemoteMapping>>>>,
+    next_seq: AtomicU64,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+    closing: AtomicBool,
+}
+
+/// Parameters of a connection whose sockets are open and whose handshake is done.
+pub(crate) struct ConnParts {
+    pub(crate) id: u64,
+    pub(crate) initiator: bool,
+    pub(crate) peer_addr: SocketAddr,
+    pub(crate) remote_gpu: usize,
+    pub(crate) peer_token: u128,
+    pub(crate) nonce: u64,
+    pub(crate) ipc: bool,
+    pub(crate) control: TcpStream,
+    pub(crate) data: Vec<TcpStream>,
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name).spawn(f).map_err(|e| Error::system("spawning a thread", e))
+}
+
+impl ConnInner {
+    /// Starts the connection's threads.
+    pub(crate) fn start(shared: Arc<Shared>, p: ConnParts) -> Result<Arc<ConnInner>> {
+        let io = |what: &str, e: std::io::Error| Error::system(what, e);
+        let control_r = p.control.try_clone().map_err(|e| io("cloning a socket", e))?;
+        let mut readers = Vec::new();
+        let mut writer_socks = Vec::new();
+        let mut sockets = vec![p.control.try_clone().map_err(|e| io("cloning a socket", e))?];
+        for s in &p.data {
+            readers.push(s.try_clone().map_err(|e| io("cloning a socket", e))?);
+            writer_socks.push(s.try_clone().map_err(|e| io("cloning a socket", e))?);
+            sockets.push(s.try_clone().map_err(|e| io("cloning a socket", e))?);
+        }
+        let chunk = shared.config.chunk_bytes;
+        let op_timeout = shared.config.op_timeout;
+        for (i, s) in p.data.iter().chain(std::iter::once(&p.control)).enumerate() {
+            s.set_nodelay(true).map_err(|e| io("TCP_NODELAY", e))?;
+            s.set_write_timeout(Some(op_timeout)).map_err(|e| io("setting a socket timeout", e))?;
+            // Data sockets: a frame that stalls half way fails the
+            // connection after the op timeout (a region's drop waits for
+            // the frame landing in it); between frames they may idle.
+            let read_timeout = (i < p.data.len()).then_some(op_timeout);
+            s.set_read_timeout(read_timeout).map_err(|e| io("setting a socket timeout", e))?;
+        }
+        let (work_tx, work_rx) = mpsc::channel::<Work>();
+        let (copied_tx, copied_rx) = mpsc::channel::<Copied>();
+        let mut txs = Vec::new();
+        let mut rxs = Vec::new();
+        for _ in 0..p.data.len() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            txs.push(tx);
+            rxs.push(rx);
+        }
+        let conn = Arc::new(ConnInner {
+            id: p.id,
+            initiator: p.initiator,
+            peer_addr: p.peer_addr,
+            remote_gpu: p.remote_gpu,
+            peer_token: p.peer_token,
+            nonce: p.nonce,
+            ipc: p.ipc,
+            threads: p.data.len(),
+            shared: shared.clone(),
+            control: Mutex::new(p.control),
+            sockets,
+            writers: Mutex::new(Some(txs)),
+            rr: AtomicUsize::new(0),
+            work: Mutex::new(p.initiator.then_some(work_tx)),
+            copied: Mutex::new(p.initiator.then_some(copied_tx)),
+            st: Mutex::new(State::default()),
+            cv: Condvar::new(),
+            mappings: Mutex::new(HashMap::new()),
+            next_seq: AtomicU64::new(1),
+            handles: Mutex::new(Vec::new()),
+            closing: AtomicBool::new(false),
+        });
+        let mut handles = Vec::new();
+        let tag = format!("p2p{}{}", if p.initiator { 'i' } else { 't' }, p.id);
+        {
+            let c = conn.clone();
+            handles.push(spawn(format!("{tag}-ctl"), move || c.control_loop(control_r))?);
+        }
+        for (i, ((r, w), rx)) in readers.into_iter().zip(writer_socks).zip(rxs).enumerate() {
+            let (rb, wb) =
+                (HostMappedBuffer::new(&shared.device, chunk)?, HostMappedBuffer::new(&shared.device, chunk)?);
+            let (rs, ws) = (shared.device.new_stream()?, shared.device.new_stream()?);
+            let c = conn.clone();
+            handles.push(spawn(format!("{tag}-rd{i}"), move || c.reader_loop(r, rb, rs))?);
+            let c = conn.clone();
+            handles.push(spawn(format!("{tag}-wr{i}"), move || c.writer_loop(w, rx, wb, ws))?);
+        }
+        if p.initiator {
+            let stream = shared.device.new_stream()?;
+            let c = conn.clone();
+            let s2 = stream.clone();
+            handles.push(spawn(format!("{tag}-work"), move || c.work_loop(work_rx, stream))?);
+            let c = conn.clone();
+            handles.push(spawn(format!("{tag}-done"), move || c.complete_loop(copied_rx, s2))?);
+        }
+        *lock(&conn.handles) = handles;
+        Ok(conn)
+    }
+
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The connection's error, if it failed or closed.
+    pub(crate) fn error(&self) -> Option<Error> {
+        lock(&self.st).error.clone()
+    }
+
+    /// Fails the connection: every transfer in flight gets `e`, later ones
+    /// too; the sockets are shut so every thread ends.
+    pub(crate) fn fail(&self, e: Error) {
+        if self.set_error(e) {
+            self.teardown();
+        }
+    }
+
+    /// Records `e` as the connection's error (if it has none yet) and fails
+    /// every transfer in flight with it; `false` when it had failed already.
+    fn set_error(&self, e: Error) -> bool {
+        let ops: Vec<Arc<Op>> = {
+            let mut st = lock(&self.st);
+            if st.error.is_some() {
+                return false;
+            }
+            st.error = Some(e.clone());
+            st.cts.clear();
+            let mut ops: Vec<Arc<Op>> = st.recvs.drain().map(|(_, s)| s.op).collect();
+            ops.extend(st.writes_out.drain().map(|(_, o)| o));
+            ops.extend(st.reads.drain().map(|(_, s)| s.op));
+            st.writes_in.clear();
+            ops
+        };
+        if !self.closing.load(Ordering::SeqCst) {
+            tracing::debug!(conn = self.id, error = %e, "p2p connection failed");
+        }
+        for op in ops {
+            op.finish(Err(e.clone()));
+        }
+        self.cv.notify_all();
+        self.shared.fds_cv.notify_all();
+        true
+    }
+
+    /// Shuts the sockets and ends the channels, so every thread ends.
+    fn teardown(&self) {
+        for s in &self.sockets {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        lock(&self.writers).take();
+        lock(&self.work).take();
+        lock(&self.copied).take();
+    }
+
+    /// Closes the connection (a goodbye to the peer first) and joins its threads.
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        // Our own error first, so that the peer's reaction to the goodbye
+        // cannot make this side's later calls report a remote failure.
+        if self.set_error(Error::invalid_usage(format!("point-to-point connection {} is closed", self.id))) {
+            let bye = Control::new(wire::C_BYE, 0, 0, 0, 0).encode();
+            let _ = lock(&self.control).write_all(&bye);
+        }
+        self.teardown();
+        let handles = std::mem::take(&mut *lock(&self.handles));
+        let me = std::thread::current().id();
+        for h in handles {
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
+        }
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        match self.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn send_control(&self, c: &Control) -> Result<()> {
+        let bytes = c.encode();
+        let r = lock(&self.control).write_all(&bytes).map_err(|e| wire::io_err("writing a control frame", e));
+        if let Err(e) = &r {
+            self.fail(e.clone());
+        }
+        r
+    }
+
+    /// Queues `w` for the worker (initiator side).
+    pub(crate) fn submit(&self, w: Work) -> Result<()> {
+        self.check_usable()?;
+        let tx = lock(&self.work);
+        let tx = tx.as_ref().ok_or_else(|| {
+            self.error().unwrap_or_else(|| Error::invalid_usage("this connection cannot initiate transfers"))
+        })?;
+        tx.send(w).map_err(|_| self.error().unwrap_or_else(|| Error::internal("p2p worker is gone")))
+    }
+
+    /// Posts a receive (target side): tells the peer where its next message may land.
+    pub(crate) fn post_recv(self: &Arc<Self>, mr: Arc<MrInner>, addr: u64, max_len: usize) -> Result<Arc<Op>> {
+        let op = Op::new(self);
+        let seq = self.next_seq();
+        mr.posted.store(true, Ordering::SeqCst);
+        {
+            let mut st = lock(&self.st);
+            if let Some(e) = &st.error {
+                return Err(e.clone());
+            }
+            st.recvs.insert(
+                seq,
+                RecvSlot {
+                    op: op.clone(),
+                    mr: mr.clone(),
+                    addr,
+                    max_len: max_len as u64,
+                    expected: None,
+                    landed: 0,
+                    error: None,
+                },
+            );
+        }
+        self.send_control(&Control::new(wire::C_CTS, seq, mr.id, addr, max_len as u64))?;
+        Ok(op)
+    }
+
+    fn enqueue(&self, job: Job) -> Result<()> {
+        let w = lock(&self.writers);
+        let w = w.as_ref().ok_or_else(|| self.error().unwrap_or_else(|| Error::internal("p2p writers are gone")))?;
+        let i = self.rr.fetch_add(1, Ordering::Relaxed) % w.len();
+        w[i].send(job).map_err(|_| self.error().unwrap_or_else(|| Error::internal("p2p writer is gone")))
+    }
+
+    /// Splits `len` bytes at `src` into data frames over the sockets.
+    #[allow(clippy::too_many_arguments)]
+    fn stripe(
+        &self,
+        kind: u32,
+        seq: u64,
+        mr_id: u64,
+        at: u64,
+        mr: &Arc<MrInner>,
+        src: u64,
+        len: usize,
+        op: Option<&Arc<Op>>,
+    ) -> Result<()> {
+        let chunk = self.shared.config.chunk_bytes;
+        let n = len.div_ceil(chunk);
+        if let Some(op) = op {
+            op.pending.store(n, Ordering::SeqCst);
+        }
+        for i in 0..n {
+            let off = i * chunk;
+            let piece = chunk.min(len - off);
+            self.enqueue(Job {
+                hdr: DataHeader { kind, seq, mr: mr_id, addr: at + off as u64, len: piece as u64 },
+                mr: mr.clone(),
+                src: src + off as u64,
+                op: op.map(|o| (o.clone(), len)),
+            })?;
+        }
+        Ok(())
+    }
+
+    // ---- the initiator's worker ----
+
+    fn work_loop(self: Arc<Self>, rx: mpsc::Receiver<Work>, stream: Stream) {
+        for w in rx {
+            let op = match &w {
+                Work::Send { op, .. } | Work::Write { op, .. } | Work::Read { op, .. } => op.clone(),
+            };
+            if let Some(e) = self.error() {
+                op.finish(Err(e));
+                continue;
+            }
+            let r = match w {
+                Work::Send { op, mr, addr, len } => self.do_send(&op, &mr, addr, len, &stream),
+                Work::Write { op, mr, addr, len, remote, raddr } => {
+                    self.do_write(&op, &mr, addr, len, &remote, raddr, &stream)
+                }
+                Work::Read { op, mr, addr, len, remote, raddr } => {
+                    self.do_read(&op, &mr, addr, len, &remote, raddr, &stream)
+                }
+            };
+            if let Err(e) = r {
+                op.finish(Err(e));
+            }
+        }
+    }
+
+    fn wait_cts(&self) -> Result<Cts> {
+        let timeout = self.shared.config.op_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut st = lock(&self.st);
+        loop {
+            if let Some(e) = &st.error {
+                return Err(e.clone());
+            }
+            if let Some(c) = st.cts.pop_front() {
+                return Ok(c);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                drop(st);
+                let e = Error::Timeout(format!(
+                    "send: the peer posted no receive within {timeout:?} (P2pConfig::op_timeout); the connection is failed"
+                ));
+                self.fail(e.clone());
+                return Err(e);
+            }
+            st = self.cv.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Queues a copy on the copy engine; the completer finishes `op` (and
+    /// tells the peer about receive `send_seq`) once it is done. Copies run
+    /// back to back on the stream, each waited for by the completer in batches.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_copy(
+        &self,
+        stream: &Stream,
+        dst: u64,
+        src: u64,
+        len: usize,
+        mr: &Arc<MrInner>,
+        op: &Arc<Op>,
+        send_seq: Option<u64>,
+    ) -> Result<()> {
+        mr.begin()?;
+        let queued = if len == 0 {
+            Ok(())
+        } else {
+            // SAFETY: one of `src`, `dst` lies in a registered region of this
+            // device, counted busy above (its drop waits until the completer
+            // ends the count, after the copy); the other lies in a peer's
+            // allocation mapped into this device (`RemoteMapping::local`
+            // checked the span), kept mapped by this connection; different
+            // allocations, so they do not overlap.
+            unsafe { stream.memcpy_raw(dst, src, len) }
+        };
+        let sent = queued.and_then(|()| {
+            let tx = lock(&self.copied);
+            let tx =
+                tx.as_ref().ok_or_else(|| self.error().unwrap_or_else(|| Error::internal("p2p completer gone")))?;
+            tx.send(Copied { op: op.clone(), mr: mr.clone(), len, send_seq })
+                .map_err(|_| self.error().unwrap_or_else(|| Error::internal("p2p completer gone")))
+        });
+        if let Err(e) = sent {
+            // The copy may be queued: wait for it before the count ends.
+            let _ = stream.synchronize();
+            mr.end();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn complete_loop(self: Arc<Self>, rx: mpsc::Receiver<Copied>, stream: Stream) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while let Ok(c) = rx.try_recv() {
+                batch.push(c);
+            }
+            let r = stream.synchronize();
+            for c in batch {
+                c.mr.end();
+                let r = r.clone().and_then(|()| match c.send_seq {
+                    Some(seq) => self.send_control(&Control::new(wire::C_SEND, seq, c.len as u64, 1, 0)),
+                    None => Ok(()),
+                });
+                match r {
+                    Ok(()) => c.op.finish(Ok(c.len)),
+                    Err(e) => {
+                        c.op.finish(Err(e.clone()));
+                        self.fail(e);
+                    }
+                }
+            }
+        }
+    }
+
+    fn do_send(&self, op: &Arc<Op>, mr: &Arc<MrInner>, addr: u64, len: usize, stream: &Stream) -> Result<()> {
+        let cts = self.wait_cts()?;
+        if len as u64 > cts.max_len {
+            self.send_control(&Control::new(wire::C_TOO_LARGE, cts.seq, len as u64, 0, 0))?;
+            return Err(Error::invalid_argument(format!(
+                "send of {len} bytes: the message is larger than the peer's receive region of {} bytes",
+                cts.max_len
+            )));
+        }
+        if let Some(dst) = self.ipc_local(mr, cts.mr, cts.addr, len as u64)? {
+            return self.queue_copy(stream, dst, addr, len, mr, op, Some(cts.seq));
+        }
+        self.send_control(&Control::new(wire::C_SEND, cts.seq, len as u64, 0, 0))?;
+        if len == 0 {
+            op.finish(Ok(0));
+            return Ok(());
+        }
+        self.stripe(wire::D_SEND, cts.seq, 0, 0, mr, addr, len, Some(op))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn do_write(
+        &self,
+        op: &Arc<Op>,
+        mr: &Arc<MrInner>,
+        addr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        raddr: u64,
+        stream: &Stream,
+    ) -> Result<()> {
+        if let Some(dst) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
+            return self.queue_copy(stream, dst, addr, len, mr, op, None);
+        }
+        let seq = self.next_seq();
+        {
+            let mut st = lock(&self.st);
+            if let Some(e) = &st.error {
+                return Err(e.clone());
+            }
+            st.writes_out.insert(seq, op.clone());
+        }
+        self.send_control(&Control::new(wire::C_WRITE, seq, remote.mr_id, raddr, len as u64))?;
+        self.stripe(wire::D_WRITE, seq, remote.mr_id, raddr, mr, addr, len, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn do_read(
+        &self,
+        op: &Arc<Op>,
+        mr: &Arc<MrInner>,
+        addr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        raddr: u64,
+        stream: &Stream,
+    ) -> Result<()> {
+        if let Some(src) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
+            return self.queue_copy(stream, addr, src, len, mr, op, None);
+        }
+        if len == 0 {
+            op.finish(Ok(0));
+            return Ok(());
+        }
+        let seq = self.next_seq();
+        {
+            let mut st = lock(&self.st);
+            if let Some(e) = &st.error {
+                return Err(e.clone());
+            }
+            st.reads.insert(
+                seq,
+                ReadSlot { op: op.clone(), mr: mr.clone(), addr, len: len as u64, landed: 0, error: None },
+            );
+        }
+        self.send_control(&Control::new(wire::C_READ, seq, remote.mr_id, raddr, len as u64))
+    }
+
+    /// Where the peer's `raddr .. + len` (in its region `remote_mr`) is
+    /// mapped here, when this connection copies on the copy engine and the
+    /// local region is device memory: `None` means "go over TCP".
+    fn ipc_local(&self, local: &MrInner, remote_mr: u64, raddr: u64, len: u64) -> Result<Option<u64>> {
+        if !self.ipc || local.host {
+            return Ok(None);
+        }
+        Ok(self.mapping(remote_mr)?.and_then(|m| m.local(raddr, len)))
+    }
+
+    /// The peer's region `remote_mr`'s allocation mapped here (asked for once).
+    pub(crate) fn mapping(&self, remote_mr: u64) -> Result<Option<Arc<RemoteMapping>>> {
+        if !self.ipc {
+            return Ok(None);
+        }
+        if let Some(m) = lock(&self.mappings).get(&remote_mr) {
+            return Ok(m.clone());
+        }
+        let req = self.next_seq();
+        self.send_control(&Control::new(wire::C_FD_REQ, req, remote_mr, 0, 0))?;
+        let deadline = Instant::now() + self.shared.config.op_timeout;
+        let mail = {
+            let mut fds = lock(&self.shared.fds);
+            loop {
+                if let Some(m) = fds.remove(&(self.nonce, req)) {
+                    break m;
+                }
+                if let Some(e) = self.error() {
+                    return Err(e);
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    drop(fds);
+                    let e = Error::Timeout("the same-host peer did not send its memory's descriptor in time".into());
+                    self.fail(e.clone());
+                    return Err(e);
+                }
+                fds = self.shared.fds_cv.wait_timeout(fds, left).unwrap_or_else(|p| p.into_inner()).0;
+            }
+        };
+        let mapped = match mail {
+            Ok((base, size, fd)) => {
+                use std::os::fd::AsFd;
+                let r = AddressRange::reserve(&self.shared.device, size).and_then(|mut range| {
+                    range.map_fd(0, fd.as_fd(), size)?;
+                    Ok(range)
+                });
+                match r {
+                    Ok(range) => Some(Arc::new(RemoteMapping { range, remote_base: base, size })),
+                    Err(e) => {
+                        tracing::info!(error = %e, "p2p: cannot map the peer's memory; this region goes over TCP");
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "p2p: the peer's region is not shareable; it goes over TCP");
+                None
+            }
+        };
+        lock(&self.mappings).insert(remote_mr, mapped.clone());
+        Ok(mapped)
+    }
+
+    // ---- the control socket ----
+
+    fn control_loop(self: Arc<Self>, sock: TcpStream) {
+        let mut r = BufReader::with_capacity(64 << 10, sock);
+        loop {
+            let c = match Control::read_from(&mut r) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.fail(e.context(format!("point-to-point connection {} to {}", self.id, self.peer_addr)));
+                    return;
+                }
+            };
+            if let Err(e) = self.on_control(c) {
+                self.fail(e);
+                return;
+            }
+        }
+    }
+
+    fn on_control(&self, c: Control) -> Result<()> {
+        match c.kind {
+            wire::C_CTS => {
+                lock(&self.st).cts.push_back(Cts { seq: c.a, mr: c.b, addr: c.c, max_len: c.d });
+                self.cv.notify_all();
+            }
+            wire::C_SEND => {
+                let mut st = lock(&self.st);
+                let slot = st.recvs.get_mut(&c.a).ok_or_else(|| {
+                    Error::remote(format!("peer sent a message for receive {} that was not posted", c.a))
+                })?;
+                if c.b > slot.max_len {
+                    return Err(Error::remote("peer sent a message larger than the receive region"));
+                }
+                slot.expected = Some(c.b);
+                if c.c == 1 {
+                    slot.landed = c.b;
+                }
+                Self::recv_done(&mut st, c.a);
+            }
+            wire::C_TOO_LARGE => {
+                let slot = lock(&self.st).recvs.remove(&c.a);
+                if let Some(s) = slot {
+                    s.op.finish(Err(Error::invalid_argument(format!(
+                        "recv: the peer's message of {} bytes is larger than the receive region of {} bytes",
+                        c.b, s.max_len
+                    ))));
+                }
+            }
+            wire::C_WRITE => {
+                let check = self.shared.checked_mr(c.b, c.c, c.d).map(|_| ());
+                let mut st = lock(&self.st);
+                let w = st.writes_in.entry(c.a).or_default();
+                w.expected = Some(c.d);
+                if let Err(e) = check {
+                    w.error.get_or_insert(e);
+                }
+                let ack = Self::write_done(&mut st, c.a);
+                drop(st);
+                if let Some(ack) = ack {
+                    self.send_control(&ack)?;
+                }
+            }
+            wire::C_WRITE_ACK => {
+                let op = lock(&self.st).writes_out.remove(&c.a);
+                if let Some(op) = op {
+                    op.finish(match c.to_error() {
+                        Some(e) => Err(e),
+                        None => Ok(c.b as usize),
+                    });
+                }
+            }
+            wire::C_READ => match self.shared.checked_mr(c.b, c.c, c.d) {
+                Ok(mr) => self.stripe(wire::D_READ, c.a, 0, 0, &mr, c.c, c.d as usize, None)?,
+                Err(e) => self.send_control(&Control::failed(wire::C_READ_ERR, c.a, &e))?,
+            },
+            wire::C_READ_ERR => {
+                let slot = lock(&self.st).reads.remove(&c.a);
+                if let Some(s) = slot {
+                    s.op.finish(Err(c.to_error().unwrap_or_else(|| Error::remote("read failed at the peer"))));
+                }
+            }
+            wire::C_FD_REQ => {
+                if let Err(e) = self.serve_fd(c.a, c.b) {
+                    self.send_control(&Control::failed(wire::C_FD_NO, c.a, &e))?;
+                }
+            }
+            wire::C_FD_NO => {
+                let e = c.to_error().unwrap_or_else(|| Error::remote("descriptor refused"));
+                lock(&self.shared.fds).insert((self.nonce, c.a), Err(e));
+                self.shared.fds_cv.notify_all();
+            }
+            wire::C_READY => {}
+            wire::C_BYE => {
+                return Err(Error::remote(format!(
+                    "the peer ({}) closed point-to-point connection {}",
+                    self.peer_addr, self.id
+                )))
+            }
+            k => return Err(Error::remote(format!("unexpected control frame {k}"))),
+        }
+        Ok(())
+    }
+
+    fn serve_fd(&self, req: u64, mr_id: u64) -> Result<()> {
+        if !self.ipc {
+            return Err(Error::invalid_usage("descriptors are only passed between endpoints of one host"));
+        }
+        let mr = self
+            .shared
+            .mr(mr_id)
+            .filter(|m| m.advertised.load(Ordering::SeqCst) || m.posted.load(Ordering::SeqCst))
+            .ok_or_else(|| Error::invalid_argument(format!("memory region {mr_id} is not registered and exposed")))?;
+        let alloc = mr.alloc.as_ref().ok_or_else(|| {
+            Error::invalid_argument(format!("memory region {mr_id} is not in shareable (SymmetricMemory) memory"))
+        })?;
+        let fd = alloc.export_fd()?;
+        let header = crate::window::fd_passing::Header {
+            magic: self.nonce as u128,
+            seq: req,
+            from_rank: alloc.addr(),
+            alloc_size: alloc.size() as u64,
+        };
+        let deadline = Instant::now() + self.shared.config.op_timeout;
+        use std::os::fd::AsFd;
+        crate::window::fd_passing::send_fd(
+            &unix_name(self.peer_token),
+            &header,
+            fd.as_fd(),
+            deadline,
+            &self.shared.shutdown,
+        )
+    }
+
+    /// Finishes receive `seq` if all its bytes are in.
+    fn recv_done(st: &mut State, seq: u64) {
+        let done = st.recvs.get(&seq).is_some_and(|s| s.expected == Some(s.landed));
+        if done {
+            if let Some(s) = st.recvs.remove(&seq) {
+                s.op.finish(match s.error {
+                    Some(e) => Err(e),
+                    None => Ok(s.landed as usize),
+                });
+            }
+        }
+    }
+
+    /// The acknowledgement of write `seq` if all its bytes are in.
+    fn write_done(st: &mut State, seq: u64) -> Option<Control> {
+        let done = st.writes_in.get(&seq).is_some_and(|w| w.expected == Some(w.landed));
+        if !done {
+            return None;
+        }
+        let w = st.writes_in.remove(&seq)?;
+        Some(match w.error {
+            Some(e) => Control::failed(wire::C_WRITE_ACK, seq, &e),
+            None => Control::new(wire::C_WRITE_ACK, seq, w.landed, 0, 0),
+        })
+    }
+
+    // ---- data sockets ----
+
+    fn writer_loop(
+        self: Arc<Self>,
+        mut sock: TcpStream,
+        rx: mpsc::Receiver<Job>,
+        bounce: HostMappedBuffer,
+        stream: Stream,
+    ) {
+        for job in rx {
+            if let Some(e) = self.error() {
+                if let Some((op, _)) = &job.op {
+                    op.finish(Err(e));
+                }
+                continue;
+            }
+            match self.emit(&job, &mut sock, &bounce, &stream) {
+                Ok(()) => {
+                    if let Some((op, total)) = &job.op {
+                        if op.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+                            op.finish(Ok(*total));
+                        }
+                    }
+                }
+                Err(e) => {
+                    if let Some((op, _)) = &job.op {
+                        op.finish(Err(e.clone()));
+                    }
+                    self.fail(e);
+                }
+            }
+        }
+    }
+
+    fn emit(&self, job: &Job, sock: &mut TcpStream, bounce: &HostMappedBuffer, stream: &Stream) -> Result<()> {
+        let g = job.mr.hold()?;
+        let len = job.hdr.len as usize;
+        let io = |e| wire::io_err("sending data", e);
+        sock.write_all(&job.hdr.encode()).map_err(io)?;
+        if job.mr.host {
+            // SAFETY: `src .. src + len` lies in the registered host region
+            // (checked when the transfer was submitted), valid while it is
+            // registered, which `g` holds.
+            let src = unsafe { std::slice::from_raw_parts(job.src as *const u8, len) };
+            sock.write_all(src).map_err(io)?;
+        } else {
+            // SAFETY: the bounce buffer is this thread's alone, `bounce.len()` bytes.
+            let buf = unsafe { std::slice::from_raw_parts_mut(bounce.host_ptr(), bounce.len()) };
+            let mut off = 0;
+            while off < len {
+                let n = buf.len().min(len - off);
+                stream.read_raw(job.src + off as u64, &mut buf[..n])?;
+                sock.write_all(&buf[..n]).map_err(io)?;
+                off += n;
+            }
+        }
+        drop(g);
+        Ok(())
+    }
+
+    fn reader_loop(self: Arc<Self>, sock: TcpStream, bounce: HostMappedBuffer, stream: Stream) {
+        let mut r = BufReader::with_capacity(256 << 10, sock);
+        loop {
+            let mut h = [0u8; wire::DATA_BYTES];
+            let mut got = 0;
+            while got < h.len() {
+                match r.read(&mut h[got..]) {
+                    Ok(0) => {
+                        let e = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                        self.fail(wire::io_err(
+                            &format!("point-to-point connection {} to {}", self.id, self.peer_addr),
+                            e,
+                        ));
+                        return;
+                    }
+                    Ok(n) => got += n,
+                    // Idle between frames: keep waiting (the connection's
+                    // failure shuts the socket, which ends the wait).
+                    Err(e)
+                        if got == 0
+                            && matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        self.fail(wire::io_err(
+                            &format!("point-to-point connection {} to {}", self.id, self.peer_addr),
+                            e,
+                        ));
+                        return;
+                    }
+                }
+            }
+            let r2 = DataHeader::decode(&h).and_then(|hdr| self.on_data(hdr, &mut r, &bounce, &stream));
+            if let Err(e) = r2 {
+                self.fail(e);
+                return;
+            }
+        }
+    }
+
+    /// Lands one data frame; `Err` only for what breaks the connection.
+    fn on_data(&self, h: DataHeader, r: &mut impl Read, bounce: &HostMappedBuffer, stream: &Stream) -> Result<()> {
+        match h.kind {
+            wire::D_SEND => {
+                let dest = {
+                    let st = lock(&self.st);
+                    match st.recvs.get(&h.seq) {
+                        Some(s) if h.addr.checked_add(h.len).is_some_and(|e| e <= s.max_len) => {
+                            Some((s.mr.clone(), s.addr + h.addr))
+                        }
+                        Some(_) => None,
+                        None => {
+                            return Err(Error::remote(format!(
+                                "peer sent data for receive {} that was not posted",
+                                h.seq
+                            )))
+                        }
+                    }
+                };
+                let res = match dest {
+                    Some((mr, dst)) => land(&mr, dst, h.len, r, bounce, stream)?,
+                    None => {
+                        drain(r, h.len, bounce)?;
+                        Err(Error::remote("peer sent data past the end of the receive region"))
+                    }
+                };
+                let mut st = lock(&self.st);
+                if let Some(s) = st.recvs.get_mut(&h.seq) {
+                    s.landed += h.len;
+                    if let Err(e) = res {
+                        s.error.get_or_insert(e);
+                    }
+                }
+                Self::recv_done(&mut st, h.seq);
+            }
+            wire::D_WRITE => {
+                let res = match self.shared.checked_mr(h.mr, h.addr, h.len) {
+                    Ok(mr) => land(&mr, h.addr, h.len, r, bounce, stream)?,
+                    Err(e) => {
+                        drain(r, h.len, bounce)?;
+                        Err(e)
+                    }
+                };
+                let mut st = lock(&self.st);
+                let w = st.writes_in.entry(h.seq).or_default();
+                w.landed += h.len;
+                if let Err(e) = res {
+                    w.error.get_or_insert(e);
+                }
+                let ack = Self::write_done(&mut st, h.seq);
+                drop(st);
+                if let Some(ack) = ack {
+                    self.send_control(&ack)?;
+                }
+            }
+            _ => {
+                let dest = {
+                    let st = lock(&self.st);
+                    match st.reads.get(&h.seq) {
+                        Some(s) if h.addr.checked_add(h.len).is_some_and(|e| e <= s.len) => {
+                            Some((s.mr.clone(), s.addr + h.addr))
+                        }
+                        Some(_) => return Err(Error::remote("peer sent read data past the end of the request")),
+                        None => None,
+                    }
+                };
+                let res = match dest {
+                    Some((mr, dst)) => land(&mr, dst, h.len, r, bounce, stream)?,
+                    // A read that already failed (its op is gone): drop the bytes.
+                    None => {
+                        drain(r, h.len, bounce)?;
+                        return Ok(());
+                    }
+                };
+                let mut st = lock(&self.st);
+                let done = match st.reads.get_mut(&h.seq) {
+                    Some(s) => {
+                        s.landed += h.len;
+                        if let Err(e) = res {
+                            s.error.get_or_insert(e);
+                        }
+                        s.landed == s.len
+                    }
+                    None => false,
+                };
+                if done {
+                    if let Some(s) = st.reads.remove(&h.seq) {
+                        s.op.finish(match s.error {
+                            Some(e) => Err(e),
+                            None => Ok(s.len as usize),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads and drops `len` bytes.
+fn drain(r: &mut impl Read, len: u64, bounce: &HostMappedBuffer) -> Result<()> {
+    // SAFETY: the bounce buffer is this thread's alone, `bounce.len()` bytes.
+    let buf = unsafe { std::slice::from_raw_parts_mut(bounce.host_ptr(), bounce.len()) };
+    let mut left = len as usize;
+    while left > 0 {
+        let n = buf.len().min(left);
+        r.read_exact(&mut buf[..n]).map_err(|e| wire::io_err("receiving data", e))?;
+        left -= n;
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes from `r` into `dst` (in region `mr`). The outer error
+/// breaks the connection (the socket failed); the inner one is the
+/// transfer's (the region went away, a device copy failed): the bytes are
+/// consumed either way.
+fn land(
+    mr: &MrInner,
+    dst: u64,
+    len: u64,
+    r: &mut impl Read,
+    bounce: &HostMappedBuffer,
+    stream: &Stream,
+) -> Result<Result<()>> {
+    let g = match mr.hold() {
+        Ok(g) => g,
+        Err(e) => {
+            drain(r, len, bounce)?;
+            return Ok(Err(e));
+        }
+    };
+    let len = len as usize;
+    let io = |e| wire::io_err("receiving data", e);
+    if mr.host {
+        // SAFETY: `dst .. dst + len` lies in the registered host region
+        // (checked by the caller against the region's span), valid while
+        // registered, which `g` holds; only this transfer writes there.
+        let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
+        r.read_exact(d).map_err(io)?;
+        return Ok(Ok(()));
+    }
+    // SAFETY: the bounce buffer is this thread's alone, `bounce.len()` bytes.
+    let buf = unsafe { std::slice::from_raw_parts_mut(bounce.host_ptr(), bounce.len()) };
+    let mut off = 0;
+    let mut res = Ok(());
+    while off < len {
+        let n = buf.len().min(len - off);
+        r.read_exact(&mut buf[..n]).map_err(io)?;
+        if res.is_ok() {
+            res = stream.write_raw(dst + off as u64, &buf[..n]);
+        }
+        off += n;
+    }
+    drop(g);
+    Ok(res)
+}

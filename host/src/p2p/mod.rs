@@ -1,0 +1,1336 @@
+//! A point-to-point transfer engine, independent of communicators, for
+//! KV-cache and weight transfer (the shape of UCCL's P2P engine: names in
+//! the docs' search).
+//!
+//! An [`Endpoint`] serves one GPU and listens on a TCP port. A peer
+//! [`connect`](Endpoint::connect)s to it and the endpoint
+//! [`accept`](Endpoint::accept)s; the [`Conn`] both get carries transfers
+//! **in one direction**, as UCCL's: the connecting side *initiates*
+//! ([`send`](Endpoint::send), [`write`](Endpoint::write),
+//! [`read`](Endpoint::read)), the accepting side *receives*
+//! ([`recv`](Endpoint::recv)) and serves the one-sided writes and reads
+//! into the regions it advertised. **For both directions each side
+//! connects to the other** (two connections; `examples/p2p.rs` does it).
+//!
+//! Memory is registered first ([`Endpoint::reg_symmetric`], or
+//! [`Endpoint::reg`] for any device or host pointer) and every transfer
+//! names its region: a span outside it is an [`Error::InvalidArgument`]
+//! before anything moves. One-sided transfers address a region the peer
+//! advertised: [`Endpoint::advertise`] makes a [`RemoteRegion`], which the
+//! application ships to the initiator itself ([`RemoteRegion::to_bytes`] /
+//! [`RemoteRegion::from_bytes`]).
+//!
+//! ```
+//! use devcomm::p2p::{Endpoint, P2pConfig};
+//! use devcomm::{Device, RuntimeSelection, SymmetricMemory};
+//!
+//! let dev = Device::open(RuntimeSelection::Emulated, 0)?;
+//! let cfg = P2pConfig::default().with_bind("127.0.0.1:0".parse().unwrap());
+//! let server = Endpoint::with_config(&dev, cfg.clone())?;
+//! let client = Endpoint::with_config(&dev, cfg)?;
+//! let (src, dst) = (SymmetricMemory::alloc(&dev, 4096)?, SymmetricMemory::alloc(&dev, 4096)?);
+//! src.write(dev.stream(), 0, &[7u8; 1000])?;
+//! let (smr, dmr) = (client.reg_symmetric(&src)?, server.reg_symmetric(&dst)?);
+//! let addr = server.addr();
+//! std::thread::scope(|s| -> devcomm::Result<()> {
+//!     let acc = s.spawn(|| server.accept());
+//!     let conn = client.connect(addr, 0)?;
+//!     let (_peer, _gpu, sconn) = acc.join().unwrap()?;
+//!     let id = server.recv_async(&sconn, &dmr, dst.device_addr(), 4096)?;
+//!     client.send(&conn, &smr, src.device_addr(), 1000)?;
+//!     assert_eq!(server.wait_async(id)?, 1000);
+//!     Ok(())
+//! })?;
+//! let mut back = [0u8; 1000];
+//! dst.read(dev.stream(), 0, &mut back)?;
+//! assert_eq!(back, [7u8; 1000]);
+//! # Ok::<(), devcomm::Error>(())
+//! ```
+//!
+//! # Transports, per connection
+//!
+//! * **Same host** (both endpoints see the same boot id and host name, run
+//!   the same runtime, and neither asks for TCP): **CUDA IPC and the copy
+//!   engine**. The initiator asks the peer once per region for the file
+//!   descriptor of its allocation (a CUDA VMM allocation exported as a POSIX
+//!   fd; a `memfd` on the emulated runtime), which travels over a Unix
+//!   socket (`SCM_RIGHTS`); it maps the allocation into its own device's
+//!   address space and moves the bytes with one `cuMemcpyDtoDAsync` on its
+//!   stream, device to device. This needs both sides' regions in memory
+//!   devcomm allocated shareable: [`SymmetricMemory`](crate::SymmetricMemory)
+//!   (VMM, `cuMemCreate` with POSIX fd handles). `cudaMalloc`/`cuMemAlloc`
+//!   memory (a [`DeviceBuffer`](crate::DeviceBuffer)) and host memory
+//!   cannot be exported as an fd: transfers from or to such a region go
+//!   over the connection's TCP sockets instead (still correct, slower).
+//! * **Other hosts**, or `P2pConfig::force_tcp` / `DEVCOMM_P2P_TRANSPORT=tcp`
+//!   on either side: **TCP**, striped over `threads` sockets: a transfer is
+//!   cut into `chunk_bytes` pieces sent round-robin, each socket with a
+//!   writer and a reader thread that copy device memory through a pinned
+//!   bounce buffer. An RDMA transport (the `verbs` feature) is not there yet.
+//!
+//! # Protocol
+//!
+//! Every TCP connection to the listening port starts with a 256-byte hello
+//! carrying a magic and a version; anything else (garbage, a port scanner,
+//! a different version) is refused and recorded
+//! ([`Endpoint::rejections`]), and the endpoint keeps serving. A connection
+//! is a control socket (48-byte frames) plus `threads` data sockets (frames
+//! of a 40-byte header and a payload). Two-sided transfers are receiver
+//! driven: `recv` tells the sender where the next message may land (its
+//! region, address and capacity), `send` takes those in order, so sends and
+//! receives on one connection match first to first. A message larger than
+//! the receive region fails both sides with [`Error::InvalidArgument`], and
+//! the connection stays usable. One-sided writes are acknowledged by the
+//! target once every byte landed (over TCP) or are complete when the local
+//! copy is (IPC); the target checks every address against its registered,
+//! advertised regions (a region never advertised cannot be written or read
+//! by peers; one posted as a receive can be mapped by the sending peer).
+//!
+//! # Errors and time limits
+//!
+//! Nothing waits forever: connecting, accepting and every transfer are
+//! bounded by [`P2pConfig`]'s timeouts ([`Error::Timeout`]). A transfer that
+//! times out **fails its connection** (it may be half done; nothing may
+//! land later). A peer that dies or closes fails the connection with
+//! [`Error::RemoteError`], and every transfer in flight on it gets that
+//! error; a closed connection refuses new transfers with
+//! [`Error::InvalidUsage`].
+//!
+//! # Completion
+//!
+//! `send` completes once its bytes are copied to the peer (IPC) or handed
+//! to the sockets (TCP); the matching `recv` completes once they all landed.
+//! `write` completes once the bytes are in the peer's memory; `read` once
+//! they are in this side's.
+//!
+//! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
+
+mod link;
+mod wire;
+
+use crate::error::{Error, Result};
+use crate::runtime::{Device, RuntimeKind, RuntimeSelection};
+use link::{lock, ConnInner, ConnParts, MrInner, Op, Shared, Work};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Settings of an [`Endpoint`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct P2pConfig {
+    /// TCP data sockets per connection (1..=64): transfers are striped over them.
+    pub threads: usize,
+    /// Where to listen (port 0: any free port). The default, `0.0.0.0:0`,
+    /// listens on every interface.
+    pub bind: SocketAddr,
+    /// How long [`Endpoint::connect`] may take.
+    pub connect_timeout: Duration,
+    /// How long [`Endpoint::accept`] waits for a peer.
+    pub accept_timeout: Duration,
+    /// How long a transfer may take (and a send may wait for the peer's receive).
+    pub op_timeout: Duration,
+    /// Use TCP even to an endpoint of the same host.
+    pub force_tcp: bool,
+    /// Bytes per striped piece (4 KiB ..= 64 MiB).
+    pub chunk_bytes: usize,
+}
+
+impl Default for P2pConfig {
+    fn default() -> Self {
+        P2pConfig {
+            threads: 4,
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            connect_timeout: Duration::from_secs(30),
+            accept_timeout: Duration::from_secs(120),
+            op_timeout: Duration::from_secs(120),
+            force_tcp: false,
+            chunk_bytes: 1 << 20,
+        }
+    }
+}
+
+/// `DEVCOMM_P2P_TRANSPORT`: `tcp` forces TCP; `auto` (or unset) picks per connection.
+pub const TRANSPORT_ENV: &str = "DEVCOMM_P2P_TRANSPORT";
+/// `DEVCOMM_P2P_TIMEOUT_MS`: every timeout of [`P2pConfig`], in milliseconds.
+pub const TIMEOUT_ENV: &str = "DEVCOMM_P2P_TIMEOUT_MS";
+/// `DEVCOMM_P2P_BIND`: the listen address (`IP` or `IP:port`).
+pub const BIND_ENV: &str = "DEVCOMM_P2P_BIND";
+
+impl P2pConfig {
+    /// The defaults, overridden by [`TRANSPORT_ENV`], [`TIMEOUT_ENV`] and [`BIND_ENV`].
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a value that does not parse.
+    pub fn from_env() -> Result<P2pConfig> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`P2pConfig::from_env`], reading variables through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<P2pConfig> {
+        let mut c = P2pConfig::default();
+        if let Some(v) = get(TRANSPORT_ENV) {
+            c.force_tcp = match v.trim().to_ascii_lowercase().as_str() {
+                "tcp" => true,
+                "" | "auto" => false,
+                o => return Err(Error::invalid_argument(format!("{TRANSPORT_ENV}={o:?}: expected `tcp` or `auto`"))),
+            };
+        }
+        if let Some(v) = get(TIMEOUT_ENV) {
+            let ms: u64 = v.trim().parse().ok().filter(|&m| m > 0).ok_or_else(|| {
+                Error::invalid_argument(format!("{TIMEOUT_ENV}={v:?}: expected positive milliseconds"))
+            })?;
+            c = c.with_timeouts(Duration::from_millis(ms));
+        }
+        if let Some(v) = get(BIND_ENV) {
+            let v = v.trim();
+            c.bind = match (v.parse::<SocketAddr>(), v.parse::<IpAddr>()) {
+                (Ok(a), _) => a,
+                (_, Ok(ip)) => SocketAddr::new(ip, 0),
+                _ => return Err(Error::invalid_argument(format!("{BIND_ENV}={v:?}: expected IP or IP:port"))),
+            };
+        }
+        Ok(c)
+    }
+
+    /// The same with `threads` data sockets per connection.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// The same with every timeout set to `t`.
+    pub fn with_timeouts(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self.accept_timeout = t;
+        self.op_timeout = t;
+        self
+    }
+
+    /// The same listening on `bind`.
+    pub fn with_bind(mut self, bind: SocketAddr) -> Self {
+        self.bind = bind;
+        self
+    }
+
+    /// The same, forcing TCP (or not) even on one host.
+    pub fn with_force_tcp(mut self, force: bool) -> Self {
+        self.force_tcp = force;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::invalid_argument(format!("P2pConfig: {m}")));
+        if !(1..=64).contains(&self.threads) {
+            return bad(format!("threads = {}: expected 1 ..= 64", self.threads));
+        }
+        if !(4096..=64 << 20).contains(&self.chunk_bytes) {
+            return bad(format!("chunk_bytes = {}: expected 4 KiB ..= 64 MiB", self.chunk_bytes));
+        }
+        for (n, t) in [
+            ("connect_timeout", self.connect_timeout),
+            ("accept_timeout", self.accept_timeout),
+            ("op_timeout", self.op_timeout),
+        ] {
+            if t.is_zero() {
+                return bad(format!("{n} is zero"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a connection moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum P2pTransport {
+    /// Same host: peers' shareable memory mapped here, copies on the copy
+    /// engine (regions not in shareable memory go over the TCP sockets).
+    Ipc,
+    /// TCP sockets, striped.
+    Tcp,
+}
+
+/// A registered memory region ([`Endpoint::reg`], [`Endpoint::reg_symmetric`]).
+/// Dropping it deregisters it: it waits for the transfers touching it at
+/// that moment (a piece on a socket, copies queued on the copy engine), and
+/// later transfers naming it fail.
+#[doc(alias = "mr_id")]
+pub struct Mr {
+    inner: Arc<MrInner>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("id", &self.inner.id)
+            .field("addr", &format_args!("{:#x}", self.inner.addr))
+            .field("len", &self.inner.len)
+            .field("host", &self.inner.host)
+            .field("shareable", &self.inner.alloc.is_some())
+            .finish()
+    }
+}
+
+impl Mr {
+    /// The region's id at its endpoint.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Address of byte 0.
+    pub fn addr(&self) -> u64 {
+        self.inner.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// Whether the region has no bytes (never: registration refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// Whether the region lies in host memory (else device memory).
+    pub fn is_host(&self) -> bool {
+        self.inner.host
+    }
+
+    /// Whether a same-host peer can map the region (it lies in a
+    /// [`SymmetricMemory`](crate::SymmetricMemory) allocation): transfers
+    /// with it then run on the copy engine.
+    pub fn is_shareable(&self) -> bool {
+        self.inner.alloc.is_some()
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.shared.mrs.write().unwrap_or_else(|p| p.into_inner()).remove(&self.inner.id);
+        self.inner.retire();
+    }
+}
+
+/// A span of a peer's registered region that this side may write and read
+/// one-sidedly: made by [`Endpoint::advertise`] on the peer, shipped by the
+/// application ([`RemoteRegion::to_bytes`]), used with [`Endpoint::write`]
+/// and [`Endpoint::read`] on a connection to that peer.
+#[doc(alias = "FifoItem")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    endpoint: u128,
+    pub(crate) mr_id: u64,
+    addr: u64,
+    len: u64,
+}
+
+const REGION_MAGIC: [u8; 8] = *b"DCP2PRG\0";
+const REGION_BYTES: usize = 48;
+
+impl RemoteRegion {
+    /// The advertised address on the peer.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The advertised length.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether the span is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The descriptor as 48 bytes, to ship to the initiator.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(REGION_BYTES);
+        b.extend_from_slice(&REGION_MAGIC);
+        b.extend_from_slice(&self.endpoint.to_le_bytes());
+        b.extend_from_slice(&self.mr_id.to_le_bytes());
+        b.extend_from_slice(&self.addr.to_le_bytes());
+        b.extend_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Parses [`RemoteRegion::to_bytes`]'s output.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for anything else.
+    pub fn from_bytes(b: &[u8]) -> Result<RemoteRegion> {
+        if b.len() != REGION_BYTES || b[..8] != REGION_MAGIC {
+            return Err(Error::invalid_argument(format!(
+                "not a RemoteRegion descriptor ({} bytes; expected {REGION_BYTES} starting with {REGION_MAGIC:?})",
+                b.len()
+            )));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        Ok(RemoteRegion {
+            endpoint: u128::from_le_bytes(b[8..24].try_into().unwrap_or([0; 16])),
+            mr_id: u64_at(24),
+            addr: u64_at(32),
+            len: u64_at(40),
+        })
+    }
+}
+
+/// A transfer started with a `*_async` call, for [`Endpoint::poll_async`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[doc(alias = "transfer_id")]
+pub struct TransferId(u64);
+
+impl TransferId {
+    /// The id as a number.
+    pub fn get(&self) -> u64 {
+        self.0
+    }
+}
+
+/// One direction of transfers between two endpoints (see the [module docs](self)).
+/// Cheap to clone; closed by [`Endpoint::close`] or when the endpoint drops.
+#[doc(alias = "conn_id")]
+#[derive(Clone)]
+pub struct Conn {
+    inner: Arc<ConnInner>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("id", &self.inner.id)
+            .field("initiator", &self.inner.initiator)
+            .field("peer", &self.inner.peer_addr)
+            .field("remote_gpu", &self.inner.remote_gpu)
+            .field("transport", &self.transport())
+            .finish()
+    }
+}
+
+const CONN_MAGIC: [u8; 8] = *b"DCP2PCN\0";
+
+/// What [`Conn::metadata`] encodes, parsed back ([`ConnMetadata::from_bytes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnMetadata {
+    /// The connection's id at the endpoint that made the bytes.
+    pub id: u64,
+    /// Whether that side initiates transfers (it connected).
+    pub initiator: bool,
+    /// The peer's address as that side sees it.
+    pub peer_addr: SocketAddr,
+    /// The peer's GPU.
+    pub remote_gpu: usize,
+    /// The transport.
+    pub transport: P2pTransport,
+    /// Data sockets.
+    pub threads: usize,
+}
+
+impl ConnMetadata {
+    /// Parses [`Conn::metadata`]'s bytes.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for anything else.
+    pub fn from_bytes(b: &[u8]) -> Result<ConnMetadata> {
+        if b.len() != 48 || b[..8] != CONN_MAGIC {
+            return Err(Error::invalid_argument("not a devcomm point-to-point connection's metadata"));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let mut ip = [0u8; 16];
+        ip.copy_from_slice(&b[16..32]);
+        let ip = std::net::Ipv6Addr::from(ip);
+        let ip = ip.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(ip));
+        let port = u16::from_le_bytes([b[32], b[33]]);
+        Ok(ConnMetadata {
+            id: u64_at(8),
+            initiator: b[34] != 0,
+            transport: if b[35] == 1 { P2pTransport::Ipc } else { P2pTransport::Tcp },
+            peer_addr: SocketAddr::new(ip, port),
+            remote_gpu: u32::from_le_bytes([b[36], b[37], b[38], b[39]]) as usize,
+            threads: u64_at(40) as usize,
+        })
+    }
+}
+
+impl Conn {
+    /// The connection's id at this endpoint.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// The peer's address (for an accepted connection, where it connected from).
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.inner.peer_addr
+    }
+
+    /// The GPU the peer's endpoint serves.
+    pub fn remote_gpu(&self) -> usize {
+        self.inner.remote_gpu
+    }
+
+    /// Whether this side initiates transfers (it connected) or receives (it accepted).
+    pub fn is_initiator(&self) -> bool {
+        self.inner.initiator
+    }
+
+    /// How the connection moves bytes.
+    pub fn transport(&self) -> P2pTransport {
+        if self.inner.ipc {
+            P2pTransport::Ipc
+        } else {
+            P2pTransport::Tcp
+        }
+    }
+
+    /// The connection's error once it failed or closed (`None` while usable).
+    pub fn error(&self) -> Option<Error> {
+        self.inner.error()
+    }
+
+    /// The connection's metadata as 48 bytes, for out-of-band exchange
+    /// ([`ConnMetadata::from_bytes`] reads them).
+    #[doc(alias = "get_metadata")]
+    pub fn metadata(&self) -> Vec<u8> {
+        let c = &self.inner;
+        let mut b = Vec::with_capacity(48);
+        b.extend_from_slice(&CONN_MAGIC);
+        b.extend_from_slice(&c.id.to_le_bytes());
+        let ip = match c.peer_addr.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        b.extend_from_slice(&ip.octets());
+        b.extend_from_slice(&c.peer_addr.port().to_le_bytes());
+        b.push(u8::from(c.initiator));
+        b.push(u8::from(c.ipc));
+        b.extend_from_slice(&(c.remote_gpu as u32).to_le_bytes());
+        b.extend_from_slice(&(c.threads as u64).to_le_bytes());
+        b
+    }
+}
+
+/// A connection whose control socket is accepted, waiting for its data sockets.
+struct Pending {
+    control: TcpStream,
+    nonce: u64,
+    peer_token: u128,
+    remote_gpu: usize,
+    peer: SocketAddr,
+    ipc: bool,
+    stripes: Vec<Option<TcpStream>>,
+    since: Instant,
+}
+
+struct EpInner {
+    shared: Arc<Shared>,
+    gpu: usize,
+    addr: SocketAddr,
+    next_id: AtomicU64,
+    conns: Mutex<Vec<Arc<ConnInner>>>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    accepted: Mutex<VecDeque<(SocketAddr, usize, Arc<ConnInner>)>>,
+    accepted_cv: Condvar,
+    transfers: Mutex<HashMap<u64, Arc<Op>>>,
+    rejections: Mutex<Vec<Error>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A point-to-point endpoint on one GPU (see the [module docs](self)).
+#[doc(alias = "uccl_p2p")]
+pub struct Endpoint {
+    ep: Arc<EpInner>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("gpu", &self.ep.gpu).field("addr", &self.ep.addr).finish()
+    }
+}
+
+/// A stable id of this host: its boot id and host name.
+fn host_id() -> u128 {
+    let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let name = std::fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
+    let bytes: Vec<u8> = boot.into_iter().chain([0]).chain(name).collect();
+    let lo = crate::bootstrap::fnv1a64(0x5032_5031, &bytes);
+    let hi = crate::bootstrap::fnv1a64(0x7032_7031_0000_0001, &bytes);
+    ((hi as u128) << 64) | lo as u128
+}
+
+impl Endpoint {
+    /// An endpoint on GPU `local_gpu` (of the runtime `DEVCOMM_RUNTIME`
+    /// selects) with `threads` data sockets per connection, the rest of
+    /// its settings from [`P2pConfig::from_env`].
+    ///
+    /// Errors: as [`Device::open`] and [`Endpoint::with_config`].
+    pub fn new(local_gpu: usize, threads: usize) -> Result<Endpoint> {
+        let dev = Device::open(RuntimeSelection::from_env()?, local_gpu)?;
+        Endpoint::with_config(&dev, P2pConfig::from_env()?.with_threads(threads))
+    }
+
+    /// An endpoint on `device`, listening on `config.bind`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a bad config;
+    /// [`Error::SystemError`] when the port cannot be bound.
+    pub fn with_config(device: &Device, config: P2pConfig) -> Result<Endpoint> {
+        config.validate()?;
+        let listener =
+            TcpListener::bind(config.bind).map_err(|e| Error::system(format!("binding {}", config.bind), e))?;
+        let addr = listener.local_addr().map_err(|e| Error::system("local_addr", e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::system("making a socket non-blocking", e))?;
+        let token: u128 = rand::random();
+        let unix = crate::window::fd_passing::bind(&link::unix_name(token))?;
+        let shared = Arc::new(Shared {
+            device: device.clone(),
+            config,
+            token,
+            host_id: host_id(),
+            mrs: RwLock::new(HashMap::new()),
+            fds: Mutex::new(HashMap::new()),
+            fds_cv: Condvar::new(),
+            shutdown: Arc::new(AtomicBool::new(false)),
+        });
+        let ep = Arc::new(EpInner {
+            shared: shared.clone(),
+            gpu: device.ordinal(),
+            addr,
+            next_id: AtomicU64::new(1),
+            conns: Mutex::new(Vec::new()),
+            pending: Mutex::new(HashMap::new()),
+            accepted: Mutex::new(VecDeque::new()),
+            accepted_cv: Condvar::new(),
+            transfers: Mutex::new(HashMap::new()),
+            rejections: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
+        });
+        let e2 = ep.clone();
+        let acceptor = std::thread::Builder::new()
+            .name("p2p-accept".into())
+            .spawn(move || accept_loop(e2, listener))
+            .map_err(|e| Error::system("spawning a thread", e))?;
+        let s2 = shared.clone();
+        let fds = std::thread::Builder::new()
+            .name("p2p-fds".into())
+            .spawn(move || fd_loop(s2, unix))
+            .map_err(|e| Error::system("spawning a thread", e))?;
+        *lock(&ep.threads) = vec![acceptor, fds];
+        Ok(Endpoint { ep })
+    }
+
+    /// The address the endpoint listens on (with `0.0.0.0` when it listens
+    /// on every interface: peers use one of the host's addresses and this port).
+    pub fn addr(&self) -> SocketAddr {
+        self.ep.addr
+    }
+
+    /// The device the endpoint serves.
+    pub fn device(&self) -> &Device {
+        &self.ep.shared.device
+    }
+
+    /// The endpoint's settings.
+    pub fn config(&self) -> &P2pConfig {
+        &self.ep.shared.config
+    }
+
+    /// Connections refused at the listening port so far (garbage, a wrong
+    /// version, a wrong GPU, a data socket for no connection), oldest first
+    /// (the last 64).
+    pub fn rejections(&self) -> Vec<Error> {
+        lock(&self.ep.rejections).clone()
+    }
+
+    /// Connects to the endpoint at `addr` that serves GPU `remote_gpu`: the
+    /// connection carries transfers from here to there (see the [module docs](self)).
+    ///
+    /// Errors: [`Error::RemoteError`] when nobody listens there, it is not a
+    /// devcomm endpoint, or it refuses; [`Error::InvalidArgument`] when it
+    /// serves another GPU; [`Error::Timeout`] after `connect_timeout`.
+    pub fn connect(&self, addr: impl ToSocketAddrs, remote_gpu: usize) -> Result<Conn> {
+        let sh = &self.ep.shared;
+        let to = sh.config.connect_timeout;
+        let addr = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::invalid_argument(format!("connect: bad address: {e}")))?
+            .next()
+            .ok_or_else(|| Error::invalid_argument("connect: the address resolves to nothing"))?;
+        let what = format!("connecting to the point-to-point endpoint at {addr}");
+        let open = |what: &str| -> Result<TcpStream> {
+            let s = TcpStream::connect_timeout(&addr, to).map_err(|e| match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => Error::remote(format!("{what}: nobody listens there")),
+                _ => wire::io_err(what, e),
+            })?;
+            s.set_read_timeout(Some(to)).map_err(|e| Error::system(what, e))?;
+            s.set_write_timeout(Some(to)).map_err(|e| Error::system(what, e))?;
+            s.set_nodelay(true).map_err(|e| Error::system(what, e))?;
+            Ok(s)
+        };
+        let mut control = open(&what)?;
+        let flags = flags(sh);
+        wire::Hello {
+            kind: wire::HELLO_CONTROL,
+            token: sh.token,
+            host_id: sh.host_id,
+            gpu: self.ep.gpu as u32,
+            want_gpu: remote_gpu as u32,
+            threads: sh.config.threads as u32,
+            flags,
+            ..Default::default()
+        }
+        .write_to(&mut control)
+        .map_err(|e| e.context(&what))?;
+        let a = wire::Hello::read_from(&mut control).map_err(|e| e.context(&what))?;
+        if a.kind != wire::HELLO_ANSWER {
+            return Err(Error::remote(format!("{what}: the peer did not answer the hello")));
+        }
+        match a.status {
+            wire::STATUS_OK => {}
+            wire::STATUS_WRONG_GPU => return Err(Error::invalid_argument(format!("{what}: {}", a.message))),
+            _ => return Err(Error::remote(format!("{what}: refused: {}", a.message))),
+        }
+        if a.threads == 0 || a.threads > 64 {
+            return Err(Error::remote(format!("{what}: the peer asked for {} data sockets", a.threads)));
+        }
+        let mut data = Vec::new();
+        for i in 0..a.threads {
+            let mut s = open(&what)?;
+            wire::Hello {
+                kind: wire::HELLO_DATA,
+                token: sh.token,
+                host_id: sh.host_id,
+                conn_id: a.conn_id,
+                nonce: a.nonce,
+                stripe: i,
+                ..Default::default()
+            }
+            .write_to(&mut s)
+            .map_err(|e| e.context(&what))?;
+            data.push(s);
+        }
+        let ready = wire::Control::read_from(&mut control).map_err(|e| e.context(&what))?;
+        if ready.kind != wire::C_READY {
+            return Err(Error::remote(format!("{what}: expected the peer's ready, got frame {}", ready.kind)));
+        }
+        let ipc = same_host(sh, a.host_id, a.flags);
+        let conn = ConnInner::start(
+            sh.clone(),
+            ConnParts {
+                id: self.ep.next_id.fetch_add(1, Ordering::Relaxed),
+                initiator: true,
+                peer_addr: addr,
+                remote_gpu: a.gpu as usize,
+                peer_token: a.token,
+                nonce: a.nonce,
+                ipc,
+                control,
+                data,
+            },
+        )?;
+        lock(&self.ep.conns).push(conn.clone());
+        Ok(Conn { inner: conn })
+    }
+
+    /// Waits (up to `accept_timeout`) for a peer to connect; returns its
+    /// address, its GPU and the connection, on which this side receives.
+    ///
+    /// Errors: [`Error::Timeout`] when nobody connected in time.
+    pub fn accept(&self) -> Result<(SocketAddr, usize, Conn)> {
+        self.accept_timeout(self.ep.shared.config.accept_timeout)
+    }
+
+    /// [`Endpoint::accept`] with its own time limit.
+    pub fn accept_timeout(&self, timeout: Duration) -> Result<(SocketAddr, usize, Conn)> {
+        let deadline = Instant::now() + timeout;
+        let mut q = lock(&self.ep.accepted);
+        loop {
+            if let Some((a, g, c)) = q.pop_front() {
+                return Ok((a, g, Conn { inner: c }));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout(format!(
+                    "accept: no peer connected to {} within {timeout:?}",
+                    self.ep.addr
+                )));
+            }
+            q = self.ep.accepted_cv.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Registers `len` bytes at `ptr`: device memory of this endpoint's GPU
+    /// or host memory. A span inside a [`SymmetricMemory`](crate::SymmetricMemory)
+    /// allocation is shareable (copy engine to same-host peers).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a null pointer, zero length,
+    /// a span that wraps, or memory of another GPU.
+    ///
+    /// # Safety
+    ///
+    /// `ptr .. ptr + len` is memory this process may read and write (device
+    /// memory of this endpoint's device, or host memory) and stays so until
+    /// the returned [`Mr`] is dropped; while a transfer into it is in
+    /// flight, nobody else accesses those bytes.
+    pub unsafe fn reg(&self, ptr: u64, len: usize) -> Result<Mr> {
+        if ptr == 0 || len == 0 || ptr.checked_add(len as u64).is_none() {
+            return Err(Error::invalid_argument(format!("reg: {len} bytes at {ptr:#x} is not a region")));
+        }
+        let sh = &self.ep.shared;
+        let host = match sh.device.pointer_device(ptr)? {
+            None => true,
+            Some(o) if o == self.ep.gpu => false,
+            Some(o) => {
+                return Err(Error::invalid_argument(format!(
+                    "reg: {ptr:#x} is memory of GPU {o}, this endpoint serves GPU {}",
+                    self.ep.gpu
+                )))
+            }
+        };
+        let alloc = if host { None } else { crate::memory::find_shareable(ptr, len) };
+        Ok(self.add_mr(ptr, len, host, alloc))
+    }
+
+    /// Registers a whole [`SymmetricMemory`](crate::SymmetricMemory)
+    /// allocation (shareable: same-host peers copy on the copy engine). The
+    /// region keeps the memory alive.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when the memory lives on another
+    /// device than the endpoint's.
+    pub fn reg_symmetric(&self, mem: &crate::SymmetricMemory) -> Result<Mr> {
+        if mem.device().kind() != self.ep.shared.device.kind() || mem.device().ordinal() != self.ep.gpu {
+            return Err(Error::invalid_argument(format!(
+                "reg_symmetric: the memory is on {} {}, this endpoint serves {} {}",
+                mem.device().kind(),
+                mem.device().ordinal(),
+                self.ep.shared.device.kind(),
+                self.ep.gpu
+            )));
+        }
+        Ok(self.add_mr(mem.device_addr(), mem.size(), false, Some(mem.alloc.clone())))
+    }
+
+    fn add_mr(&self, addr: u64, len: usize, host: bool, alloc: Option<Arc<crate::runtime::ShareableAlloc>>) -> Mr {
+        let sh = &self.ep.shared;
+        let id = self.ep.next_id.fetch_add(1, Ordering::Relaxed);
+        let inner = Arc::new(MrInner {
+            id,
+            addr,
+            len,
+            host,
+            alloc,
+            live: RwLock::new(true),
+            advertised: AtomicBool::new(false),
+            posted: AtomicBool::new(false),
+            busy: Mutex::new(0),
+            idle: Condvar::new(),
+        });
+        sh.mrs.write().unwrap_or_else(|p| p.into_inner()).insert(id, inner.clone());
+        Mr { inner, shared: sh.clone() }
+    }
+
+    /// Deregisters `mr` (the same as dropping it).
+    pub fn dereg(&self, mr: Mr) {
+        drop(mr);
+    }
+
+    /// A descriptor of `len` bytes at `ptr` of `mr`, for a peer to
+    /// [`write`](Endpoint::write) and [`read`](Endpoint::read) over a
+    /// connection it made to this endpoint. Until a region is advertised,
+    /// peers cannot write or read it one-sidedly at all (the endpoint
+    /// refuses); once it is, they may access all of it (as with an RDMA
+    /// key), until it is dropped.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when the span is not inside `mr`
+    /// or `mr` is another endpoint's.
+    pub fn advertise(&self, mr: &Mr, ptr: u64, len: usize) -> Result<RemoteRegion> {
+        self.check_mr(mr, ptr, len, "advertise")?;
+        mr.inner.advertised.store(true, Ordering::SeqCst);
+        Ok(RemoteRegion { endpoint: self.ep.shared.token, mr_id: mr.inner.id, addr: ptr, len: len as u64 })
+    }
+
+    fn check_mr(&self, mr: &Mr, ptr: u64, len: usize, what: &str) -> Result<()> {
+        if !Arc::ptr_eq(&mr.shared, &self.ep.shared) {
+            return Err(Error::invalid_argument(format!("{what}: the memory region belongs to another endpoint")));
+        }
+        if !mr.inner.contains(ptr, len as u64) {
+            return Err(Error::invalid_argument(format!(
+                "{what}: {len} bytes at {ptr:#x} are not inside the registered region ({:#x} + {} bytes): \
+                 register the memory first (Endpoint::reg)",
+                mr.inner.addr, mr.inner.len
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_conn(&self, conn: &Conn, initiator: bool, what: &str) -> Result<()> {
+        if !Arc::ptr_eq(&conn.inner.shared, &self.ep.shared) {
+            return Err(Error::invalid_argument(format!("{what}: the connection belongs to another endpoint")));
+        }
+        if conn.inner.initiator != initiator {
+            return Err(Error::invalid_usage(if initiator {
+                format!(
+                    "{what}: connection {} was accepted, so it receives; to send the other way, connect from \
+                     this endpoint to the peer's",
+                    conn.inner.id
+                )
+            } else {
+                format!("{what}: connection {} was made by connect, so it sends; the peer receives", conn.inner.id)
+            }));
+        }
+        conn.inner.check_usable()
+    }
+
+    fn track(&self, op: Arc<Op>) -> TransferId {
+        let id = self.ep.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.ep.transfers).insert(id, op);
+        TransferId(id)
+    }
+
+    fn submit(&self, conn: &Conn, w: impl FnOnce(Arc<Op>) -> Work) -> Result<TransferId> {
+        let op = Op::new(&conn.inner);
+        conn.inner.submit(w(op.clone()))?;
+        Ok(self.track(op))
+    }
+
+    /// Starts sending `len` bytes at `ptr` (inside `mr`) as one message:
+    /// the peer's next [`recv`](Endpoint::recv) on this connection takes it.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a span outside `mr`;
+    /// [`Error::InvalidUsage`] on an accepted or closed connection;
+    /// [`Error::RemoteError`] when the connection failed.
+    pub fn send_async(&self, conn: &Conn, mr: &Mr, ptr: u64, len: usize) -> Result<TransferId> {
+        self.check_conn(conn, true, "send")?;
+        self.check_mr(mr, ptr, len, "send")?;
+        self.submit(conn, |op| Work::Send { op, mr: mr.inner.clone(), addr: ptr, len })
+    }
+
+    /// Starts receiving the next message into `ptr .. ptr + max_len` (inside
+    /// `mr`); [`poll_async`](Endpoint::poll_async) returns its length.
+    ///
+    /// Errors: as [`Endpoint::send_async`], for a connection that was made by `connect`.
+    pub fn recv_async(&self, conn: &Conn, mr: &Mr, ptr: u64, max_len: usize) -> Result<TransferId> {
+        self.check_conn(conn, false, "recv")?;
+        self.check_mr(mr, ptr, max_len, "recv")?;
+        let op = conn.inner.post_recv(mr.inner.clone(), ptr, max_len)?;
+        Ok(self.track(op))
+    }
+
+    /// Starts writing `len` bytes at `ptr` (inside `mr`) to byte `offset` of
+    /// the peer's advertised `remote` region.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a span outside `mr` or
+    /// `remote`, or a descriptor of another endpoint than the peer; as
+    /// [`Endpoint::send_async`] otherwise. The peer refusing the target (a
+    /// region no longer registered) fails the transfer with its error.
+    pub fn write_async(
+        &self,
+        conn: &Conn,
+        mr: &Mr,
+        ptr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        offset: usize,
+    ) -> Result<TransferId> {
+        let raddr = self.check_one_sided(conn, mr, ptr, len, remote, offset, "write")?;
+        self.submit(conn, |op| Work::Write { op, mr: mr.inner.clone(), addr: ptr, len, remote: *remote, raddr })
+    }
+
+    /// Starts reading `len` bytes from byte `offset` of the peer's
+    /// advertised `remote` region into `ptr` (inside `mr`).
+    ///
+    /// Errors: as [`Endpoint::write_async`].
+    pub fn read_async(
+        &self,
+        conn: &Conn,
+        mr: &Mr,
+        ptr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        offset: usize,
+    ) -> Result<TransferId> {
+        let raddr = self.check_one_sided(conn, mr, ptr, len, remote, offset, "read")?;
+        self.submit(conn, |op| Work::Read { op, mr: mr.inner.clone(), addr: ptr, len, remote: *remote, raddr })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_one_sided(
+        &self,
+        conn: &Conn,
+        mr: &Mr,
+        ptr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        offset: usize,
+        what: &str,
+    ) -> Result<u64> {
+        self.check_conn(conn, true, what)?;
+        self.check_mr(mr, ptr, len, what)?;
+        if remote.endpoint != conn.inner.peer_token {
+            return Err(Error::invalid_argument(format!(
+                "{what}: the remote region was advertised by another endpoint than this connection's peer"
+            )));
+        }
+        if (offset as u64).checked_add(len as u64).is_none_or(|end| end > remote.len) {
+            return Err(Error::invalid_argument(format!(
+                "{what}: {len} bytes at offset {offset} do not fit the remote region of {} bytes",
+                remote.len
+            )));
+        }
+        Ok(remote.addr + offset as u64)
+    }
+
+    /// Whether transfer `id` finished: `Ok(Some(bytes))` once it has (the
+    /// bytes moved: a receive's message length), `Ok(None)` while in
+    /// flight. A finished transfer is forgotten once reported.
+    ///
+    /// Errors: the transfer's own error (reported once); [`Error::InvalidArgument`]
+    /// for an id this endpoint does not know (or already reported).
+    pub fn poll_async(&self, id: TransferId) -> Result<Option<usize>> {
+        let mut t = lock(&self.ep.transfers);
+        let op = t.get(&id.0).ok_or_else(|| Error::invalid_argument(format!("unknown transfer id {}", id.0)))?;
+        match op.poll() {
+            None => Ok(None),
+            Some(r) => {
+                t.remove(&id.0);
+                r.map(Some)
+            }
+        }
+    }
+
+    /// Waits (up to `op_timeout`) for transfer `id`; returns its bytes.
+    ///
+    /// Errors: as [`Endpoint::poll_async`]; [`Error::Timeout`], which also
+    /// fails the transfer's connection.
+    pub fn wait_async(&self, id: TransferId) -> Result<usize> {
+        let op = lock(&self.ep.transfers)
+            .get(&id.0)
+            .cloned()
+            .ok_or_else(|| Error::invalid_argument(format!("unknown transfer id {}", id.0)))?;
+        let r = op.wait(self.ep.shared.config.op_timeout);
+        lock(&self.ep.transfers).remove(&id.0);
+        r
+    }
+
+    /// Sends `len` bytes at `ptr` (inside `mr`) and waits (see [`Endpoint::send_async`]).
+    pub fn send(&self, conn: &Conn, mr: &Mr, ptr: u64, len: usize) -> Result<()> {
+        let id = self.send_async(conn, mr, ptr, len)?;
+        self.wait_async(id).map(|_| ())
+    }
+
+    /// Receives the next message into `ptr .. ptr + max_len` and waits;
+    /// returns its length (see [`Endpoint::recv_async`]).
+    pub fn recv(&self, conn: &Conn, mr: &Mr, ptr: u64, max_len: usize) -> Result<usize> {
+        let id = self.recv_async(conn, mr, ptr, max_len)?;
+        self.wait_async(id)
+    }
+
+    /// Sends each `(region, ptr, len)` as its own message, in order, as one
+    /// operation: all are started, then all are waited for.
+    ///
+    /// Errors: as [`Endpoint::send`]; the first failure.
+    pub fn sendv(&self, conn: &Conn, parts: &[(&Mr, u64, usize)]) -> Result<()> {
+        let ids = parts.iter().map(|(mr, p, n)| self.send_async(conn, mr, *p, *n)).collect::<Result<Vec<_>>>()?;
+        self.wait_all(ids).map(|_| ())
+    }
+
+    /// Receives one message into each `(region, ptr, max_len)`, in order, as
+    /// one operation; returns each message's length.
+    ///
+    /// Errors: as [`Endpoint::recv`]; the first failure.
+    pub fn recvv(&self, conn: &Conn, parts: &[(&Mr, u64, usize)]) -> Result<Vec<usize>> {
+        let ids = parts.iter().map(|(mr, p, n)| self.recv_async(conn, mr, *p, *n)).collect::<Result<Vec<_>>>()?;
+        self.wait_all(ids)
+    }
+
+    fn wait_all(&self, ids: Vec<TransferId>) -> Result<Vec<usize>> {
+        let mut out = Vec::with_capacity(ids.len());
+        let mut first = None;
+        for id in ids {
+            match self.wait_async(id) {
+                Ok(n) => out.push(n),
+                Err(e) => {
+                    first.get_or_insert(e);
+                    out.push(0);
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Writes `len` bytes at `ptr` into the peer's `remote` region at
+    /// `offset` and waits until they are there (see [`Endpoint::write_async`]).
+    pub fn write(
+        &self,
+        conn: &Conn,
+        mr: &Mr,
+        ptr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        offset: usize,
+    ) -> Result<()> {
+        let id = self.write_async(conn, mr, ptr, len, remote, offset)?;
+        self.wait_async(id).map(|_| ())
+    }
+
+    /// Reads `len` bytes from the peer's `remote` region at `offset` into
+    /// `ptr` and waits (see [`Endpoint::read_async`]).
+    pub fn read(&self, conn: &Conn, mr: &Mr, ptr: u64, len: usize, remote: &RemoteRegion, offset: usize) -> Result<()> {
+        let id = self.read_async(conn, mr, ptr, len, remote, offset)?;
+        self.wait_async(id).map(|_| ())
+    }
+
+    /// Where the peer's `remote` region is mapped into this endpoint's
+    /// device, on a same-host (IPC) connection whose peer region is
+    /// shareable: a device address kernels and the copy engine can use
+    /// directly (stores there are the peer's memory). `None` otherwise.
+    ///
+    /// Errors: as [`Endpoint::write`]'s checks of the connection and descriptor.
+    pub fn mapped_address(&self, conn: &Conn, remote: &RemoteRegion) -> Result<Option<u64>> {
+        self.check_conn(conn, true, "mapped_address")?;
+        if remote.endpoint != conn.inner.peer_token {
+            return Err(Error::invalid_argument(
+                "mapped_address: the remote region was advertised by another endpoint than this connection's peer",
+            ));
+        }
+        Ok(conn.inner.mapping(remote.mr_id)?.and_then(|m| m.local(remote.addr, remote.len)))
+    }
+
+    /// Closes `conn`: the peer's transfers on it fail with
+    /// [`Error::RemoteError`], this side's with [`Error::InvalidUsage`].
+    pub fn close(&self, conn: &Conn) {
+        conn.inner.close();
+        lock(&self.ep.conns).retain(|c| !Arc::ptr_eq(c, &conn.inner));
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.ep.shared.shutdown.store(true, Ordering::SeqCst);
+        for h in std::mem::take(&mut *lock(&self.ep.threads)) {
+            let _ = h.join();
+        }
+        let conns = std::mem::take(&mut *lock(&self.ep.conns));
+        for c in conns {
+            c.close();
+        }
+        let queued: Vec<_> = lock(&self.ep.accepted).drain(..).collect();
+        for (_, _, c) in queued {
+            c.close();
+        }
+        lock(&self.ep.pending).clear();
+    }
+}
+
+/// The hello flags of an endpoint.
+fn flags(sh: &Shared) -> u32 {
+    let mut f = 0;
+    if sh.device.kind() == RuntimeKind::Cuda {
+        f |= wire::FLAG_CUDA;
+    }
+    if sh.config.force_tcp {
+        f |= wire::FLAG_FORCE_TCP;
+    }
+    f
+}
+
+/// Whether a peer with `peer_host` and `peer_flags` gets a same-host (IPC) connection.
+fn same_host(sh: &Shared, peer_host: u128, peer_flags: u32) -> bool {
+    let mine = flags(sh);
+    peer_host == sh.host_id
+        && (mine & wire::FLAG_CUDA) == (peer_flags & wire::FLAG_CUDA)
+        && (mine | peer_flags) & wire::FLAG_FORCE_TCP == 0
+}
+
+fn reject(ep: &EpInner, e: Error) {
+    tracing::debug!(error = %e, "p2p: refused a connection");
+    let mut r = lock(&ep.rejections);
+    if r.len() >= 64 {
+        r.remove(0);
+    }
+    r.push(e);
+}
+
+fn accept_loop(ep: Arc<EpInner>, listener: TcpListener) {
+    while !ep.shared.shutdown.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((s, peer)) => {
+                let e2 = ep.clone();
+                let r = std::thread::Builder::new().name("p2p-hello".into()).spawn(move || {
+                    if let Err(e) = handshake(&e2, s, peer) {
+                        reject(&e2, e.context(format!("connection from {peer}")));
+                    }
+                });
+                if let Err(e) = r {
+                    reject(&ep, Error::system("spawning a handshake thread", e));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                reject(&ep, Error::system("accept", e));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn fd_loop(sh: Arc<Shared>, listener: std::os::unix::net::UnixListener) {
+    use crate::window::fd_passing::receive_one;
+    while !sh.shutdown.load(Ordering::SeqCst) {
+        match listener.accept() {
+            // Each descriptor gets the whole op timeout to arrive (none is
+            // lost to a deadline that was about to pass when it connected).
+            Ok((s, _)) => match receive_one(s, Instant::now() + sh.config.op_timeout) {
+                Ok((h, fd)) => {
+                    lock(&sh.fds).insert((h.magic as u64, h.seq), Ok((h.from_rank, h.alloc_size as usize, fd)));
+                    sh.fds_cv.notify_all();
+                }
+                Err(e) => tracing::debug!(error = %e, "p2p: a descriptor did not arrive"),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "p2p: accepting a descriptor connection");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// The accepting side of a new TCP connection: a control socket opens a
+/// connection, a data socket joins one.
+fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()> {
+    let sh = &ep.shared;
+    let to = sh.config.connect_timeout;
+    let io = |e| Error::system("configuring an accepted socket", e);
+    s.set_nonblocking(false).map_err(io)?;
+    s.set_read_timeout(Some(to)).map_err(io)?;
+    s.set_write_timeout(Some(to)).map_err(io)?;
+    s.set_nodelay(true).map_err(io)?;
+    let h = wire::Hello::read_from(&mut s)?;
+    match h.kind {
+        wire::HELLO_CONTROL => {
+            let mut answer = wire::Hello {
+                kind: wire::HELLO_ANSWER,
+                token: sh.token,
+                host_id: sh.host_id,
+                gpu: ep.gpu as u32,
+                flags: flags(sh),
+                ..Default::default()
+            };
+            if h.want_gpu as usize != ep.gpu {
+                answer.status = wire::STATUS_WRONG_GPU;
+                answer.message = format!("the endpoint at this port serves GPU {}, not GPU {}", ep.gpu, h.want_gpu);
+                let _ = answer.write_to(&mut s);
+                return Err(Error::invalid_argument(answer.message));
+            }
+            if h.threads == 0 || h.threads > 64 {
+                answer.status = wire::STATUS_REFUSED;
+                answer.message = format!("{} data sockets asked for (1 ..= 64)", h.threads);
+                let _ = answer.write_to(&mut s);
+                return Err(Error::remote(answer.message));
+            }
+            let threads = (h.threads as usize).min(sh.config.threads).max(1);
+            let id = ep.next_id.fetch_add(1, Ordering::Relaxed);
+            let nonce: u64 = rand::random();
+            answer.threads = threads as u32;
+            answer.conn_id = id;
+            answer.nonce = nonce;
+            let ipc = same_host(sh, h.host_id, h.flags);
+            let mut pending = lock(&ep.pending);
+            pending.retain(|_, p| p.since.elapsed() < to);
+            answer.write_to(&mut s)?;
+            pending.insert(
+                id,
+                Pending {
+                    control: s,
+                    nonce,
+                    peer_token: h.token,
+                    remote_gpu: h.gpu as usize,
+                    peer,
+                    ipc,
+                    stripes: (0..threads).map(|_| None).collect(),
+                    since: Instant::now(),
+                },
+            );
+            Ok(())
+        }
+        wire::HELLO_DATA => {
+            let mut pending = lock(&ep.pending);
+            let p = pending
+                .get_mut(&h.conn_id)
+                .filter(|p| p.nonce == h.nonce && p.peer_token == h.token)
+                .ok_or_else(|| Error::remote("a data socket for no pending connection"))?;
+            let slot = p
+                .stripes
+                .get_mut(h.stripe as usize)
+                .filter(|s| s.is_none())
+                .ok_or_else(|| Error::remote(format!("data socket {} is out of range or repeated", h.stripe)))?;
+            *slot = Some(s);
+            if p.stripes.iter().any(Option::is_none) {
+                return Ok(());
+            }
+            let p = pending.remove(&h.conn_id).ok_or_else(|| Error::internal("pending connection vanished"))?;
+            drop(pending);
+            let parts = ConnParts {
+                id: ep.next_id.fetch_add(1, Ordering::Relaxed),
+                initiator: false,
+                peer_addr: p.peer,
+                remote_gpu: p.remote_gpu,
+                peer_token: p.peer_token,
+                nonce: p.nonce,
+                ipc: p.ipc,
+                control: p.control,
+                data: p.stripes.into_iter().flatten().collect(),
+            };
+            let conn = ConnInner::start(sh.clone(), parts)?;
+            conn.send_control(&wire::Control::new(wire::C_READY, 0, 0, 0, 0))?;
+            if sh.shutdown.load(Ordering::SeqCst) {
+                conn.close();
+                return Ok(());
+            }
+            lock(&ep.conns).push(conn.clone());
+            lock(&ep.accepted).push_back((p.peer, p.remote_gpu, conn));
+            ep.accepted_cv.notify_all();
+            Ok(())
+        }
+        k => Err(Error::remote(format!("a hello of kind {k} opened a connection"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_from_environment_and_validation() {
+        let c = P2pConfig::from_lookup(|k| match k {
+            TRANSPORT_ENV => Some("tcp".into()),
+            TIMEOUT_ENV => Some("1500".into()),
+            BIND_ENV => Some("127.0.0.1".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(c.force_tcp);
+        assert_eq!(c.op_timeout, Duration::from_millis(1500));
+        assert_eq!(c.bind, "127.0.0.1:0".parse().unwrap());
+        assert!(P2pConfig::from_lookup(|k| (k == TRANSPORT_ENV).then(|| "rdma".into())).is_err());
+        assert!(P2pConfig::from_lookup(|k| (k == TIMEOUT_ENV).then(|| "0".into())).is_err());
+        assert!(P2pConfig::default().with_threads(0).validate().is_err());
+        assert!(P2pConfig::default().with_threads(65).validate().is_err());
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_garbage_is_refused() {
+        let r = RemoteRegion { endpoint: 0xabc, mr_id: 7, addr: 0x7000_0000, len: 12345 };
+        assert_eq!(RemoteRegion::from_bytes(&r.to_bytes()).unwrap(), r);
+        assert!(matches!(RemoteRegion::from_bytes(&[1, 2, 3]), Err(Error::InvalidArgument(_))));
+        let mut b = r.to_bytes();
+        b[0] ^= 1;
+        assert!(RemoteRegion::from_bytes(&b).is_err());
+        assert!(ConnMetadata::from_bytes(&[0u8; 48]).is_err());
+    }
+}
