@@ -305,6 +305,10 @@ kernel! {
     /// peers' operations; launched co-resident with `ctas_per_task` CTAs
     /// per task.
     pub unsafe fn p2p_group(args: P2pArgs) {
+        // The context by value: references into the parameter itself (the
+        // GIN paths take some) would make LLVM copy all of it, operations
+        // included, to local memory.
+        let ctx = args.ctx;
         let cta = Cta::new();
         let k = args.ctas_per_task.max(1);
         let (task, part) = (arch::block_idx().x / k, Part { index: arch::block_idx().x % k, count: k });
@@ -326,9 +330,9 @@ kernel! {
                 break;
             }
             r = if op.kind == P2pKind::Send as u32 {
-                coll::send(&cta, &args.ctx, part, &op)
+                coll::send(&cta, &ctx, part, &op)
             } else {
-                coll::recv(&cta, &args.ctx, part, &op)
+                coll::recv(&cta, &ctx, part, &op)
             };
             i += 1;
         }
