@@ -142,6 +142,7 @@ pub mod gin;
 pub mod launch;
 pub mod memory;
 pub mod ptx;
+pub mod rma;
 pub mod team;
 pub mod window;
 
