@@ -147,8 +147,11 @@ struct Shared {
     gets_landed: Mutex<Vec<u64>>,
     /// Peers' get requests for the proxy thread to serve: (peer, window,
     /// offset, bytes, id).
-    get_requests: Mutex<Vec<(usize, u32, u64, u64, u64)>>,
+    get_requests: Mutex<Vec<GetRequest>>,
 }
+
+/// A peer's get request: (peer, window, offset, bytes, id).
+type GetRequest = (usize, u32, u64, u64, u64);
 
 impl Shared {
     fn fail(&self, peer: usize, error: GinHostError) {
