@@ -75,7 +75,14 @@ fn bench(quick: bool) -> Result<()> {
                     for _ in 0..iters {
                         let put = || {
                             if from_window {
-                                rma.put_signal(RmaSource::<u8>::window(&window, max, bytes)?, peer, &window, 0, 0, &stream)
+                                rma.put_signal(
+                                    RmaSource::<u8>::window(&window, max, bytes)?,
+                                    peer,
+                                    &window,
+                                    0,
+                                    0,
+                                    &stream,
+                                )
                             } else {
                                 rma.put_signal(&buf, peer, &window, 0, 0, &stream)
                             }
