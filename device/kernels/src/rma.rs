@@ -43,7 +43,9 @@ kernel! {
     /// `context`, then increments GIN signal `signal` there (`u32::MAX`: no
     /// signal). Puts of more than [`INLINE_PUT_BYTES`] bytes then flush (the
     /// proxy has read the source when the kernel ends, so the stream may
-    /// reuse it); smaller ones travel inside the descriptor. One thread.
+    /// reuse it); smaller ones travel inside the descriptor. The source is
+    /// declared released (`with_given_release(Scope::Sys)`): this kernel never
+    /// writes it, whatever wrote it ran before in stream order. One thread.
     ///
     /// # Safety
     /// `comm` is a live device communicator with GIN; `src` and `dst` are
@@ -62,7 +64,10 @@ kernel! {
         errors: *mut u32,
     ) {
         let r = (|| {
-            let gin = Gin::new(&comm, context)?;
+            // The source was written before this kernel started (by the host,
+            // a stream copy or an earlier kernel): already released at system
+            // scope, so the put needs no fence of its own.
+            let gin = Gin::new(&comm, context)?.with_given_release(Scope::Sys);
             let world = comm.world();
             gin.put(&ThreadCoop, &world, peer, &dst, dst_offset, &src, src_offset, bytes, signal_inc(signal), LocalAction::None)?;
             if bytes > INLINE_PUT_BYTES {
