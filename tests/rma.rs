@@ -5,7 +5,9 @@
 //! every peer at once; host signals mixed with device-side GIN signals on
 //! the same words, a kernel waiting for host put_signals; bad input as
 //! typed errors; a wait nobody answers as a kept `Timeout`. Each case runs
-//! with one LSA team (copy-engine transport between the ranks of the host),
+//! with one LSA team (puts from 4 KiB as direct stream copies into the
+//! peer's window, smaller ones through the proxy's copy-engine transport;
+//! also every put direct, and none),
 //! with every rank its own node (`DEVCOMM_LSA_SIZE=1`), and over TCP
 //! (`DEVCOMM_GIN_TRANSPORT=tcp`).
 
@@ -28,7 +30,15 @@ const STAGE: usize = 65_536;
 const POISON: u8 = 0xA7;
 
 fn cases(child: &str, n: usize, lsa1: bool, tcp: bool) {
+    cases_with(child, n, lsa1, tcp, None);
+}
+
+/// As [`cases`], with `DEVCOMM_RMA_DIRECT_MIN_BYTES` set to `direct`.
+fn cases_with(child: &str, n: usize, lsa1: bool, tcp: bool, direct: Option<usize>) {
     let mut env = vec![("DEVCOMM_OP_TIMEOUT_MS", "30000".to_string())];
+    if let Some(d) = direct {
+        env.push(("DEVCOMM_RMA_DIRECT_MIN_BYTES", d.to_string()));
+    }
     if lsa1 {
         env.push(("DEVCOMM_LSA_SIZE", "1".to_string()));
     }
@@ -212,6 +222,11 @@ fn bad_input(comm: &Communicator, rma: &HostRma<'_>, win: &Window<'_>, stream: &
     is_invalid(rma.put_signal_on(&b, 0, win, 0, 0, 2, stream), "context out of range");
     is_invalid(rma.put_signal(&b, 0, win, words - 9, 0, stream), "offset + len past the window");
     is_invalid(rma.put_signal(&b, 0, win, usize::MAX / 2, 0, stream), "offset overflowing");
+    let me = comm.rank();
+    is_invalid(
+        rma.put_signal(RmaSource::<u32>::window(win, 100, 10).unwrap(), me, win, 105, 0, stream),
+        "a put to oneself overlapping its source",
+    );
     is_invalid(RmaSource::range(&b, 3, 8).map(|_| ()), "source range past the buffer");
     is_invalid(RmaSource::<u32>::window(win, words - 1, 2).map(|_| ()), "source past its window");
     is_invalid(rma.signal(n, 0, stream), "signal: peer out of range");
@@ -262,6 +277,19 @@ fn rma_2_ranks() {
 #[test]
 fn rma_3_ranks() {
     cases("child_rma", 3, false, false);
+}
+
+/// Every put to another GPU of the node through the direct path (a stream copy
+/// into the peer's window, then the signal), even one byte.
+#[test]
+fn rma_3_ranks_direct_always() {
+    cases_with("child_rma", 3, false, false, Some(1));
+}
+
+/// No direct path: every put through the proxy, also within the node.
+#[test]
+fn rma_2_ranks_proxy_only() {
+    cases_with("child_rma", 2, false, false, Some(usize::MAX));
 }
 
 #[test]

@@ -33,9 +33,13 @@
 //! (`increase_signal_shadow` + `wait_signal`): a kernel that waits with
 //! `wait_signal_meet_shadow` / `increase_signal_shadow` shares that count.
 //!
-//! Same-host peers are reached by the proxy's copy-engine transport (copies
-//! into the peer's window, then the signal), other hosts by TCP (or verbs);
-//! `DEVCOMM_GIN_TRANSPORT` chooses as for every GIN user.
+//! Peers of this rank's LSA team (GPUs of the node, their windows mapped
+//! here) take, for puts of at least [`RmaConfig::direct_min_bytes`], a
+//! direct path: one copy-engine copy on the caller's stream into the peer's
+//! window, then the signal through the proxy — the same signal word, after
+//! data that is complete. Everything else goes through the proxy: the
+//! copy-engine transport on one host, TCP (or verbs) between hosts,
+//! `DEVCOMM_GIN_TRANSPORT` choosing as for every GIN user.
 //!
 //! ```
 //! use devcomm::prelude::*;
@@ -88,11 +92,24 @@ pub struct RmaConfig {
     pub stage_bytes: usize,
     /// Descriptors per GIN ring (0: the default).
     pub queue_depth: u32,
+    /// Puts of at least this many bytes to a peer of this rank's LSA team
+    /// (another GPU of the node, whose window is mapped here) take the
+    /// direct path: one copy-engine copy on the caller's stream straight
+    /// into the peer's window, then the signal through the proxy (no
+    /// staging, no proxy copy). Smaller ones, and puts to other nodes or
+    /// to oneself, go through the proxy. `usize::MAX`: never. Default
+    /// 4096, or `DEVCOMM_RMA_DIRECT_MIN_BYTES`.
+    pub direct_min_bytes: usize,
 }
+
+/// Env: [`RmaConfig::direct_min_bytes`]'s default.
+pub const DIRECT_MIN_BYTES_ENV: &str = "DEVCOMM_RMA_DIRECT_MIN_BYTES";
 
 impl Default for RmaConfig {
     fn default() -> Self {
-        RmaConfig { signals: 1, contexts: 1, stage_bytes: 4 << 20, queue_depth: 0 }
+        let direct_min_bytes =
+            std::env::var(DIRECT_MIN_BYTES_ENV).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(4096);
+        RmaConfig { signals: 1, contexts: 1, stage_bytes: 4 << 20, queue_depth: 0, direct_min_bytes }
     }
 }
 
@@ -207,6 +224,7 @@ pub struct HostRma<'c> {
     handle: DevCommHandle<'c>,
     config: RmaConfig,
     stage_offset: u64,
+    world: crate::team::Team,
     error: HostMappedWord,
 }
 
@@ -279,7 +297,8 @@ impl Communicator {
         let handle = self.create_dev_comm(&req).map_err(|e| e.context("host_rma"))?;
         let stage_offset = handle.resource_offset(stage)?;
         let error = HostMappedWord::new(self.device())?;
-        Ok(HostRma { comm: self, handle, config: config.clone(), stage_offset, error })
+        let world = self.team(crate::team::TeamKind::World)?;
+        Ok(HostRma { comm: self, handle, config: config.clone(), stage_offset, world, error })
     }
 }
 
@@ -428,6 +447,38 @@ impl<'c> HostRma<'c> {
             })?;
         self.sticky()?;
         let gin_signal = signal * self.comm.count() as u32 + self.comm.rank() as u32;
+        if let Some((win, src_offset, _)) = src.window {
+            if peer == self.comm.rank()
+                && win.id() == dst.id()
+                && src_offset < dst_offset + bytes
+                && dst_offset < src_offset + bytes
+            {
+                return Err(Error::invalid_argument(format!(
+                    "{what}: a put to this rank's own window overlaps its source (bytes {src_offset}.. and {dst_offset}.., {bytes} each)"
+                )));
+            }
+        }
+        // Direct path: a peer of this rank's LSA team, its window mapped here.
+        let direct = (bytes > 0 && bytes as usize >= self.config.direct_min_bytes && peer != self.comm.rank())
+            .then(|| peer_window.peer_pointer(&self.world, peer, dst_offset as usize).ok())
+            .flatten();
+        if let Some(dst_ptr) = direct {
+            if src.window.is_some_and(|(_, _, key)| key != crate::window::comm_key(self.comm)) {
+                return Err(Error::invalid_argument(format!(
+                    "{what}: the source window belongs to another communicator"
+                )));
+            }
+            // SAFETY: `dst_ptr .. + bytes` is the peer's window range, mapped
+            // here (`peer_pointer` checked the LSA team; the range was checked
+            // against the window's size above); `src.ptr .. + bytes` is the
+            // caller's buffer or window range on this device, alive for the
+            // call's borrow (freeing device memory waits for the device);
+            // different ranks' memory, so they do not overlap.
+            unsafe { stream.memcpy_raw(dst_ptr, src.ptr, bytes as usize) }?;
+            // The signal after the copy, in stream order: the copy is complete
+            // (its data in the peer's memory) before the kernel posts it.
+            return self.signal_raw(peer, gin_signal, context, stream);
+        }
         match src.window {
             Some((win, src_offset, key)) => {
                 if key != crate::window::comm_key(self.comm) {
@@ -538,9 +589,16 @@ impl<'c> HostRma<'c> {
         self.check_context(context, what)?;
         self.sticky()?;
         let gin_signal = signal * self.comm.count() as u32 + self.comm.rank() as u32;
+        self.signal_raw(peer, gin_signal, context, stream)
+    }
+
+    /// Queues the `rma_signal` kernel: GIN signal `gin_signal` of `peer` + 1.
+    /// The caller checked `peer`, the signal id (below signals × ranks) and
+    /// `context`.
+    fn signal_raw(&self, peer: usize, gin_signal: u32, context: u32, stream: &Stream) -> Result<()> {
         let args = (self.dc(), peer as u32, gin_signal, context, self.error.device_addr() as *mut u32);
         // SAFETY: this object's device communicator with GIN, peer, signal id
-        // and context checked above; the error word is host-mapped and ours.
+        // and context checked by the caller; the error word is host-mapped and ours.
         unsafe { stream.launch::<devcomm_kernels::rma::rma_signal>(LaunchConfig::new(1, 1), args) }
     }
 
