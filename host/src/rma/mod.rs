@@ -221,7 +221,8 @@ fn element_range<T>(offset: usize, len: usize) -> Option<(u64, u64)> {
 /// Stream-ordered put/signal/wait on one communicator (see the [module docs](self)).
 pub struct HostRma<'c> {
     comm: &'c Communicator,
-    handle: DevCommHandle<'c>,
+    /// Always `Some` but inside `destroy`.
+    handle: Option<DevCommHandle<'c>>,
     config: RmaConfig,
     stage_offset: u64,
     world: crate::team::Team,
@@ -298,7 +299,19 @@ impl Communicator {
         let stage_offset = handle.resource_offset(stage)?;
         let error = HostMappedWord::new(self.device())?;
         let world = self.team(crate::team::TeamKind::World)?;
-        Ok(HostRma { comm: self, handle, config: config.clone(), stage_offset, world, error })
+        Ok(HostRma { comm: self, handle: Some(handle), config: config.clone(), stage_offset, world, error })
+    }
+}
+
+/// Dropping waits for this device's queued work (the kernels of queued
+/// operations use the device communicator and the error word); a wait
+/// that cannot be satisfied ends with the op timeout. Then this rank's
+/// side is released without talking to other ranks.
+impl Drop for HostRma<'_> {
+    fn drop(&mut self) {
+        if self.handle.is_some() {
+            let _ = self.comm.device().synchronize();
+        }
     }
 }
 
@@ -312,7 +325,7 @@ impl<'c> HostRma<'c> {
     /// `dev_comm().dev_comm()` to kernels that put, signal or wait on the
     /// same signals (ids from [`HostRma::gin_signal`]).
     pub fn dev_comm(&self) -> &DevCommHandle<'c> {
-        &self.handle
+        self.handle()
     }
 
     /// The configuration.
@@ -335,7 +348,7 @@ impl<'c> HostRma<'c> {
     /// object is dropped: after a failed wait the signals' counts are unknown),
     /// or the first error of the GIN proxy serving it.
     pub fn error(&self) -> Option<Error> {
-        Error::from_device_code(self.error.get(), "a host RMA operation").or_else(|| self.handle.gin_error())
+        Error::from_device_code(self.error.get(), "a host RMA operation").or_else(|| self.handle().gin_error())
     }
 
     /// Waits for `stream`, then returns the first failure ([`HostRma::error`]).
@@ -344,9 +357,20 @@ impl<'c> HostRma<'c> {
         self.error().map_or(Ok(()), Err)
     }
 
-    /// Collective release: every rank's operations must have completed.
-    pub fn destroy(self) -> Result<()> {
-        self.handle.destroy()
+    /// Collective release (`ncclDevCommDestroy` of its device communicator):
+    /// waits for this device's queued work first, then releases on every rank.
+    pub fn destroy(mut self) -> Result<()> {
+        let idle = self.comm.device().synchronize();
+        let r = match self.handle.take() {
+            Some(h) => h.destroy(),
+            None => Ok(()),
+        };
+        idle.and(r)
+    }
+
+    fn handle(&self) -> &DevCommHandle<'c> {
+        // Taken only by `destroy`, which consumes `self`.
+        self.handle.as_ref().expect("HostRma's device communicator is present until destroy")
     }
 
     fn check_signal(&self, signal: u32, what: &str) -> Result<()> {
@@ -425,7 +449,7 @@ impl<'c> HostRma<'c> {
         self.check_peer(peer, what)?;
         self.check_signal(signal, what)?;
         self.check_context(context, what)?;
-        let dst = self.handle.window(peer_window).map_err(|e| {
+        let dst = self.handle().window(peer_window).map_err(|e| {
             Error::invalid_argument(format!("{what}: {e} (pass the window to host_rma when creating it)"))
         })?;
         if src.ordinal != self.comm.device().ordinal() {
@@ -496,7 +520,7 @@ impl<'c> HostRma<'c> {
                 // last chunk signals. Each chunk's kernel flushes, so the
                 // next chunk's copy into the staging area is stream-ordered
                 // after the proxy has read the previous one.
-                let stage = self.handle.resource_window();
+                let stage = self.handle().resource_window();
                 let chunk = self.config.stage_bytes as u64;
                 let stage_ptr = stage.local_ptr::<u8>(self.stage_offset) as u64;
                 let mut done = 0u64;
@@ -566,7 +590,7 @@ impl<'c> HostRma<'c> {
     }
 
     fn dc(&self) -> DevComm {
-        self.handle.dev_comm()
+        self.handle().dev_comm()
     }
 
     /// `peer`'s signal `signal` (from this rank) + 1, after every earlier
