@@ -167,7 +167,47 @@ fn child_body(comm: &Communicator) {
     assert_eq!(stream.read_vec(&errors).unwrap()[0], DeviceError::OutOfWindow as u32);
     assert!(handle.gin_error().is_none(), "{:?}", handle.gin_error());
     comm.bootstrap_barrier().unwrap();
-    handle.destroy().unwrap();
+
+    // A window not declared with use_window: the copy-engine transport has
+    // no mapping of the peer's, so the proxy fails the ring and the kernel's
+    // flush says so (no timeout); TCP reads any registered window of the peer.
+    let other_mem = comm.mem_alloc(4096).unwrap();
+    let other = comm.register_window(&other_mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    other.write(&stream, 0, &sources[me][..4096]).unwrap();
+    other.write(&stream, 0, &[POISON; 64]).unwrap();
+    stream.synchronize().unwrap();
+    comm.bootstrap_barrier().unwrap();
+    let tcp = std::env::var("DEVCOMM_GIN_TRANSPORT").is_ok_and(|v| v == "tcp");
+    let list = dev.alloc_from(&[peer, 100, 0, 64]).unwrap();
+    let errors = dev.alloc_from(&[0u32; 2]).unwrap();
+    // SAFETY: as above, with `other` as the kernel's window: the get reads
+    // bytes 100..164 of the peer's `other` into bytes 0..64 of this rank's.
+    unsafe {
+        stream
+            .launch_in::<gin_get_batch>(
+                &kernels,
+                LaunchConfig::new(1, 32),
+                (dc, other.desc(), list.as_ptr(), 1u32, 0u32, 0u64, sums.as_mut_ptr(), errors.as_mut_ptr()),
+            )
+            .unwrap()
+    };
+    let code = stream.read_vec(&errors).unwrap()[0];
+    if tcp {
+        assert_eq!(code, 0, "TCP gets read any registered window");
+        let mut got = [0u8; 64];
+        other.read(&stream, 0, &mut got).unwrap();
+        assert_eq!(&got[..], &sources[peer as usize][100..164]);
+    } else {
+        assert_eq!(code, DeviceError::RingFailed as u32, "copy engine: the window is not mapped here");
+        let mut got = [0u8; 64];
+        other.read(&stream, 0, &mut got).unwrap();
+        assert_eq!(got, [POISON; 64], "nothing landed");
+        let e = handle.gin_error().expect("the proxy says why the ring failed");
+        assert!(e.to_string().contains("use_window"), "{e}");
+    }
+    comm.bootstrap_barrier().unwrap();
+    drop(handle);
+    drop(other);
     win.deregister().unwrap();
 }
 
