@@ -486,8 +486,8 @@ impl<'a> Gin<'a> {
     /// once `local`'s counter has counted it ([`Gin::wait_counter`]); a
     /// get is not ordered with other operations (a later put to `peer` may
     /// land there before this get reads). NCCL 2.30 has `get` for its GDAKI
-    /// backend only; devcomm's proxy carries it on the copy-engine and TCP
-    /// transports (the verbs transport refuses it: the ring fails).
+    /// backend only; devcomm's proxy carries it on every transport: copy engine,
+    /// TCP, and verbs (RDMA read; tested against a model NIC only).
     ///
     /// The destination range must not be written by anyone until the get is
     /// complete, and stores this kernel made to it earlier must have been
