@@ -806,7 +806,7 @@ fn model_gets_read_into_the_window_and_retire_on_completion() {
     assert!(ranks[0].window[..7].iter().chain(&ranks[0].window[7 + data.len()..80_000]).all(|&b| b == 0xEE));
     // Refused: a destination outside the registered windows, a range past the
     // peer's window, a get from oneself overlapping its destination.
-    let outside = vec![0u8; 16];
+    let outside = [0u8; 16];
     let from1 = GetSource { peer: 1, src_window: WINDOW, src_offset: 0 };
     assert!(matches!(ts[0].get(from1, outside.as_ptr() as u64, 16), Err(GinHostError::Invalid(_))));
     let past = GetSource { peer: 1, src_window: WINDOW, src_offset: WINDOW_BYTES as u64 - 4 };
