@@ -18,7 +18,7 @@ use devcomm::comm::Communicator;
 use devcomm::rma::{HostRma, RmaConfig, RmaSource, WaitSignal};
 use devcomm::runtime::{LaunchConfig, Stream};
 use devcomm::{Error, Window, WindowFlags};
-use devcomm_test_kernels::rma::{rma_device_signal, rma_device_wait};
+use devcomm_test_kernels::rma::{rma_device_signal, rma_device_wait, rma_read_shadows};
 use devcomm_tests::test_kernels;
 use rand::{Rng, SeedableRng};
 
@@ -53,6 +53,31 @@ fn data(from: usize, to: usize, round: usize, len: usize) -> Vec<u32> {
     let mut rng =
         rand::rngs::StdRng::seed_from_u64(0x5157 ^ ((from as u64) << 8) ^ ((to as u64) << 16) ^ ((round as u64) << 24));
     (0..len).map(|_| rng.gen::<u32>() | 1).collect()
+}
+
+/// The device-side shadows of host signal `signal` from every rank: how many
+/// signal operations waits have consumed.
+fn shadows(rma: &HostRma<'_>, stream: &Stream, kernels: &devcomm::Module, signal: u32) -> Vec<u64> {
+    let n = rma.comm().count();
+    let dev = rma.comm().device();
+    let ids: Vec<u32> = (0..n).map(|p| rma.gin_signal(signal, p).unwrap()).collect();
+    let ids = dev.alloc_from(&ids).unwrap();
+    let out = dev.alloc_from(&vec![u64::MAX; n]).unwrap();
+    let errors = dev.alloc_from(&[0u32; 2]).unwrap();
+    // SAFETY: the HostRma's live device communicator; `ids` and `out` hold `n`
+    // elements, `errors` two; all outlive the launch (read after the stream
+    // is synchronised).
+    unsafe {
+        stream
+            .launch_in::<rma_read_shadows>(
+                kernels,
+                LaunchConfig::new(1, 1),
+                (rma.dev_comm().dev_comm(), ids.as_ptr(), n as u32, out.as_mut_ptr(), errors.as_mut_ptr()),
+            )
+            .unwrap()
+    };
+    errors_ok(stream, &errors, "rma_read_shadows");
+    stream.read_vec(&out).unwrap()
 }
 
 fn errors_ok(stream: &Stream, errors: &devcomm::DeviceBuffer<u32>, what: &str) {
@@ -154,7 +179,11 @@ fn child_body(comm: &Communicator) {
         };
         rma.signal(to, 1, &stream).unwrap();
     }
-    let waits: Vec<WaitSignal> = (0..n).map(|p| WaitSignal { peer: p, op_count: 3, signal: 1, context: 0 }).collect();
+    // Three entries of one operation per sender (9 or 12 entries with 3 or 4
+    // ranks: more than one wait kernel's list, split on the stream).
+    let waits: Vec<WaitSignal> = (0..3)
+        .flat_map(|k| (0..n).map(move |p| WaitSignal { peer: p, op_count: 1, signal: 1, context: (k % 2) as u32 }))
+        .collect();
     rma.wait_signal(&waits, &stream).unwrap();
     rma.synchronize(&stream).unwrap();
     errors_ok(&stream, &errors, "rma_device_signal");
@@ -163,6 +192,8 @@ fn child_body(comm: &Communicator) {
         let v = rma.dev_comm().read_gin_signal(rma.gin_signal(1, p).unwrap()).unwrap();
         assert_eq!(v, 3, "signal 1 from rank {p}: two device signals and one host signal");
     }
+    assert_eq!(shadows(&rma, &stream, &kernels, 1), vec![3; n], "signal 1: every entry of the long wait list consumed");
+    assert_eq!(shadows(&rma, &stream, &kernels, 0), vec![ROUNDS.len() as u64; n], "signal 0: one per round");
 
     // 3. A kernel waits for host put_signals (and consumes them as the
     // host's wait_signal does: the next host wait counts from there).
@@ -194,6 +225,12 @@ fn child_body(comm: &Communicator) {
     rma.wait_signal(&waits, &stream).unwrap();
     rma.synchronize(&stream).unwrap();
     errors_ok(&stream, &errors, "rma_device_wait");
+    let consumed = ROUNDS.len() as u64 + 2; // the rounds, the kernel's wait, the host's
+    assert_eq!(
+        shadows(&rma, &stream, &kernels, 0),
+        vec![consumed; n],
+        "signal 0 after the kernel's and the host's waits"
+    );
     for from in 0..n {
         let mut got = vec![0u32; len];
         win.read(&stream, from * REGION, &mut got).unwrap();

@@ -53,4 +53,22 @@ kernel! {
         })();
         check(errors, r);
     }
+
+    /// Thread 0 copies the shadows of GIN signals `ids[..count]` to
+    /// `out[..count]` (what host `wait_signal`s and kernels have consumed).
+    ///
+    /// # Safety
+    /// As for [`rma_device_signal`]; `ids` and `out` hold `count` elements.
+    pub unsafe fn rma_read_shadows(comm: DevComm, ids: *const u32, count: u32, out: *mut u64, errors: *mut u32) {
+        let Ok(gin) = Gin::new(&comm, 0) else {
+            check(errors, Err(GinError::NoGin));
+            return;
+        };
+        for i in 0..count as usize {
+            match gin.signal_shadow(*ids.add(i)) {
+                Ok(p) => *out.add(i) = devcomm_device::atomic::load_relaxed(p, devcomm_device::atomic::Scope::Gpu),
+                Err(e) => check(errors, Err(e)),
+            }
+        }
+    }
 }
