@@ -6,8 +6,9 @@
 //! the same words, a kernel waiting for host put_signals; bad input as
 //! typed errors; a wait nobody answers as a kept `Timeout`. Each case runs
 //! with one LSA team (puts from 4 KiB as direct stream copies into the
-//! peer's window, smaller ones through the proxy's copy-engine transport;
-//! also every put direct, and none),
+//! peer's window, smaller ones as one SM-copy kernel; also every put by the
+//! copy engine, every put by SM copy, and every put through the proxy's
+//! copy-engine transport),
 //! with every rank its own node (`DEVCOMM_LSA_SIZE=1`), and over TCP
 //! (`DEVCOMM_GIN_TRANSPORT=tcp`).
 
@@ -33,11 +34,13 @@ fn cases(child: &str, n: usize, lsa1: bool, tcp: bool) {
     cases_with(child, n, lsa1, tcp, None);
 }
 
-/// As [`cases`], with `DEVCOMM_RMA_DIRECT_MIN_BYTES` set to `direct`.
-fn cases_with(child: &str, n: usize, lsa1: bool, tcp: bool, direct: Option<usize>) {
+/// As [`cases`], with the thresholds of the direct paths within the node:
+/// (`DEVCOMM_RMA_SM_COPY_MAX_BYTES`, `DEVCOMM_RMA_DIRECT_MIN_BYTES`).
+fn cases_with(child: &str, n: usize, lsa1: bool, tcp: bool, direct: Option<(usize, usize)>) {
     let mut env = vec![("DEVCOMM_OP_TIMEOUT_MS", "30000".to_string())];
-    if let Some(d) = direct {
-        env.push(("DEVCOMM_RMA_DIRECT_MIN_BYTES", d.to_string()));
+    if let Some((sm, ce)) = direct {
+        env.push(("DEVCOMM_RMA_SM_COPY_MAX_BYTES", sm.to_string()));
+        env.push(("DEVCOMM_RMA_DIRECT_MIN_BYTES", ce.to_string()));
     }
     if lsa1 {
         env.push(("DEVCOMM_LSA_SIZE", "1".to_string()));
@@ -316,17 +319,24 @@ fn rma_3_ranks() {
     cases("child_rma", 3, false, false);
 }
 
-/// Every put to another GPU of the node through the direct path (a stream copy
-/// into the peer's window, then the signal), even one byte.
+/// Every put to another GPU of the node through the copy-engine direct path
+/// (a stream copy into the peer's window, then the signal), even one byte.
 #[test]
-fn rma_3_ranks_direct_always() {
-    cases_with("child_rma", 3, false, false, Some(1));
+fn rma_3_ranks_copy_engine_always() {
+    cases_with("child_rma", 3, false, false, Some((0, 1)));
+}
+
+/// Every put to another GPU of the node through the SM-copy direct path (one
+/// kernel: stores into the peer's window, release, signal), even 160 KB.
+#[test]
+fn rma_3_ranks_sm_copy_always() {
+    cases_with("child_rma", 3, false, false, Some((usize::MAX, usize::MAX)));
 }
 
 /// No direct path: every put through the proxy, also within the node.
 #[test]
 fn rma_2_ranks_proxy_only() {
-    cases_with("child_rma", 2, false, false, Some(usize::MAX));
+    cases_with("child_rma", 2, false, false, Some((0, usize::MAX)));
 }
 
 #[test]

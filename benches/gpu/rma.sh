@@ -5,8 +5,9 @@
 # Correctness first (tests/rma and tests/gin_get on CUDA, 2-rank cases; the
 # 3/4-rank cases with up to 2 ranks per GPU unless SKIP_OVERSUBSCRIBED=1),
 # then rma_bench (stream-to-stream round trip with its floors, bandwidth next
-# to the copy engine): default (direct stream copies from 4 KiB within the
-# node), direct for every size, proxy only, and TCP
+# to the copy engine): default (within the node: SM copy below 4 KiB, the
+# copy engine from 4 KiB), copy engine always, SM copy always, proxy only,
+# and TCP
 # (SKIP_TCP=1 leaves it out). Logs: $OUT/rma.log, $OUT/rma_bench_*.log.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -23,9 +24,10 @@ exec > >(tee "$OUT/rma.log") 2>&1
     step env DEVCOMM_RUNTIME=cuda timeout 200 $B/tests/rma-* --test-threads=1 _2_ranks rma_wait_times_out
     step env DEVCOMM_RUNTIME=cuda timeout 200 $B/tests/gin_get-* --test-threads=1 _2_ranks
     bench copy_engine
-    # The direct path (a stream copy into the peer's window) for every size, and never.
-    bench direct_always DEVCOMM_RMA_DIRECT_MIN_BYTES=1
-    bench proxy_only DEVCOMM_RMA_DIRECT_MIN_BYTES=18446744073709551615
+    # Within the node: every size by the copy engine, every size by SM copy, none direct.
+    bench copy_engine_always DEVCOMM_RMA_SM_COPY_MAX_BYTES=0 DEVCOMM_RMA_DIRECT_MIN_BYTES=1
+    bench sm_copy_always DEVCOMM_RMA_SM_COPY_MAX_BYTES=18446744073709551615 DEVCOMM_RMA_DIRECT_MIN_BYTES=18446744073709551615
+    bench proxy_only DEVCOMM_RMA_SM_COPY_MAX_BYTES=0 DEVCOMM_RMA_DIRECT_MIN_BYTES=18446744073709551615
     [ -z "${SKIP_TCP:-}" ] && bench tcp DEVCOMM_GIN_TRANSPORT=tcp DEVCOMM_LSA_SIZE=1
     if [ -z "${SKIP_OVERSUBSCRIBED:-}" ]; then
         step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 200 $B/tests/rma-* --test-threads=1 _3_ranks _4_ranks

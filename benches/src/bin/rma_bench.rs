@@ -47,12 +47,12 @@ fn bench(quick: bool) -> Result<()> {
             Ok("tcp") => "tcp",
             _ => "copy engine between ranks of one host",
         };
-        let direct = match rma.config().direct_min_bytes {
-            usize::MAX => "never".to_string(),
-            b => format!("from {b} B"),
+        let direct = match (rma.config().sm_copy_max_bytes, rma.config().direct_min_bytes) {
+            (0, usize::MAX) => "none".to_string(),
+            (sm, ce) => format!("SM copy up to {sm} B, copy engine from {ce} B"),
         };
         println!(
-            "# devcomm host RMA benchmark: GIN backend {}, transport: {transport}, direct stream copies within the node {direct}, {} x {} ({})",
+            "# devcomm host RMA benchmark: GIN backend {}, transport: {transport}, direct paths within the node: {direct}, {} x {} ({})",
             rma.dev_comm().gin_type(),
             comm.count(),
             dev.name(),

@@ -11,9 +11,10 @@
 use devcomm_device::abi::rma::RmaWaitList;
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::comm::{DevComm, WindowDesc};
-use devcomm_device::coop::ThreadCoop;
+use devcomm_device::coop::{Coop, Cta, ThreadCoop};
 use devcomm_device::gin::{Gin, GinError, LocalAction, RemoteAction, INLINE_PUT_BYTES};
 use devcomm_device::kernel;
+use devcomm_device::lsa;
 
 /// Records `r`'s error in `errors` (the first one stays).
 ///
@@ -76,6 +77,42 @@ kernel! {
             Ok(())
         })();
         report(errors, r);
+    }
+
+    /// The SM-copy direct path within an LSA team: the CTA copies `bytes`
+    /// from `src` (this GPU's memory) to `dst` (the peer's window, mapped
+    /// here) with stores, joins, and its leader releases them at system
+    /// scope and increments GIN signal `signal` of world rank `peer`
+    /// through the proxy (context `context`) — so the signal is seen only
+    /// after the data. One CTA, any number of threads.
+    ///
+    /// # Safety
+    /// As for [`rma_put_signal`]; `src..src + bytes` is device memory of this
+    /// GPU and `dst..dst + bytes` lies in `peer`'s window mapped here, not
+    /// overlapping it.
+    pub unsafe fn rma_put_lsa_signal(
+        comm: DevComm,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        peer: u32,
+        signal: u32,
+        context: u32,
+        errors: *mut u32,
+    ) {
+        let cta = Cta::new();
+        lsa::copy(&cta, dst as *mut u8, src as *const u8, bytes as usize);
+        // Every thread's stores reach the block (bar.sync), the leader's
+        // system-scope fence releases them (cumulatively) before it posts.
+        cta.sync();
+        if cta.is_leader() {
+            devcomm_device::atomic::fence_acq_rel(Scope::Sys);
+            let r = (|| {
+                let gin = Gin::new(&comm, context)?;
+                gin.signal(&comm.world(), peer, signal_inc(signal))
+            })();
+            report(errors, r);
+        }
     }
 
     /// Increments GIN signal `signal` of world rank `peer`, after every

@@ -34,10 +34,13 @@
 //! `wait_signal_meet_shadow` / `increase_signal_shadow` shares that count.
 //!
 //! Peers of this rank's LSA team (GPUs of the node, their windows mapped
-//! here) take, for puts of at least [`RmaConfig::direct_min_bytes`], a
-//! direct path: one copy-engine copy on the caller's stream into the peer's
-//! window, then the signal through the proxy — the same signal word, after
-//! data that is complete. Everything else goes through the proxy: the
+//! here) take direct paths: for puts of at least
+//! [`RmaConfig::direct_min_bytes`] one copy-engine copy on the caller's
+//! stream into the peer's window, then the signal through the proxy; for
+//! puts of at most [`RmaConfig::sm_copy_max_bytes`] one kernel that copies
+//! with stores, releases them at system scope and posts the signal — the
+//! same signal word either way, after data that is complete. Everything
+//! else goes through the proxy: the
 //! copy-engine transport on one host, TCP (or verbs) between hosts,
 //! `DEVCOMM_GIN_TRANSPORT` choosing as for every GIN user.
 //!
@@ -100,16 +103,35 @@ pub struct RmaConfig {
     /// to oneself, go through the proxy. `usize::MAX`: never. Default
     /// 4096, or `DEVCOMM_RMA_DIRECT_MIN_BYTES`.
     pub direct_min_bytes: usize,
+    /// Puts of at most this many bytes (and at least one) to a peer of this
+    /// rank's LSA team take the SM-copy direct path: one kernel copies them
+    /// into the peer's window with stores, releases them at system scope and
+    /// posts the signal through the proxy (one launch, no proxy copy). 0:
+    /// never. Default 4095 (with `direct_min_bytes` 4096 every put within the
+    /// node is direct), or `DEVCOMM_RMA_SM_COPY_MAX_BYTES`. Where both
+    /// apply, the copy engine wins.
+    pub sm_copy_max_bytes: usize,
 }
+
+/// Env: [`RmaConfig::sm_copy_max_bytes`]'s default.
+pub const SM_COPY_MAX_BYTES_ENV: &str = "DEVCOMM_RMA_SM_COPY_MAX_BYTES";
 
 /// Env: [`RmaConfig::direct_min_bytes`]'s default.
 pub const DIRECT_MIN_BYTES_ENV: &str = "DEVCOMM_RMA_DIRECT_MIN_BYTES";
 
 impl Default for RmaConfig {
     fn default() -> Self {
-        let direct_min_bytes =
-            std::env::var(DIRECT_MIN_BYTES_ENV).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(4096);
-        RmaConfig { signals: 1, contexts: 1, stage_bytes: 4 << 20, queue_depth: 0, direct_min_bytes }
+        let env = |name: &str, default: usize| {
+            std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+        };
+        RmaConfig {
+            signals: 1,
+            contexts: 1,
+            stage_bytes: 4 << 20,
+            queue_depth: 0,
+            direct_min_bytes: env(DIRECT_MIN_BYTES_ENV, 4096),
+            sm_copy_max_bytes: env(SM_COPY_MAX_BYTES_ENV, 4095),
+        }
     }
 }
 
@@ -482,16 +504,42 @@ impl<'c> HostRma<'c> {
                 )));
             }
         }
-        // Direct path: a peer of this rank's LSA team, its window mapped here.
-        let direct = (bytes > 0 && bytes as usize >= self.config.direct_min_bytes && peer != self.comm.rank())
+        // Direct paths: a peer of this rank's LSA team, its window mapped here.
+        let ce = bytes as usize >= self.config.direct_min_bytes;
+        let sm = !ce && bytes as usize <= self.config.sm_copy_max_bytes;
+        let direct = (bytes > 0 && (ce || sm) && peer != self.comm.rank())
             .then(|| peer_window.peer_pointer(&self.world, peer, dst_offset as usize).ok())
             .flatten();
+        if direct.is_some() && src.window.is_some_and(|(_, _, key)| key != crate::window::comm_key(self.comm)) {
+            return Err(Error::invalid_argument(format!("{what}: the source window belongs to another communicator")));
+        }
+        if let (Some(dst_ptr), true) = (direct, sm) {
+            let threads = match self.comm.device().kind() {
+                crate::runtime::RuntimeKind::Cuda => 256,
+                crate::runtime::RuntimeKind::Emulated => 32,
+            };
+            let args = (
+                self.dc(),
+                dst_ptr,
+                src.ptr,
+                bytes,
+                peer as u32,
+                gin_signal,
+                context,
+                self.error.device_addr() as *mut u32,
+            );
+            // SAFETY: `dst_ptr .. + bytes` is the peer's window range mapped
+            // here (`peer_pointer` checked the LSA team, the range was checked
+            // against the window's size above); `src.ptr .. + bytes` is the
+            // caller's buffer or window range on this device, alive for the
+            // call's borrow; different ranks' memory. The device communicator
+            // is ours (GIN, the signal id and context checked); the error word
+            // is host-mapped and ours.
+            return unsafe {
+                stream.launch::<devcomm_kernels::rma::rma_put_lsa_signal>(LaunchConfig::new(1, threads), args)
+            };
+        }
         if let Some(dst_ptr) = direct {
-            if src.window.is_some_and(|(_, _, key)| key != crate::window::comm_key(self.comm)) {
-                return Err(Error::invalid_argument(format!(
-                    "{what}: the source window belongs to another communicator"
-                )));
-            }
             // SAFETY: `dst_ptr .. + bytes` is the peer's window range, mapped
             // here (`peer_pointer` checked the LSA team; the range was checked
             // against the window's size above); `src.ptr .. + bytes` is the
