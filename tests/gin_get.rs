@@ -27,7 +27,9 @@ const POISON: u8 = 0x5C;
 const GETS: usize = 40;
 
 fn cases(n: usize, lsa1: bool, tcp: bool) {
-    let mut env = vec![("DEVCOMM_OP_TIMEOUT_MS", "30000".to_string())];
+    // Generous timeouts: ranks of a loaded 2-core CI machine can be seconds apart.
+    let mut env =
+        vec![("DEVCOMM_OP_TIMEOUT_MS", "30000".to_string()), ("DEVCOMM_BOOTSTRAP_TIMEOUT_MS", "30000".to_string())];
     if lsa1 {
         env.push(("DEVCOMM_LSA_SIZE", "1".to_string()));
     }

@@ -37,7 +37,9 @@ fn cases(child: &str, n: usize, lsa1: bool, tcp: bool) {
 /// As [`cases`], with the thresholds of the direct paths within the node:
 /// (`DEVCOMM_RMA_SM_COPY_MAX_BYTES`, `DEVCOMM_RMA_DIRECT_MIN_BYTES`).
 fn cases_with(child: &str, n: usize, lsa1: bool, tcp: bool, direct: Option<(usize, usize)>) {
-    let mut env = vec![("DEVCOMM_OP_TIMEOUT_MS", "30000".to_string())];
+    // Generous timeouts: ranks of a loaded 2-core CI machine can be seconds apart.
+    let mut env =
+        vec![("DEVCOMM_OP_TIMEOUT_MS", "30000".to_string()), ("DEVCOMM_BOOTSTRAP_TIMEOUT_MS", "30000".to_string())];
     if let Some((sm, ce)) = direct {
         env.push(("DEVCOMM_RMA_SM_COPY_MAX_BYTES", sm.to_string()));
         env.push(("DEVCOMM_RMA_DIRECT_MIN_BYTES", ce.to_string()));
@@ -90,7 +92,8 @@ fn errors_ok(stream: &Stream, errors: &devcomm::DeviceBuffer<u32>, what: &str) {
 
 /// (elements, element offset in the region, source from a window) per round:
 /// one element, odd sizes, one at exactly a staging chunk, more than one chunk.
-const ROUNDS: [(usize, usize, bool); 8] = [
+const ROUNDS: [(usize, usize, bool); 9] = [
+    (0, 4, false), // nothing to put: the signal alone
     (1, 0, false),
     (1, 7, true),
     (3, 1, false),

@@ -13,7 +13,9 @@
 //!   incremented. The source is a range of a registered window (read in
 //!   place) or a [`DeviceBuffer`] (copied through a staging area of the
 //!   `HostRma` first, in chunks of [`RmaConfig::stage_bytes`]). When the
-//!   stream passes the call, the source may be reused.
+//!   stream passes the call, the source may be reused. Staged puts of one
+//!   `HostRma` share its staging area: do not run them on two streams at
+//!   once (as with `Collectives`).
 //! * [`HostRma::signal`]: only the increment, after every earlier operation
 //!   of the same context to that peer.
 //! * [`HostRma::wait_signal`]: the stream waits until the listed numbers of
