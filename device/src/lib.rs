@@ -36,7 +36,7 @@
 //! | `ncclTeamRankToWorld`, `ncclTeamRankToTeam`, `ncclTeamInnerFactor`, `ncclTeamOuterFactor` | [`Team::rank_to_world`](team::Team::rank_to_world), [`rank_to_team`](team::Team::rank_to_team), [`inner_factor`](team::Team::inner_factor), [`outer_factor`](team::Team::outer_factor) |
 //! | `ncclCoopThread`, `ncclCoopWarp`, `ncclCoopTile<N>`, `ncclCoopLanes`, `ncclCoopWarpSpan`, `ncclCoopCta` | [`coop::ThreadCoop`], [`coop::Warp`], [`coop::Tile`], [`coop::Lanes`], [`coop::WarpSpan`], [`coop::Cta`] |
 //! | `ncclLsaBarrierSession` | [`lsa::LsaBarrierSession`] |
-//! | `ncclGin` (`put`, `putValue`, `signal`, `flush`, `readSignal`, `waitSignal`, `resetSignal`, counters, shadows) | [`gin::Gin`] ([`put`](gin::Gin::put), [`put_value`](gin::Gin::put_value), [`signal`](gin::Gin::signal), [`flush`](gin::Gin::flush), [`read_signal`](gin::Gin::read_signal), [`wait_signal`](gin::Gin::wait_signal), [`reset_signal`](gin::Gin::reset_signal), ...) |
+//! | `ncclGin` (`put`, `putValue`, `get`, `signal`, `flush`, `readSignal`, `waitSignal`, `resetSignal`, counters, shadows) | [`gin::Gin`] ([`put`](gin::Gin::put), [`put_value`](gin::Gin::put_value), [`get`](gin::Gin::get), [`signal`](gin::Gin::signal), [`flush`](gin::Gin::flush), [`read_signal`](gin::Gin::read_signal), [`wait_signal`](gin::Gin::wait_signal), [`reset_signal`](gin::Gin::reset_signal), ...) |
 //! | `ncclGin_SignalInc`, `ncclGin_SignalAdd`, `ncclGin_CounterInc` | [`gin::RemoteAction::SignalInc`], [`gin::RemoteAction::SignalAdd`], [`gin::LocalAction::CounterInc`] |
 //! | `ncclGinBarrierSession` | [`gin::GinBarrierSession`] |
 //! | `ncclGinType_t`, `ncclGinConnectionType_t` | [`abi::gin::GinBackend`], [`abi::gin::GinConnection`] (host: `devcomm::gin::GinType`, `GinConnectionType`) |

@@ -51,6 +51,11 @@ fn gin_pingpong_runs() {
 }
 
 #[test]
+fn put_signal_runs() {
+    run("put_signal", "every element checked");
+}
+
+#[test]
 fn allreduce_runs() {
     run("allreduce", "summed over");
 }

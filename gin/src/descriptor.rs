@@ -53,6 +53,23 @@ pub enum Request {
         /// Counter incremented here once posted.
         local: Option<u32>,
     },
+    /// Copy `bytes` from `peer`'s `src_window` into this rank's `dst_window`.
+    Get {
+        /// Source world rank.
+        peer: u32,
+        /// Source window id (on `peer`).
+        src_window: u32,
+        /// Byte offset in the source window.
+        src_offset: u64,
+        /// Destination window id (here).
+        dst_window: u32,
+        /// Byte offset in the destination window.
+        dst_offset: u64,
+        /// Bytes to copy.
+        bytes: u64,
+        /// Counter incremented here once the data has landed.
+        local: Option<u32>,
+    },
     /// Only a signal (or nothing: a no-op that still completes in order).
     Signal {
         /// Destination world rank.
@@ -68,7 +85,10 @@ impl Request {
     /// Destination world rank.
     pub fn peer(&self) -> u32 {
         match *self {
-            Request::Put { peer, .. } | Request::PutValue { peer, .. } | Request::Signal { peer, .. } => peer,
+            Request::Put { peer, .. }
+            | Request::PutValue { peer, .. }
+            | Request::Get { peer, .. }
+            | Request::Signal { peer, .. } => peer,
         }
     }
 
@@ -76,13 +96,17 @@ impl Request {
     pub fn remote(&self) -> Option<RemoteSignal> {
         match *self {
             Request::Put { remote, .. } | Request::PutValue { remote, .. } | Request::Signal { remote, .. } => remote,
+            Request::Get { .. } => None,
         }
     }
 
     /// The local action's counter.
     pub fn local(&self) -> Option<u32> {
         match *self {
-            Request::Put { local, .. } | Request::PutValue { local, .. } | Request::Signal { local, .. } => local,
+            Request::Put { local, .. }
+            | Request::PutValue { local, .. }
+            | Request::Get { local, .. }
+            | Request::Signal { local, .. } => local,
         }
     }
 }
@@ -134,7 +158,11 @@ pub fn decode(d: &GinDescriptor, limits: &Limits) -> GinResult<Request> {
         }
     };
     let peer = d.peer;
-    if op == GinOp::Put && (d.src_offset.checked_add(d.bytes).is_none() || d.dst_offset.checked_add(d.bytes).is_none())
+    if op == GinOp::Get && remote.is_some() {
+        return invalid("a get carries no remote action".to_string());
+    }
+    if matches!(op, GinOp::Put | GinOp::Get)
+        && (d.src_offset.checked_add(d.bytes).is_none() || d.dst_offset.checked_add(d.bytes).is_none())
     {
         return invalid(format!("put of {} bytes at {} -> {} overflows", d.bytes, d.src_offset, d.dst_offset));
     }
@@ -165,6 +193,15 @@ pub fn decode(d: &GinDescriptor, limits: &Limits) -> GinResult<Request> {
                 local,
             }
         }
+        GinOp::Get => Request::Get {
+            peer,
+            src_window: d.src_window,
+            src_offset: d.src_offset,
+            dst_window: d.dst_window,
+            dst_offset: d.dst_offset,
+            bytes: d.bytes,
+            local,
+        },
         GinOp::Signal => Request::Signal { peer, remote, local },
     })
 }
@@ -203,6 +240,14 @@ pub fn encode(r: &Request) -> GinDescriptor {
             p[..n].copy_from_slice(&payload[..n]);
             d.src_offset = u64::from_le_bytes(p);
             d.bytes = len as u64;
+        }
+        Request::Get { src_window, src_offset, dst_window, dst_offset, bytes, .. } => {
+            d.op = GinOp::Get as u8;
+            d.src_window = src_window;
+            d.src_offset = src_offset;
+            d.dst_window = dst_window;
+            d.dst_offset = dst_offset;
+            d.bytes = bytes;
         }
         Request::Signal { .. } => d.op = GinOp::Signal as u8,
     }
@@ -248,7 +293,17 @@ mod tests {
             remote,
             local,
         });
-        prop_oneof![put, value, signal]
+        let get = (0..LIMITS.nranks, any::<u32>(), 0..1u64 << 62, any::<u32>(), 0..1u64 << 62, 0..1u64 << 62, local())
+            .prop_map(|(peer, src_window, src_offset, dst_window, dst_offset, bytes, local)| Request::Get {
+                peer,
+                src_window,
+                src_offset,
+                dst_window,
+                dst_offset,
+                bytes,
+                local,
+            });
+        prop_oneof![put, value, signal, get]
     }
 
     proptest! {
@@ -316,7 +371,9 @@ mod tests {
         assert!(decode(&ok, &LIMITS).is_ok());
         for bad in [
             GinDescriptor { op: 0, ..ok },
-            GinDescriptor { op: 4, ..ok },
+            GinDescriptor { op: 5, ..ok },
+            GinDescriptor { op: GinOp::Get as u8, ..ok }, // a get with a remote action
+            GinDescriptor { op: GinOp::Get as u8, remote_action: 0, bytes: u64::MAX, src_offset: 1, ..ok },
             GinDescriptor { peer: 8, ..ok },
             GinDescriptor { signal: 16, ..ok },
             GinDescriptor { counter: 4, ..ok },

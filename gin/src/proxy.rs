@@ -25,7 +25,7 @@
 
 use crate::descriptor::{decode, Limits, Request};
 use crate::ring::Rings;
-use crate::transport::{PeerFailure, PutTarget, Transport};
+use crate::transport::{GetSource, PeerFailure, PutTarget, Transport};
 use crate::{GinDescriptor, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -431,6 +431,13 @@ impl Worker {
             Request::PutValue { peer, dst_window, dst_offset, payload, len, remote, .. } => self
                 .transport
                 .put(PutTarget::new(peer as usize, dst_window, dst_offset, remote), &payload[..len as usize]),
+            Request::Get { peer, src_window, src_offset, dst_window, dst_offset, bytes, .. } => {
+                if bytes == 0 {
+                    return Ok(());
+                }
+                let dst = self.local.window_addr(dst_window, dst_offset, bytes)?;
+                self.transport.get(GetSource { peer: peer as usize, src_window, src_offset }, dst, bytes)
+            }
             Request::Signal { peer, remote, .. } => match remote {
                 Some((signal, value)) => self.transport.signal(peer as usize, signal, value),
                 None => Ok(()),

@@ -146,6 +146,7 @@ pub mod launch;
 pub mod memory;
 pub mod p2p;
 pub mod ptx;
+pub mod rma;
 pub mod team;
 pub mod window;
 

@@ -13,4 +13,5 @@
 devcomm_device::kernel_crate!();
 
 pub mod coll;
+pub mod rma;
 pub mod util;

@@ -45,6 +45,9 @@
 //!    `completed >= head`.
 //! 5. Remote actions (signals) are applied by the transport after the data
 //!    they follow is visible at the destination.
+//! 6. A get ([`GinOp::Get`]) reads the peer's window and lands the bytes in
+//!    this rank's window; its ticket completes (and its counter, if any,
+//!    counts) only once they are visible here.
 
 /// Bytes of one descriptor ([`GinDescriptor`]).
 pub const DESCRIPTOR_BYTES: usize = 56;
@@ -66,6 +69,12 @@ pub enum GinOp {
     PutValue = 2,
     /// Only the remote action (a signal), ordered after earlier operations.
     Signal = 3,
+    /// Copy `bytes` from `peer`'s source window (`src_window` at
+    /// `src_offset`) into this rank's destination window (`dst_window` at
+    /// `dst_offset`). No remote action; the local action and the ticket's
+    /// completion follow once the data has landed here, so a flush or a
+    /// counter wait that covers it means the data is visible.
+    Get = 4,
 }
 
 impl GinOp {
@@ -75,6 +84,7 @@ impl GinOp {
             1 => Some(GinOp::Put),
             2 => Some(GinOp::PutValue),
             3 => Some(GinOp::Signal),
+            4 => Some(GinOp::Get),
             _ => None,
         }
     }
@@ -536,7 +546,7 @@ mod layout {
 
     #[test]
     fn enums_round_trip() {
-        for op in [GinOp::Put, GinOp::PutValue, GinOp::Signal] {
+        for op in [GinOp::Put, GinOp::PutValue, GinOp::Signal, GinOp::Get] {
             assert_eq!(GinOp::from_u8(op as u8), Some(op));
         }
         assert_eq!(GinOp::from_u8(0), None);

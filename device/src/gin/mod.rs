@@ -323,7 +323,8 @@ impl<'a> Gin<'a> {
         match self.backend() {
             GinBackend::Proxy => {
                 let ring = self.state().ring_index(self.context, world_peer, self.comm.nranks);
-                // Only a put's proxy reads memory the caller wrote (its source).
+                // Only a put's proxy reads memory the caller wrote (its source);
+                // a get writes this rank's memory and reads the peer's.
                 let release = d.op == GinOp::Put as u8 && !self.source_released;
                 // SAFETY: a `DevComm`'s `GinState` is set only through the unsafe
                 // `DevComm::with_gin` and `GinState::from_parts`, whose contracts
@@ -474,6 +475,66 @@ impl<'a> Gin<'a> {
         // windows belong to this communicator); `put` checks the offsets and
         // `bytes` against the windows' sizes itself.
         unsafe { self.put(coop, team, peer, &dst.window, dst.offset, &src.window, src.offset, bytes, remote, local) }
+    }
+
+    /// Reads `bytes` from member `peer` of `team`'s `src` window (offset
+    /// `src_offset`) into this rank's `dst` window (offset `dst_offset`),
+    /// then applies `local` here once the data has landed. Every thread of
+    /// `coop` calls it; its leader posts the request, every thread gets the
+    /// result. The get is complete — the bytes visible to this rank's
+    /// kernels — once a [`Gin::flush`] of this context returns after it, or
+    /// once `local`'s counter has counted it ([`Gin::wait_counter`]); a
+    /// get is not ordered with other operations (a later put to `peer` may
+    /// land there before this get reads). NCCL 2.30 has `get` for its GDAKI
+    /// backend only; devcomm's proxy carries it on every transport: copy engine,
+    /// TCP, and verbs (RDMA read; tested against a model NIC only).
+    ///
+    /// The destination range must not be written by anyone until the get is
+    /// complete, and stores this kernel made to it earlier must have been
+    /// released at system scope (the proxy's copy lands beside them). A get
+    /// from this rank itself may not overlap its destination.
+    ///
+    /// # Safety
+    /// The windows belong to this device communicator's communicator (the
+    /// source declared with `use_window` for same-host peers).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub unsafe fn get<C: Coop>(
+        &self,
+        coop: &C,
+        team: &Team,
+        peer: u32,
+        dst: &WindowDesc,
+        dst_offset: u64,
+        src: &WindowDesc,
+        src_offset: u64,
+        bytes: u64,
+        local: LocalAction,
+    ) -> Result<(), GinError> {
+        let r = if coop.is_leader() {
+            (|| {
+                let w = self.world_peer(team, peer)?;
+                let end = |off: u64, win: &WindowDesc| off.checked_add(bytes).is_some_and(|e| e <= win.size);
+                if !end(dst_offset, dst) || !end(src_offset, src) {
+                    return Err(GinError::OutOfWindow);
+                }
+                let mut d = GinDescriptor {
+                    op: GinOp::Get as u8,
+                    peer: w,
+                    src_window: src.id,
+                    dst_window: dst.id,
+                    src_offset,
+                    dst_offset,
+                    bytes,
+                    ..Default::default()
+                };
+                self.actions(&mut d, RemoteAction::None, local)?;
+                self.post(w, &d)
+            })()
+        } else {
+            Ok(())
+        };
+        coop.agree(r)
     }
 
     /// Writes `value` (at most 8 bytes) into member `peer` of `team`'s `dst`

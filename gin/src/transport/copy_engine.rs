@@ -17,7 +17,7 @@
 //! Peers on other hosts go to the `fallback` transport (TCP), which also
 //! keeps receiving for this rank.
 
-use super::{PeerFailure, PutTarget, Transport};
+use super::{GetSource, PeerFailure, PutTarget, Transport};
 use crate::descriptor::RemoteSignal;
 use crate::{CopyQueue, GinHostError, GinResult, LocalMemory};
 use std::collections::{HashMap, VecDeque};
@@ -60,6 +60,10 @@ pub struct CopyEngineTransport {
     fallback_peers: usize,
     /// When the fallback's `progress` last ran.
     fallback_polled: std::time::Instant,
+    /// Gets handed to the fallback, not yet retired there: (this
+    /// transport's mark for them, the fallback's mark). [`Transport::retired`]
+    /// stays below the first one's mark until the fallback retires it.
+    holds: VecDeque<(u64, u64)>,
 }
 
 /// Operations queued behind a fence in flight before another fence is
@@ -95,6 +99,7 @@ impl CopyEngineTransport {
             waiting: VecDeque::new(),
             fallback_peers,
             fallback_polled: std::time::Instant::now(),
+            holds: VecDeque::new(),
         })
     }
 
@@ -246,6 +251,34 @@ impl Transport for CopyEngineTransport {
         Ok(())
     }
 
+    /// A same-host peer's window (mapped here) copied into `dst` by the copy
+    /// engine; other peers' through the fallback, this transport's mark
+    /// held back until the fallback has retired the get.
+    fn get(&mut self, from: GetSource, dst: u64, bytes: u64) -> GinResult<()> {
+        if self.peer(from.peer).is_none() {
+            self.fallback.get(from, dst, bytes)?;
+            // A mark of our own for it (a fence, empty if nothing else is
+            // queued), which `retired` does not reach before the fallback's.
+            self.mark_queued();
+            self.holds.push_back((self.issued(), self.fallback.issued()));
+            return Ok(());
+        }
+        let src = self.dst(from.peer, from.src_window, from.src_offset, bytes)?;
+        if src < dst + bytes && dst < src + bytes {
+            return Err(GinHostError::Invalid(format!(
+                "a get of {bytes} bytes from rank {} overlaps its own destination",
+                from.peer
+            )));
+        }
+        // SAFETY: `src` lies in a window of the peer mapped here, `dst` in
+        // this rank's window (resolved by the proxy), not overlapping
+        // (checked above); both stay mapped while the transport exists, and
+        // the ticket completes only after the covering fence has passed.
+        unsafe { self.queue.copy(dst, src, bytes) }?;
+        self.mark_queued();
+        Ok(())
+    }
+
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()> {
         self.retired()?;
         if self.unfenced_ops > 0 && self.passed >= self.fenced {
@@ -292,7 +325,16 @@ impl Transport for CopyEngineTransport {
             self.waiting.pop_front();
             self.add_signal(peer, signal);
         }
-        Ok(self.passed)
+        if !self.holds.is_empty() {
+            let done = self.fallback.retired()?;
+            while self.holds.front().is_some_and(|&(_, theirs)| theirs <= done) {
+                self.holds.pop_front();
+            }
+        }
+        Ok(match self.holds.front() {
+            Some(&(mine, _)) => self.passed.min(mine - 1),
+            None => self.passed,
+        })
     }
 
     fn close(&mut self, graceful: bool) {
@@ -465,5 +507,76 @@ mod tests {
         t.close(true);
         assert_eq!(log.lock().unwrap().fences, 2);
         assert_eq!(signals[0], 1);
+    }
+
+    /// A fallback that only takes gets, retiring them when the test says.
+    struct GetFallback(Arc<Mutex<(u64, u64)>>);
+
+    impl Transport for GetFallback {
+        fn put(&mut self, _: PutTarget, _: &[u8]) -> GinResult<()> {
+            Err(GinHostError::Invalid("no puts here".into()))
+        }
+        fn signal(&mut self, _: usize, _: u32, _: u64) -> GinResult<()> {
+            Err(GinHostError::Invalid("no signals here".into()))
+        }
+        fn get(&mut self, _: GetSource, _: u64, _: u64) -> GinResult<()> {
+            self.0.lock().unwrap().0 += 1;
+            Ok(())
+        }
+        fn progress(&mut self, _: &mut Vec<PeerFailure>) -> GinResult<()> {
+            Ok(())
+        }
+        fn flush(&mut self) -> GinResult<()> {
+            Ok(())
+        }
+        fn issued(&self) -> u64 {
+            self.0.lock().unwrap().0
+        }
+        fn retired(&mut self) -> GinResult<u64> {
+            Ok(self.0.lock().unwrap().1)
+        }
+        fn close(&mut self, _: bool) {}
+    }
+
+    #[test]
+    fn gets_retire_after_their_copy_and_fallback_gets_hold_later_work_back() {
+        let mut signals = vec![0u64; 1];
+        let log = Arc::new(Mutex::new(QueueLog::default()));
+        let fb = Arc::new(Mutex::new((0u64, 0u64)));
+        let peer = SameHostPeer {
+            windows: HashMap::from([(0, (0x9000_0000, 1 << 20))]),
+            signals: signals.as_mut_ptr(),
+            total_signals: 1,
+        };
+        let local: Arc<dyn LocalMemory> = Arc::new(ModelMemory(log.clone()));
+        // SAFETY: the model queue touches no memory; `signals` outlives the transport.
+        let mut t =
+            unsafe { CopyEngineTransport::new(local, vec![None, Some(peer)], Box::new(GetFallback(fb.clone()))) }
+                .unwrap();
+        let src = |peer| GetSource { peer, src_window: 0, src_offset: 64 };
+        // A same-host get is a copy from the peer's mapped window, retired by its fence.
+        t.get(src(1), 0x1000, 32).unwrap();
+        t.flush().unwrap();
+        assert_eq!(t.issued(), 1);
+        assert!(log.lock().unwrap().ops.iter().any(|o| o == "copy 0x1000 0x90000040 32"));
+        assert_eq!(t.retired().unwrap(), 0);
+        pass(&log, 1);
+        assert_eq!(t.retired().unwrap(), 1);
+        // A get overlapping its own source is refused.
+        assert!(matches!(t.get(src(1), 0x9000_0050, 32), Err(GinHostError::Invalid(_))));
+        // A get through the fallback takes a mark of its own ...
+        t.get(src(0), 0x2000, 16).unwrap();
+        let held = t.issued();
+        assert_eq!(held, 2);
+        t.put(PutTarget::new(1, 0, 0, None), &[1, 2, 3]).unwrap();
+        t.flush().unwrap();
+        let mut failed = Vec::new();
+        t.progress(&mut failed).unwrap();
+        let later = t.issued();
+        pass(&log, later);
+        // ... which the copy engine's fences alone do not retire, nor what follows.
+        assert_eq!(t.retired().unwrap(), held - 1);
+        fb.lock().unwrap().1 = 1;
+        assert_eq!(t.retired().unwrap(), later);
     }
 }

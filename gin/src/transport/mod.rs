@@ -54,6 +54,18 @@ impl PutTarget {
     }
 }
 
+/// Where a get reads: `bytes` at `src_offset` of window `src_window` of
+/// `peer` (the byte count travels beside it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GetSource {
+    /// The peer (world rank) whose window is read.
+    pub peer: usize,
+    /// The window there.
+    pub src_window: u32,
+    /// Byte offset in it.
+    pub src_offset: u64,
+}
+
 /// Carries operations to peers and applies what peers send. Driven by one
 /// proxy thread.
 pub trait Transport: Send {
@@ -96,6 +108,17 @@ pub trait Transport: Send {
             done += n as u64;
         }
         Ok(())
+    }
+    /// Reads `bytes` (> 0) from `from` into this rank's device address `dst`
+    /// (inside one of its windows: the proxy resolved it). Returns once
+    /// issued; the data is visible here once [`Transport::retired`] reaches
+    /// the [`Transport::issued`] mark taken after this call, and it stays
+    /// ordered with nothing else (a get is no fence for earlier puts).
+    /// `Remote` if `peer` is unreachable; `Invalid` for a bad request, or
+    /// from transports that carry no gets (the default).
+    fn get(&mut self, from: GetSource, dst: u64, bytes: u64) -> GinResult<()> {
+        let _ = (dst, bytes);
+        Err(GinHostError::Invalid(format!("this GIN transport carries no gets (a get from rank {})", from.peer)))
     }
     /// Receives and applies what peers sent (where the transport does that
     /// on the caller's thread), and appends peers found failed since the

@@ -38,10 +38,11 @@
 //! reports it and [`Transport::put`] to it returns `Remote`.
 
 use super::copy_engine::DRAIN_TIMEOUT;
-use super::{Landing, PeerFailure, PutTarget, Transport};
+use super::{GetSource, Landing, PeerFailure, PutTarget, Transport};
 use crate::descriptor::RemoteSignal;
 use crate::{Bootstrap, CopyQueue, GinHostError, GinResult};
 use nix::sys::socket::MsgFlags;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufWriter, ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -59,6 +60,13 @@ const HEADER_BYTES: usize = 40;
 const KIND_PUT: u32 = 1;
 const KIND_SIGNAL: u32 = 2;
 const KIND_BYE: u32 = 3;
+/// A get request: window, offset and bytes to read, the request id in the
+/// increment field (no signal).
+const KIND_GET: u32 = 4;
+/// A piece of a get's data: the last-piece flag in the window field, the
+/// piece's offset within the get, its bytes, the request id in the
+/// increment field; the payload follows.
+const KIND_GET_DATA: u32 = 5;
 /// Sender buffer per peer.
 const SEND_BUFFER: usize = 256 << 10;
 /// Payloads land in pieces of at most this size.
@@ -133,7 +141,17 @@ struct Shared {
     /// `PEER_*` per rank.
     state: Vec<AtomicU8>,
     failures: Mutex<Vec<PeerFailure>>,
+    /// This rank's gets in flight: id → (peer, destination address, bytes).
+    gets: Mutex<HashMap<u64, (usize, u64, u64)>>,
+    /// Ids of gets whose data has landed (visible), for the proxy thread.
+    gets_landed: Mutex<Vec<u64>>,
+    /// Peers' get requests for the proxy thread to serve: (peer, window,
+    /// offset, bytes, id).
+    get_requests: Mutex<Vec<GetRequest>>,
 }
+
+/// A peer's get request: (peer, window, offset, bytes, id).
+type GetRequest = (usize, u32, u64, u64, u64);
 
 impl Shared {
     fn fail(&self, peer: usize, error: GinHostError) {
@@ -156,6 +174,14 @@ pub struct TcpTransport {
     shared: Arc<Shared>,
     receivers: Vec<JoinHandle<()>>,
     closed: bool,
+    /// Gets issued (ids `1..=gets_issued`), and how many in a row from the
+    /// first have retired (landed, or abandoned with a failed peer).
+    gets_issued: u64,
+    gets_retired: u64,
+    /// Ids past `gets_retired` that have retired.
+    retired_ids: BTreeSet<u64>,
+    /// Staging for gets served to peers and gets from oneself.
+    buf: Vec<u8>,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -175,6 +201,14 @@ fn header(kind: u32, dst_window: u32, dst_offset: u64, bytes: u64, signal: Optio
         h[28..32].copy_from_slice(&1u32.to_le_bytes());
         h[32..40].copy_from_slice(&v.to_le_bytes());
     }
+    h
+}
+
+/// The header of a get request or data piece: `field` in the window slot,
+/// `offset`, `bytes`, and the request `id` in the increment slot.
+fn get_header(kind: u32, field: u32, offset: u64, bytes: u64, id: u64) -> [u8; HEADER_BYTES] {
+    let mut h = header(kind, field, offset, bytes, None);
+    h[32..40].copy_from_slice(&id.to_le_bytes());
     h
 }
 
@@ -266,6 +300,9 @@ impl TcpTransport {
             closed: RwLock::new(false),
             state: (0..nranks).map(|_| AtomicU8::new(PEER_UP)).collect(),
             failures: Mutex::new(Vec::new()),
+            gets: Mutex::new(HashMap::new()),
+            gets_landed: Mutex::new(Vec::new()),
+            get_requests: Mutex::new(Vec::new()),
         });
         let mut conns = Vec::with_capacity(nranks);
         let mut receivers = Vec::new();
@@ -289,7 +326,17 @@ impl TcpTransport {
             receivers.push(h);
             conns.push(Some(Conn { writer: BufWriter::with_capacity(SEND_BUFFER, tx), stream: s }));
         }
-        Ok(TcpTransport { rank, conns, shared, receivers, closed: false })
+        Ok(TcpTransport {
+            rank,
+            conns,
+            shared,
+            receivers,
+            closed: false,
+            gets_issued: 0,
+            gets_retired: 0,
+            retired_ids: BTreeSet::new(),
+            buf: Vec::new(),
+        })
     }
 
     /// This rank.
@@ -327,6 +374,47 @@ impl TcpTransport {
         }
         self.shared.fail(peer, err.clone());
         err
+    }
+
+    /// Answers the get requests peers sent: reads the window here in pieces
+    /// of at most [`crate::proxy::PUT_CHUNK`] bytes and sends them back. A
+    /// request this rank cannot serve (a bad window range, a device fault)
+    /// fails the connection: the requester's rings to this rank fail.
+    fn serve_gets(&mut self) {
+        let requests = std::mem::take(&mut *self.shared.get_requests.lock().unwrap_or_else(|e| e.into_inner()));
+        if requests.is_empty() || self.closed {
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        for (peer, window, offset, bytes, id) in requests {
+            if self.shared.state[peer].load(Ordering::SeqCst) != PEER_UP {
+                continue;
+            }
+            let r = (|| -> GinResult<()> {
+                let src = self.shared.landing.window_addr(window, offset, bytes)?;
+                let mut done = 0u64;
+                loop {
+                    let n = (bytes - done).min(crate::proxy::PUT_CHUNK as u64) as usize;
+                    buf.resize(n, 0);
+                    self.shared.landing.local().read_device(src + done, &mut buf[..n])?;
+                    let last = done + n as u64 == bytes;
+                    self.send(peer, &get_header(KIND_GET_DATA, last as u32, done, n as u64, id), &buf[..n])?;
+                    done += n as u64;
+                    if last {
+                        return Ok(());
+                    }
+                }
+            })();
+            if let Err(e) = r {
+                let e = GinHostError::Remote(format!("serving a get of rank {peer}: {e}"));
+                if let Some(c) = &self.conns[peer] {
+                    let _ = c.stream.shutdown(Shutdown::Both);
+                }
+                self.shared.fail(peer, e);
+            }
+        }
+        self.buf = buf;
+        let _ = Transport::flush(self);
     }
 }
 
@@ -443,6 +531,8 @@ struct Lander<'a> {
     guard: Option<RwLockReadGuard<'a, bool>>,
     /// Signals of complete frames not applied yet, in order.
     signals: Vec<(u32, u64)>,
+    /// Gets whose last piece is queued, not yet reported landed.
+    gets: Vec<u64>,
     /// Writes queued since the last fence, and their bytes.
     ops: u32,
     bytes: u64,
@@ -455,7 +545,7 @@ impl<'a> Lander<'a> {
 
     /// Whether landed work waits for a fence or signals wait to be applied.
     fn pending(&self) -> bool {
-        self.ops > 0 || !self.signals.is_empty()
+        self.ops > 0 || !self.signals.is_empty() || !self.gets.is_empty()
     }
 
     /// Whether the transport is still open (holding the lock from now on).
@@ -527,6 +617,7 @@ impl<'a> Lander<'a> {
     fn flush(&mut self) -> GinResult<()> {
         let r = self.land();
         self.signals.clear();
+        self.gets.clear();
         (self.ops, self.bytes) = (0, 0);
         self.guard = None;
         r.map_err(|e| GinHostError::Remote(format!("landing data from rank {}: {e}", self.peer)))
@@ -544,7 +635,36 @@ impl<'a> Lander<'a> {
                 self.sh.landing.signal(id, value)?;
             }
         }
+        if !self.gets.is_empty() {
+            let mut map = self.sh.gets.lock().unwrap_or_else(|e| e.into_inner());
+            for id in &self.gets {
+                map.remove(id);
+            }
+            drop(map);
+            self.sh.gets_landed.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(&self.gets);
+        }
         Ok(())
+    }
+
+    /// Where piece `offset..offset + bytes` of get `id` from this
+    /// connection's peer lands (checked against the request), or `None` if
+    /// the transport is closed.
+    fn get_addr(&mut self, id: u64, offset: u64, bytes: u64) -> GinResult<Option<u64>> {
+        let peer = self.peer;
+        let found = self.sh.gets.lock().unwrap_or_else(|e| e.into_inner()).get(&id).copied();
+        let Some((from, dst, total)) = found else {
+            return Err(GinHostError::Invalid(format!("rank {peer} sent data of get {id}, which is not in flight")));
+        };
+        if from != peer || offset.checked_add(bytes).is_none_or(|e| e > total) {
+            return Err(GinHostError::Invalid(format!(
+                "rank {peer} sent {bytes} bytes at {offset} of get {id} (of rank {from}, {total} bytes)"
+            )));
+        }
+        let r = if self.open() { Some(dst + offset) } else { None };
+        if self.queue.is_none() {
+            self.guard = None;
+        }
+        Ok(r)
     }
 }
 
@@ -588,7 +708,7 @@ fn landing_queue(landing: &Landing, peer: usize) -> Option<Box<dyn CopyQueue>> {
 /// a copy queue of its own (see the module docs), or synchronously where
 /// the rank's memory has none.
 fn receive(s: TcpStream, peer: usize, sh: &Shared, queue: Option<Box<dyn CopyQueue>>) {
-    let mut l = Lander { sh, peer, queue, guard: None, signals: Vec::new(), ops: 0, bytes: 0 };
+    let mut l = Lander { sh, peer, queue, guard: None, signals: Vec::new(), gets: Vec::new(), ops: 0, bytes: 0 };
     let mut r = Reader { s, buf: vec![0; READ_BUFFER], pos: 0, end: 0 };
     let end = frames(&mut r, &mut l);
     // The complete frames before the end are valid: land them.
@@ -625,13 +745,20 @@ fn frames(r: &mut Reader, l: &mut Lander<'_>) -> GinResult<()> {
                 return Err(GinHostError::Invalid(format!("rank {peer} sent signal {id} (of {total})")));
             }
         }
+        let addr = match kind {
+            KIND_PUT if bytes > 0 => Some(
+                l.window_addr(window, offset, bytes)
+                    .map_err(|e| GinHostError::Invalid(format!("put from rank {peer}: {e}")))?,
+            ),
+            KIND_GET_DATA => Some(l.get_addr(u64_at(head, 32), offset, bytes)?),
+            _ => None,
+        };
+        let get_id = u64_at(head, 32);
         match kind {
-            KIND_PUT if bytes > 0 => {
-                // Check the whole range once, then land it as it arrives.
-                let addr = l
-                    .window_addr(window, offset, bytes)
-                    .map_err(|e| GinHostError::Invalid(format!("put from rank {peer}: {e}")))?;
-                let landed = |e: GinHostError| GinHostError::Remote(format!("landing a put from rank {peer}: {e}"));
+            KIND_PUT | KIND_GET_DATA if bytes > 0 => {
+                // The whole range was checked once (above); land it as it arrives.
+                let addr = addr.flatten();
+                let landed = |e: GinHostError| GinHostError::Remote(format!("landing data from rank {peer}: {e}"));
                 let mut done = 0u64;
                 while done < bytes {
                     let left = bytes - done;
@@ -663,6 +790,20 @@ fn frames(r: &mut Reader, l: &mut Lander<'_>) -> GinResult<()> {
                         l.end_of_frame()?;
                     }
                 }
+                if kind == KIND_GET_DATA && window != 0 {
+                    l.gets.push(get_id);
+                }
+            }
+            KIND_GET_DATA => {
+                if window != 0 {
+                    l.gets.push(get_id);
+                }
+            }
+            KIND_GET => {
+                if signal.is_some() {
+                    return Err(GinHostError::Invalid(format!("rank {peer} sent a get with a signal")));
+                }
+                l.sh.get_requests.lock().unwrap_or_else(|e| e.into_inner()).push((peer, window, offset, bytes, get_id));
             }
             KIND_PUT | KIND_SIGNAL => {}
             KIND_BYE => {
@@ -703,10 +844,73 @@ impl Transport for TcpTransport {
         self.send(peer, &head, &[])
     }
 
+    /// A get request to the peer, whose proxy answers with the data (in its
+    /// `progress`); this rank's receiver lands it and reports it landed
+    /// once visible ([`Transport::retired`]). From oneself: copied at once.
+    fn get(&mut self, from: GetSource, dst: u64, bytes: u64) -> GinResult<()> {
+        let GetSource { peer, src_window, src_offset } = from;
+        self.check_peer(peer)?;
+        if peer == self.rank {
+            let local = self.shared.landing.local().clone();
+            let src = local.window_addr(src_window, src_offset, bytes)?;
+            if src < dst + bytes && dst < src + bytes {
+                return Err(GinHostError::Invalid(format!(
+                    "a get of {bytes} bytes from this rank overlaps its destination"
+                )));
+            }
+            let mut done = 0u64;
+            while done < bytes {
+                let n = (bytes - done).min(crate::proxy::PUT_CHUNK as u64) as usize;
+                self.buf.resize(n, 0);
+                local.read_device(src + done, &mut self.buf[..n])?;
+                local.write_device(dst + done, &self.buf[..n])?;
+                done += n as u64;
+            }
+            return Ok(());
+        }
+        self.gets_issued += 1;
+        let id = self.gets_issued;
+        self.shared.gets.lock().unwrap_or_else(|e| e.into_inner()).insert(id, (peer, dst, bytes));
+        let r = self.send(peer, &get_header(KIND_GET, src_window, src_offset, bytes, id), &[]);
+        if r.is_err() {
+            // Never answered: it retires with its failed peer (see `retired`).
+            self.shared.gets.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            self.retired_ids.insert(id);
+        }
+        r
+    }
+
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()> {
+        self.serve_gets();
         let mut f = self.shared.failures.lock().unwrap_or_else(|e| e.into_inner());
         failed.append(&mut f);
         Ok(())
+    }
+
+    fn issued(&self) -> u64 {
+        self.gets_issued
+    }
+
+    /// Gets retire in id order once landed; those to a peer that failed or
+    /// left retire unlanded (their rings are failed, nobody reads them).
+    fn retired(&mut self) -> GinResult<u64> {
+        if self.gets_retired == self.gets_issued {
+            return Ok(self.gets_retired);
+        }
+        self.retired_ids.extend(self.shared.gets_landed.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+        let state = &self.shared.state;
+        let ids = &mut self.retired_ids;
+        self.shared.gets.lock().unwrap_or_else(|e| e.into_inner()).retain(|&id, &mut (peer, _, _)| {
+            let up = state[peer].load(Ordering::SeqCst) == PEER_UP;
+            if !up {
+                ids.insert(id);
+            }
+            up
+        });
+        while self.retired_ids.remove(&(self.gets_retired + 1)) {
+            self.gets_retired += 1;
+        }
+        Ok(self.gets_retired)
     }
 
     fn flush(&mut self) -> GinResult<()> {

@@ -2,7 +2,7 @@
 //!
 //! Errors go to `errors[0]` (first code wins) and their count to `errors[1]`.
 
-use devcomm_device::arch::{block_idx, global_timer_ns, grid_dim, thread_idx};
+use devcomm_device::arch::{block_dim, block_idx, global_timer_ns, grid_dim, thread_idx};
 use devcomm_device::atomic::Scope;
 use devcomm_device::comm::{DevComm, WindowDesc};
 use devcomm_device::coop::{Coop, Cta, ThreadCoop};
@@ -490,5 +490,46 @@ kernel! {
         let r = gin.put(&t, &comm.world(), next, &win, 0, &win, 0, 64, RemoteAction::None, LocalAction::None);
         *codes = code(r.and_then(|()| gin.flush(&t)));
         *codes.add(1) = code(gin.wait_signal(&t, 0, 1).map(drop));
+    }
+
+    /// Gets: entry `i` of `entries` (four u64s: world peer, source offset,
+    /// destination offset, bytes) reads `bytes` of the peer's window into
+    /// this rank's `win`, posted by thread `i % blockDim` of the one block.
+    /// Completion by counter 0 (`by_counter != 0`: each get counts, thread 0
+    /// waits for `counter_target`, cumulative) or by a flush of the CTA.
+    /// Then `sums[i]` = Σ (j + 1) · byte j of entry `i`'s destination, as the
+    /// kernel reads it after completion.
+    ///
+    /// # Safety
+    /// One block; `entries` holds `4 * count` u64s and `sums` `count` u64s of
+    /// device memory; the ranges lie in the window (else the get fails with
+    /// `OutOfWindow`), destinations not overlapping each other.
+    pub unsafe fn gin_get_batch(comm: DevComm, win: WindowDesc, entries: *const u64, count: u32, by_counter: u32, counter_target: u64, sums: *mut u64, errors: *mut u32) {
+        let Some(gin) = check(errors, Gin::new(&comm, 0)) else { return };
+        let (cta, world) = (Cta::new(), comm.world());
+        let local = if by_counter != 0 { LocalAction::CounterInc { counter: 0 } } else { LocalAction::None };
+        let mut i = thread_idx().x;
+        while i < count {
+            let e = entries.add(4 * i as usize);
+            let (peer, src_off, dst_off, bytes) = (*e as u32, *e.add(1), *e.add(2), *e.add(3));
+            check(errors, gin.get(&ThreadCoop, &world, peer, &win, dst_off, &win, src_off, bytes, local));
+            i += block_dim().x;
+        }
+        let done = if by_counter != 0 { gin.wait_counter(&cta, 0, counter_target).map(|_| ()) } else { cta.sync(); gin.flush(&cta) };
+        if check(errors, done).is_none() {
+            return;
+        }
+        let mut i = thread_idx().x;
+        while i < count {
+            let e = entries.add(4 * i as usize);
+            let (dst_off, bytes) = (*e.add(2), *e.add(3));
+            let p = win.local_ptr::<u8>(dst_off);
+            let mut sum = 0u64;
+            for j in 0..bytes {
+                sum = sum.wrapping_add((j + 1).wrapping_mul(p.add(j as usize).read_volatile() as u64));
+            }
+            *sums.add(i as usize) = sum;
+            i += block_dim().x;
+        }
     }
 }

@@ -21,4 +21,5 @@ pub mod coll_bench;
 pub mod gin;
 pub mod lsa;
 mod report;
+pub mod rma;
 pub mod selftest;

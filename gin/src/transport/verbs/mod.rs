@@ -49,7 +49,9 @@
 //!    IB subnets), and a second allgather confirms that every rank is ready
 //!    before any request is posted.
 //!
-//! Operations ([`plan`]): a put is RDMA WRITEs of at most the port's
+//! Operations ([`plan`]): a get ([`Transport::get`]) is RDMA READs from
+//! the peer's window into this rank's registered window, retired by the
+//! last read's completion. A put is RDMA WRITEs of at most the port's
 //! largest message, inline (`IBV_SEND_INLINE`) when the data is host data of
 //! at most the QP's inline size, otherwise from registered memory: the
 //! source window itself (zero copy, [`Transport::put_from_device`] on a
@@ -138,7 +140,7 @@ pub mod conninfo;
 mod ffi;
 pub mod plan;
 
-use super::{PeerFailure, PutTarget, Transport};
+use super::{GetSource, PeerFailure, PutTarget, Transport};
 use crate::descriptor::RemoteSignal;
 use crate::{Bootstrap, GinHostError, GinResult, LocalMemory};
 use conninfo::{ConnInfo, ConnRecord, QpEndpoint, WindowInfo};
@@ -1237,6 +1239,38 @@ impl Transport for VerbsTransport {
                 self.post_planned(peer, Data::Device { local, addr: src }).map(|_| ())
             }
         }
+    }
+
+    /// RDMA READs from the peer's registered window straight into the
+    /// destination (a registered window of this rank); the get retires when
+    /// its last read completes (`issued` / `retired`), as a zero-copy put.
+    /// Whether a completed read into GPU memory is visible to the GPU's
+    /// kernels without a further flush (NCCL's GDR flush read) depends on
+    /// the platform; this transport issues none (untested on NICs).
+    fn get(&mut self, from: GetSource, dst: u64, bytes: u64) -> GinResult<()> {
+        let GetSource { peer, src_window, src_offset } = from;
+        self.check_peer(peer)?;
+        let Some(lkey) = self.registered(dst, bytes) else {
+            return Err(GinHostError::Invalid(format!(
+                "a get's destination ({bytes} bytes at {dst:#x}) is not in a window registered with the verbs transport"
+            )));
+        };
+        if peer == self.rank {
+            let (src, _) = plan::remote_range(&self.peers[peer], src_window, src_offset, bytes)?;
+            if src < dst + bytes && dst < src + bytes {
+                return Err(GinHostError::Invalid(format!(
+                    "a get of {bytes} bytes from this rank overlaps its destination"
+                )));
+            }
+        }
+        self.wrs.clear();
+        let lim = self.device_limits;
+        plan::plan_get(&self.peers[peer], &lim, src_window, src_offset, bytes, &mut self.wrs)?;
+        if let Some(seq) = self.post_planned(peer, Data::Registered { addr: dst, lkey })? {
+            self.marks += 1;
+            self.in_flight.push_back((self.marks, peer, seq));
+        }
+        Ok(())
     }
 
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()> {

@@ -27,7 +27,7 @@ pub enum WrOpcode {
     /// `IBV_WR_RDMA_WRITE`: data into the peer's window.
     RdmaWrite,
     /// `IBV_WR_RDMA_READ`: the flush read that makes earlier writes visible
-    /// (see the parent module's ordering notes).
+    /// (see the parent module's ordering notes), or a get's data.
     RdmaRead,
     /// `IBV_WR_ATOMIC_FETCH_AND_ADD`: the signal.
     AtomicFetchAdd,
@@ -258,6 +258,42 @@ pub fn plan_put(
     if out.len() > start {
         let last = out.len() - 1;
         out[last].signaled = true;
+    }
+    Ok(())
+}
+
+/// Plans a get of `bytes` (> 0) from `src_offset` of `peer`'s window
+/// `src_window` into the operation's registered destination: RDMA READs of
+/// at most `max_msg` bytes ([`LocalRef::Data`]: the destination), the last
+/// signaled (its completion means every read of the get has landed: RC
+/// completions are in order). On error nothing is appended.
+pub fn plan_get(
+    peer: &RemotePeer,
+    lim: &PlanLimits,
+    src_window: u32,
+    src_offset: u64,
+    bytes: u64,
+    out: &mut Vec<WrSpec>,
+) -> GinResult<()> {
+    check_limits(lim)?;
+    if bytes == 0 {
+        return invalid("a get of 0 bytes".to_string());
+    }
+    let (raddr, rkey) = remote_range(peer, src_window, src_offset, bytes)?;
+    let mut done = 0u64;
+    while done < bytes {
+        let n = (bytes - done).min(lim.max_msg);
+        out.push(WrSpec {
+            opcode: WrOpcode::RdmaRead,
+            local: LocalRef::Data { offset: done },
+            len: n as u32,
+            remote_addr: raddr + done,
+            rkey,
+            add: 0,
+            fence: false,
+            signaled: done + n == bytes,
+        });
+        done += n;
     }
     Ok(())
 }

@@ -781,3 +781,44 @@ fn model_graceful_close_is_not_a_failure() {
     drop(ts2);
     drop((ranks, ranks2));
 }
+
+#[test]
+fn model_gets_read_into_the_window_and_retire_on_completion() {
+    let config = model_config();
+    let (mut ranks, mut ts) = model_world(2, &config);
+    let data = pattern(70_000, 5);
+    ranks[1].window[1000..1000 + data.len()].copy_from_slice(&data);
+    ranks[0].window[..80_000].fill(0xEE);
+    let dst = ranks[0].window.as_ptr() as u64 + 7;
+    // The NIC stalls completions: the reads are posted, the get not retired.
+    ranks[0].knobs.per_poll.store(0, Ordering::SeqCst);
+    ts[0].get(GetSource { peer: 1, src_window: WINDOW, src_offset: 1000 }, dst, data.len() as u64).unwrap();
+    assert_eq!((ts[0].issued(), ts[0].retired().unwrap()), (1, 0));
+    {
+        let log = ranks[0].knobs.log.lock().unwrap();
+        let reads: Vec<_> = log.iter().filter(|(qp, w)| *qp == 1 && w.opcode == WrOpcode::RdmaRead).collect();
+        assert_eq!(reads.len(), 1);
+        assert_eq!((reads[0].1.sge, reads[0].1.signaled), ((dst, 70_000, ranks[0].window_lkey), true));
+    }
+    ranks[0].knobs.per_poll.store(usize::MAX, Ordering::SeqCst);
+    assert_eq!(ts[0].retired().unwrap(), 1);
+    assert_eq!(&ranks[0].window[7..7 + data.len()], &data[..]);
+    assert!(ranks[0].window[..7].iter().chain(&ranks[0].window[7 + data.len()..80_000]).all(|&b| b == 0xEE));
+    // Refused: a destination outside the registered windows, a range past the
+    // peer's window, a get from oneself overlapping its destination.
+    let outside = [0u8; 16];
+    let from1 = GetSource { peer: 1, src_window: WINDOW, src_offset: 0 };
+    assert!(matches!(ts[0].get(from1, outside.as_ptr() as u64, 16), Err(GinHostError::Invalid(_))));
+    let past = GetSource { peer: 1, src_window: WINDOW, src_offset: WINDOW_BYTES as u64 - 4 };
+    assert!(matches!(ts[0].get(past, dst, 8), Err(GinHostError::Invalid(_))));
+    let own = GetSource { peer: 0, src_window: WINDOW, src_offset: 0 };
+    assert!(matches!(ts[0].get(own, dst, 16), Err(GinHostError::Invalid(_))));
+    // From oneself, disjoint: through the loopback queue pair.
+    ranks[0].window[200_000..200_100].copy_from_slice(&pattern(100, 8));
+    let own = GetSource { peer: 0, src_window: WINDOW, src_offset: 200_000 };
+    ts[0].get(own, ranks[0].window.as_ptr() as u64 + 100_000, 100).unwrap();
+    ts[0].flush().unwrap();
+    assert_eq!(ts[0].retired().unwrap(), 2);
+    assert_eq!(&ranks[0].window[100_000..100_100], &pattern(100, 8)[..]);
+    drop(ts);
+}
