@@ -141,6 +141,7 @@ pub mod env;
 pub mod gin;
 pub mod launch;
 pub mod memory;
+pub mod moe;
 pub mod ptx;
 pub mod team;
 pub mod window;

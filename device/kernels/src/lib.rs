@@ -13,4 +13,5 @@
 devcomm_device::kernel_crate!();
 
 pub mod coll;
+pub mod moe;
 pub mod util;

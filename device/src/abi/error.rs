@@ -38,11 +38,19 @@ pub enum DeviceError {
     CollTooLarge = 49,
     /// A collective's datatype, operator, root or algorithm code is invalid.
     CollBadArgument = 50,
+    /// A token's top-k names an expert id not below the group's expert count.
+    MoeBadExpert = 64,
+    /// MoE count or flag words out of step (ranks ran different sequences
+    /// of dispatch and combine, or a count above the group's maximum).
+    MoeOutOfStep = 65,
+    /// MoE arguments a kernel cannot use (token count above the maximum,
+    /// shapes the context does not hold).
+    MoeBadArgument = 66,
 }
 
 impl DeviceError {
     /// Every code, in order.
-    pub const ALL: [DeviceError; 16] = [
+    pub const ALL: [DeviceError; 19] = [
         DeviceError::Timeout,
         DeviceError::Aborted,
         DeviceError::RingFailed,
@@ -59,6 +67,9 @@ impl DeviceError {
         DeviceError::CollPartOutOfRange,
         DeviceError::CollTooLarge,
         DeviceError::CollBadArgument,
+        DeviceError::MoeBadExpert,
+        DeviceError::MoeOutOfStep,
+        DeviceError::MoeBadArgument,
     ];
 
     /// The code kernels report.
@@ -98,6 +109,11 @@ impl DeviceError {
             DeviceError::CollPartOutOfRange => "collective part (CTA) index or count beyond the context's parts",
             DeviceError::CollTooLarge => "collective message larger than the LL slots of the context",
             DeviceError::CollBadArgument => "collective datatype, operator, root or algorithm code invalid",
+            DeviceError::MoeBadExpert => "a top-k expert id is not below the expert-parallel group's expert count",
+            DeviceError::MoeOutOfStep => {
+                "MoE dispatch/combine out of step across ranks (different call sequences, or a count above max_tokens)"
+            }
+            DeviceError::MoeBadArgument => "MoE arguments outside the group's shapes (tokens above max_tokens)",
         }
     }
 }

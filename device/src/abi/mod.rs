@@ -9,6 +9,7 @@
 //! | here | [`DevComm`], [`WindowDesc`], [`AbortInfo`] |
 //! | [`gin`] | [`gin::GinState`] and the proxy's rings: descriptors, slots, tails, the connection and backend codes |
 //! | [`coll`] | [`coll::CollContext`], [`coll::CollArgs`]: the collectives' scratch, barriers and launch arguments |
+//! | [`moe`] | [`moe::MoeContext`], [`moe::MoeArgs`]: the MoE expert-parallel group's window layout and launch arguments |
 //! | [`error`] | [`error::DeviceError`], the one table of error codes kernels report |
 //!
 //! Fields are private: the structures are made through `unsafe`
@@ -18,6 +19,7 @@
 pub mod coll;
 pub mod error;
 pub mod gin;
+pub mod moe;
 
 use crate::team::Team;
 
