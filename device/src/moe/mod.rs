@@ -461,7 +461,7 @@ pub unsafe fn combine_send_expert<C: Coop>(
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let row = ctx.token_bytes() as usize;
     let slot = ctx.slot_bytes() as usize;
-    let mut at = local as usize * n as usize * ctx.max_tokens() as usize;
+    let first_row = local as usize * n as usize * ctx.max_tokens() as usize;
     let mut result = Ok(());
     for k in 0..n {
         // Start with the next rank, so ranks do not all write to rank 0 first.
@@ -473,6 +473,11 @@ pub unsafe fn combine_send_expert<C: Coop>(
                 continue;
             }
         };
+        // Source `s`'s rows follow those of the sources before it.
+        let mut at = first_row;
+        for q in 0..s {
+            at += recv_count(ctx, local, q, seq).unwrap_or(0) as usize;
+        }
         let lsa = is_lsa(ctx, s);
         let dst = if lsa {
             peer_ptr(ctx, s, ctx.comb_slot_offset(expert, 0))
@@ -491,7 +496,6 @@ pub unsafe fn combine_send_expert<C: Coop>(
                 unsafe { copy_strided(t, nt, dst.add(i * slot), src.add(i * row), row) };
             }
         }
-        at += c as usize;
         let w = word(seq, c);
         coop.sync();
         if lsa {

@@ -20,5 +20,6 @@ devcomm_device::kernel_crate!();
 pub mod coll_bench;
 pub mod gin;
 pub mod lsa;
+pub mod moe;
 mod report;
 pub mod selftest;
