@@ -43,8 +43,14 @@ enum Routing {
     SomeEmpty,
 }
 
-const ROUTINGS: [Routing; 6] =
-    [Routing::Random, Routing::OneExpert, Routing::OneRank, Routing::Rank0Only, Routing::Duplicates, Routing::SomeEmpty];
+const ROUTINGS: [Routing; 6] = [
+    Routing::Random,
+    Routing::OneExpert,
+    Routing::OneRank,
+    Routing::Rank0Only,
+    Routing::Duplicates,
+    Routing::SomeEmpty,
+];
 
 #[derive(Clone, Copy, Debug)]
 struct Shape {
@@ -77,7 +83,9 @@ fn routing(kind: Routing, seed: u64, r: usize, s: &Shape) -> (usize, Vec<i32>, V
             Routing::OneExpert => {
                 let first = (seed % s.e as u64) as i32;
                 let mut v = vec![first];
-                v.extend(all.iter().filter(|&&x| x != first).cloned().collect::<Vec<_>>().choose_multiple(&mut rng, s.k - 1));
+                v.extend(
+                    all.iter().filter(|&&x| x != first).cloned().collect::<Vec<_>>().choose_multiple(&mut rng, s.k - 1),
+                );
                 v
             }
             Routing::OneRank => {
@@ -175,14 +183,18 @@ struct Ctx<'a> {
 }
 
 /// Checks `d`'s packed tokens and counts against the host.
-fn check_recv<T: CollType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, seed: u64) where T: MoeType {
+fn check_recv<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, seed: u64) {
     let s = &c.shape;
     let me = c.comm.rank();
     let want = expected_recv::<T>(s, me, kind, seed);
     let counts = c.stream.read_vec(&d.recv_count).unwrap();
     let got = c.stream.read_vec(&d.recv_x).unwrap();
     for l in 0..s.l() {
-        assert_eq!(counts[l] as usize * s.h, want[l].len(), "rank {me} {kind:?} seed {seed}: count of local expert {l}");
+        assert_eq!(
+            counts[l] as usize * s.h,
+            want[l].len(),
+            "rank {me} {kind:?} seed {seed}: count of local expert {l}"
+        );
         let base = l * s.n * s.m * s.h;
         let rows = &got[base..base + want[l].len()];
         assert!(
@@ -193,7 +205,7 @@ fn check_recv<T: CollType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, seed: u64)
 }
 
 /// The experts' outputs for `d`, computed on the host from what arrived.
-fn expert_outputs<T: CollType + MoeType>(c: &Ctx, d: &Dispatched<T>) -> DeviceBuffer<T> {
+fn expert_outputs<T: MoeType>(c: &Ctx, d: &Dispatched<T>) -> DeviceBuffer<T> {
     let s = &c.shape;
     let me = c.comm.rank();
     let counts = c.stream.read_vec(&d.recv_count).unwrap();
@@ -208,7 +220,7 @@ fn expert_outputs<T: CollType + MoeType>(c: &Ctx, d: &Dispatched<T>) -> DeviceBu
 }
 
 /// One dispatch + combine of case (`kind`, `seed`), checked.
-fn round<T: CollType + MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Option<&mut Dispatched<T>>) {
+fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Option<&mut Dispatched<T>>) {
     let s = &c.shape;
     let me = c.comm.rank();
     let dev = c.comm.device();
@@ -242,7 +254,7 @@ fn round<T: CollType + MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64,
 }
 
 /// Every routing, some seeds, on a group of `T` (fresh outputs and reused ones).
-fn battery<T: CollType + MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
+fn battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE);
     let ep = EpGroup::new(comm, &cfg).unwrap();
     let c = Ctx { comm, stream, shape };
@@ -390,7 +402,11 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
         let want_recv = expected_recv::<f32>(&s, me, kind, seed);
         let ord = stream.read_vec(&order).unwrap();
         for l in 0..s.l() {
-            assert_eq!((ord[l] & 0xff_ffff) as usize * s.h, want_recv[l].len(), "rank {me}: expert {l}'s count as its warp saw it");
+            assert_eq!(
+                (ord[l] & 0xff_ffff) as usize * s.h,
+                want_recv[l].len(),
+                "rank {me}: expert {l}'s count as its warp saw it"
+            );
             assert_eq!((ord[l] >> 24) as usize, (s.l() - 1 - l) / warps, "rank {me}: expert {l}'s turn in its warp");
         }
         let got = stream.read_vec(&y).unwrap();

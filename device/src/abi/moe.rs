@@ -263,10 +263,10 @@ mod tests {
 
     #[test]
     fn areas_do_not_overlap() {
-        let comm = unsafe {
-            DevComm::from_raw_parts(1, 3, WindowDesc::NONE, 0, 0, 0, crate::abi::AbortInfo::none())
-        };
+        // SAFETY: only its layout arithmetic is used; no kernel gets it.
+        let comm = unsafe { DevComm::from_raw_parts(1, 3, WindowDesc::NONE, 0, 0, 0, crate::abi::AbortInfo::none()) };
         // 6 experts on 3 ranks, 5 tokens, 7 f16 elements: 14 bytes -> 16 per slot.
+        // SAFETY: as above.
         let c = unsafe { MoeContext::new(comm, WindowDesc::NONE, 6, 7, 2, 5, 2) };
         assert_eq!(c.slot_bytes(), 16);
         assert_eq!(c.local_experts(), 2);

@@ -217,6 +217,7 @@ pub unsafe fn dispatch_prepare(
 /// of the warp calls with the same arguments; no other warp sends
 /// `expert` in this dispatch; the previous dispatch's combine is done on
 /// every rank (see the [module docs](self)).
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn dispatch_send_expert(
     warp: &Warp,
     ctx: &MoeContext,
@@ -233,7 +234,9 @@ pub unsafe fn dispatch_send_expert(
     }
     let comm = ctx.comm();
     let (me, l) = (comm.rank(), ctx.local_experts());
-    let (dest, local) = (expert / l, expert % l);
+    let (Some(dest), Some(local)) = (expert.checked_div(l), expert.checked_rem(l)) else {
+        return Err(MoeError::BadArgument);
+    };
     let lsa = is_lsa(ctx, dest);
     let row = ctx.token_bytes() as usize;
     let lane = lane_id();
@@ -334,12 +337,7 @@ pub unsafe fn dispatch_send_expert(
 ///
 /// # Safety
 /// `ctx` live; every thread of `coop` calls with the same arguments.
-pub unsafe fn dispatch_wait_expert<C: Coop>(
-    coop: &C,
-    ctx: &MoeContext,
-    local: u32,
-    seq: u32,
-) -> Result<u32, MoeError> {
+pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, seq: u32) -> Result<u32, MoeError> {
     let comm = ctx.comm();
     let n = comm.nranks();
     if local >= ctx.local_experts() {
@@ -548,7 +546,7 @@ pub unsafe fn combine_wait<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Res
         let mut deadline = Deadline::new(&comm.abort());
         let mut e = t;
         while e < e_all {
-            if is_lsa(ctx, e / l) {
+            if is_lsa(ctx, e.checked_div(l).unwrap_or(u32::MAX)) {
                 let p = local_ptr(ctx, ctx.comb_flag_offset(e)) as *const u64;
                 // SAFETY: this rank's flag word, written only atomically.
                 unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
@@ -603,7 +601,9 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     let total = num_tokens as usize * h;
     let mut i = t;
     while i < total {
-        let (tok, el) = (i / h, i % h);
+        let (Some(tok), Some(el)) = (i.checked_div(h), i.checked_rem(h)) else {
+            return;
+        };
         let mut acc = 0.0f32;
         for j in 0..k {
             let at = tok * k + j;

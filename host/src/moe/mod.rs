@@ -282,7 +282,10 @@ impl<'c> EpGroup<'c> {
             to_u32(c.max_tokens_per_rank, "max_tokens_per_rank")?,
         );
         if c.threads > 1024 || c.threads % 32 != 0 {
-            return Err(Error::invalid_argument(format!("EpConfig: threads {} not a multiple of 32 up to 1024", c.threads)));
+            return Err(Error::invalid_argument(format!(
+                "EpConfig: threads {} not a multiple of 32 up to 1024",
+                c.threads
+            )));
         }
         if c.ctas > 1024 {
             return Err(Error::invalid_argument(format!("EpConfig: ctas {} above 1024", c.ctas)));
@@ -319,7 +322,9 @@ impl<'c> EpGroup<'c> {
         comm.bootstrap_barrier()?;
         let (ctas, threads) = match comm.device().kind() {
             RuntimeKind::Cuda => (if c.ctas == 0 { 64 } else { c.ctas }, if c.threads == 0 { 256 } else { c.threads }),
-            RuntimeKind::Emulated => (if c.ctas == 0 { 2 } else { c.ctas }, if c.threads == 0 { 64 } else { c.threads }),
+            RuntimeKind::Emulated => {
+                (if c.ctas == 0 { 2 } else { c.ctas }, if c.threads == 0 { 64 } else { c.threads })
+            }
         };
         let error = HostMappedWord::new(comm.device())?;
         Ok(EpGroup {
@@ -406,7 +411,8 @@ impl<'c> EpGroup<'c> {
     pub fn alloc_output<T: MoeType>(&self) -> Result<Dispatched<T>> {
         self.check_type::<T>()?;
         let dev = self.comm.device();
-        let (l, n, m, k) = (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.top_k);
+        let (l, n, m, k) =
+            (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.top_k);
         Ok(Dispatched {
             recv_x: dev.alloc::<T>(l * n * m * self.config.hidden)?,
             recv_count: dev.alloc::<u32>(l)?,
@@ -463,7 +469,8 @@ impl<'c> EpGroup<'c> {
         stream: &Stream,
     ) -> Result<()> {
         let tokens = self.check_dispatch(x, topk_idx, topk_weights)?;
-        let (l, n, m, k) = (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.top_k);
+        let (l, n, m, k) =
+            (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.top_k);
         let hd = &out.handle;
         if out.recv_x.len() != l * n * m * self.config.hidden
             || out.recv_count.len() != l
@@ -472,9 +479,7 @@ impl<'c> EpGroup<'c> {
             || hd.idx.len() != m * k
             || hd.weights.len() != m * k
         {
-            return Err(Error::invalid_argument(
-                "dispatch_into: the output was not made by this group's alloc_output",
-            ));
+            return Err(Error::invalid_argument("dispatch_into: the output was not made by this group's alloc_output"));
         }
         self.check_device("dispatch_into recv_x", out.recv_x.device().ordinal())?;
         self.check_device("dispatch_into recv_count", out.recv_count.device().ordinal())?;
@@ -523,7 +528,12 @@ impl<'c> EpGroup<'c> {
     /// a failure an earlier kernel reported.
     #[doc(alias = "low_latency_combine")]
     #[doc(alias = "ncclEpCombine")]
-    pub fn combine<T: MoeType>(&self, expert_out: &DeviceBuffer<T>, handle: &Handle, stream: &Stream) -> Result<DeviceBuffer<T>> {
+    pub fn combine<T: MoeType>(
+        &self,
+        expert_out: &DeviceBuffer<T>,
+        handle: &Handle,
+        stream: &Stream,
+    ) -> Result<DeviceBuffer<T>> {
         let mut y = self.comm.device().alloc::<T>(handle.num_tokens * self.config.hidden)?;
         self.combine_into(expert_out, handle, &mut y, stream)?;
         Ok(y)
@@ -541,7 +551,8 @@ impl<'c> EpGroup<'c> {
         stream: &Stream,
     ) -> Result<()> {
         self.check_type::<T>()?;
-        let (l, n, m, h) = (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.hidden);
+        let (l, n, m, h) =
+            (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.hidden);
         if expert_out.len() != l * n * m * h {
             return Err(Error::invalid_argument(format!(
                 "combine: expert_out holds {} elements, the group's layout {l} local experts × {n} ranks × {m} tokens × {h} = {}",
