@@ -258,7 +258,11 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<MoeContext>(), size_of::<DevComm>() + 40 + 24 + 40);
-        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 80 + 8);
+        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 9 * 8 + 8);
+        assert_eq!(core::mem::offset_of!(MoeContext, window), size_of::<DevComm>());
+        assert_eq!(core::mem::offset_of!(MoeContext, slot_bytes), size_of::<DevComm>() + 64);
+        assert_eq!(core::mem::offset_of!(MoeArgs, errors), size_of::<MoeContext>() + 64);
+        assert_eq!(core::mem::offset_of!(MoeArgs, seq), size_of::<MoeContext>() + 76);
     }
 
     #[test]
