@@ -420,6 +420,9 @@ const QUICK_ENV: &str = "DEVCOMM_MOE_TEST_QUICK";
 
 fn child_body(comm: &Communicator) {
     let stream = comm.device().new_stream().unwrap();
+    // The test kernels' module, loaded before any kernel that waits on
+    // other ranks runs (loading waits for the device to go idle: issue 13).
+    devcomm_tests::test_kernels(comm.device());
     let n = comm.count();
     let quick = std::env::var(QUICK_ENV).is_ok();
     // Odd sizes: 13 f32 = 52 bytes per token (slots of 64: the row-by-row

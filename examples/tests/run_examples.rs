@@ -59,3 +59,8 @@ fn allreduce_runs() {
 fn fused_allreduce_rmsnorm_runs() {
     run("fused_allreduce_rmsnorm", "matched the host reference");
 }
+
+#[test]
+fn moe_runs() {
+    run("moe", "matched the host reference");
+}
