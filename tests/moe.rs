@@ -434,7 +434,7 @@ fn child_body(comm: &Communicator) {
         battery::<bf16>(comm, &stream, half_shape, 1);
         battery::<f16>(comm, &stream, half_shape, 1);
         // More tokens than a warp holds (a second chunk of the scan).
-        battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 5, k: 2, m: 45 }, 1);
+        battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1);
     }
     fused(comm, &stream, f32_shape, if quick { 2 } else { ROUTINGS.len() as u64 });
     bad_input(comm, &stream, f32_shape);

@@ -577,9 +577,10 @@ pub unsafe fn combine_wait<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Res
 /// `out[t][h] = sum over j < top_k of weights[t][j] * y_j[h]`, where
 /// `y_j` is the output of expert `topk_idx[t][j]` for token `t` (entries
 /// with [`NO_POS`] add nothing), accumulated in f32 in top-k order and
-/// rounded once; by any set of threads (`t` of `nt`) over the
-/// `num_tokens * hidden` elements. Call after [`combine_wait`] (by every
-/// thread that reads).
+/// rounded once; by any set of threads (`t` of `nt`) over the tokens'
+/// 16-byte vectors (when a token is a whole number of them and `out` is
+/// 16-byte aligned; else over single elements, with the same result). Call
+/// after [`combine_wait`] (by every thread that reads).
 ///
 /// # Safety
 /// `ctx` live; `topk_idx`, `topk_weights` and `pos` are the dispatch's
@@ -598,6 +599,50 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     out: *mut T,
 ) {
     let (k, h) = (ctx.top_k() as usize, ctx.hidden() as usize);
+    let size = core::mem::size_of::<T>();
+    // The expert and slot of entry `at` (None: it adds nothing).
+    let entry = |at: usize| -> Option<(*const u8, f32)> {
+        // SAFETY: `at < num_tokens * top_k` (callers): inside the buffers.
+        let (e, p, w) = unsafe { (*topk_idx.add(at), *pos.add(at), *topk_weights.add(at)) };
+        if p == NO_POS || e < 0 || e as u32 >= ctx.num_experts() || p >= ctx.max_tokens() {
+            return None;
+        }
+        Some((local_ptr(ctx, ctx.comb_slot_offset(e as u32, p)) as *const u8, w))
+    };
+    let row = h * size;
+    if size <= 16 && 16 % size == 0 && row % 16 == 0 && (out as usize) % 16 == 0 {
+        let per = 16 / size;
+        let vecs = row / 16;
+        let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
+        let total = num_tokens as usize * vecs;
+        let mut i = t;
+        while i < total {
+            let (Some(tok), Some(v)) = (i.checked_div(vecs), i.checked_rem(vecs)) else {
+                return;
+            };
+            let mut acc = [0.0f32; 16];
+            for j in 0..k {
+                let Some((slot, w)) = entry(tok * k + j) else { continue };
+                // SAFETY: vector `v` of a combine slot (slots are 16-byte
+                // aligned, a token is `vecs` whole vectors).
+                let bits = unsafe { arch::load16(slot.add(v * 16)) };
+                for (q, a) in acc.iter_mut().enumerate().take(per) {
+                    let b = q * size;
+                    let x = (bits[b / 4] >> ((b % 4) * 8)) & mask;
+                    *a += w * T::from_bits64(x as u64).to_acc();
+                }
+            }
+            let mut o = [0u32; 4];
+            for (q, a) in acc.iter().enumerate().take(per) {
+                let b = q * size;
+                o[b / 4] |= ((T::from_acc(*a).to_bits64() as u32) & mask) << ((b % 4) * 8);
+            }
+            // SAFETY: vector `v` of token `tok < num_tokens` of `out`, 16-byte aligned.
+            unsafe { arch::store16((out as *mut u8).add(tok * row + v * 16), o) };
+            i += nt.max(1);
+        }
+        return;
+    }
     let total = num_tokens as usize * h;
     let mut i = t;
     while i < total {
@@ -606,15 +651,9 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
         };
         let mut acc = 0.0f32;
         for j in 0..k {
-            let at = tok * k + j;
-            // SAFETY: `tok < num_tokens`, `j < top_k`: inside the buffers.
-            let (e, p, w) = unsafe { (*topk_idx.add(at), *pos.add(at), *topk_weights.add(at)) };
-            if p == NO_POS || e < 0 || e as u32 >= ctx.num_experts() || p >= ctx.max_tokens() {
-                continue;
-            }
-            let slot = local_ptr(ctx, ctx.comb_slot_offset(e as u32, p)) as *const T;
+            let Some((slot, w)) = entry(tok * k + j) else { continue };
             // SAFETY: element `el < hidden` of a combine slot of the window.
-            let y = unsafe { arch::load_volatile(slot.add(el)) };
+            let y = unsafe { arch::load_volatile((slot as *const T).add(el)) };
             acc += w * y.to_acc();
         }
         // SAFETY: `i < num_tokens * hidden`: inside `out`.

@@ -456,7 +456,7 @@ impl<'c> EpGroup<'c> {
     }
 
     /// [`EpGroup::dispatch`] into buffers of [`EpGroup::alloc_output`]
-    /// (no allocation: the fixed-shape path for benchmarks and graphs).
+    /// (no allocation: the fixed-shape path for benchmarks and layers run again and again).
     ///
     /// Errors as [`EpGroup::dispatch`], and [`Error::InvalidArgument`] for
     /// outputs of another group or shape.
