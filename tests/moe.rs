@@ -20,6 +20,7 @@ use devcomm::comm::Communicator;
 use devcomm::moe::{Dispatched, EpConfig, EpGroup, MoeType};
 use devcomm::runtime::{DeviceBuffer, LaunchConfig, Stream};
 use devcomm::Error;
+use devcomm_device::coll::Fp8E4M3;
 use devcomm_device::moe::MoeArgs;
 use half::{bf16, f16};
 use rand::rngs::StdRng;
@@ -268,6 +269,94 @@ fn battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, seeds
     assert!(ep.error().is_none());
 }
 
+/// A bf16 token as fp8 dispatch sends it: per 128 elements, `scale =
+/// max(amax, 1e-4) / 448` and `q = fp8(x / scale)` (the device's f32
+/// arithmetic and conversion, so exactly).
+fn quantize(x: &[bf16]) -> (Vec<u8>, Vec<f32>) {
+    let (mut q, mut scales) = (Vec::new(), Vec::new());
+    for g in x.chunks(128) {
+        let amax = g.iter().fold(0.0f32, |m, v| m.max(v.to_f32().abs()));
+        let scale = (if amax > 1e-4 { amax } else { 1e-4 }) / 448.0;
+        q.extend(g.iter().map(|v| Fp8E4M3::from_f32(v.to_f32() / scale).0));
+        scales.push(scale);
+    }
+    (q, scales)
+}
+
+/// One fp8 dispatch + bf16 combine of case (`kind`, `seed`), checked: the
+/// fp8 bytes and scales exactly, the combined output (experts applied to
+/// the dequantized tokens) within a bf16 rounding.
+fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
+    let s = &c.shape;
+    let me = c.comm.rank();
+    let dev = c.comm.device();
+    let (tokens, idx, w) = routing(kind, seed, me, s);
+    let x = dev.alloc_from(&tokens_of::<bf16>(seed, me, tokens, s.h)).unwrap();
+    let (idxd, wd) = (dev.alloc_from(&idx).unwrap(), dev.alloc_from(&w).unwrap());
+    let d = ep.dispatch_fp8(&x, &idxd, &wd, c.stream).unwrap();
+    ep.synchronize(c.stream).unwrap();
+    let counts = c.stream.read_vec(&d.recv_count).unwrap();
+    let q: Vec<u8> = c.stream.read_vec(&d.recv_x).unwrap().iter().map(|v| v.0).collect();
+    let sc = c.stream.read_vec(&d.recv_scales).unwrap();
+    let g = s.h / 128;
+    let want = expected_recv::<bf16>(s, me, kind, seed);
+    let mut out = vec![bf16::ZERO; d.recv_x.len()];
+    for l in 0..s.l() {
+        assert_eq!(counts[l] as usize * s.h, want[l].len(), "rank {me} fp8 {kind:?}: count of local expert {l}");
+        let row0 = l * s.n * s.m;
+        for (r, tok) in want[l].chunks(s.h).enumerate() {
+            let (wq, ws) = quantize(tok);
+            let at = (row0 + r) * s.h;
+            assert_eq!(&q[at..at + s.h], &wq[..], "rank {me} fp8 {kind:?}: bytes of expert {l} row {r}");
+            assert_eq!(&sc[(row0 + r) * g..(row0 + r + 1) * g], &ws[..], "rank {me} fp8: scales of expert {l} row {r}");
+            for i in 0..s.h {
+                let deq = bf16::from_f32(Fp8E4M3(q[at + i]).to_f32() * sc[(row0 + r) * g + i / 128]);
+                out[at + i] = expert(me * s.l() + l, deq);
+            }
+        }
+    }
+    let out = dev.alloc_from(&out).unwrap();
+    let y = c.stream.read_vec(&ep.combine(&out, &d.handle, c.stream).unwrap()).unwrap();
+    ep.synchronize(c.stream).unwrap();
+    let xs = tokens_of::<bf16>(seed, me, tokens, s.h);
+    for t in 0..tokens {
+        let (wq, ws) = quantize(&xs[t * s.h..(t + 1) * s.h]);
+        for i in 0..s.h {
+            let deq = bf16::from_f32(Fp8E4M3(wq[i]).to_f32() * ws[i / 128]);
+            let mut acc = 0.0f32;
+            for j in 0..s.k {
+                let e = idx[t * s.k + j];
+                if e >= 0 {
+                    acc += w[t * s.k + j] * expert(e as usize, deq).to_f32();
+                }
+            }
+            let (got, want) = (y[t * s.h + i], bf16::from_f32(acc));
+            assert!(close(got, want), "rank {me} fp8 {kind:?}: y[{t}][{i}] = {got}, want {want}");
+        }
+    }
+}
+
+/// Fp8 dispatch over every routing.
+fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape) {
+    let ep = EpGroup::new(comm, &EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch()).unwrap();
+    let c = Ctx { comm, stream, shape };
+    for (i, kind) in ROUTINGS.iter().enumerate() {
+        fp8_round(&c, &ep, *kind, 500 + i as u64);
+    }
+    // The bf16 entry points are refused on an fp8 group, and the other way round.
+    let dev = comm.device();
+    let x = dev.alloc_from(&vec![bf16::ONE; shape.h]).unwrap();
+    let idx = dev.alloc_from(&vec![0i32; shape.k]).unwrap();
+    let w = dev.alloc_from(&vec![1.0f32; shape.k]).unwrap();
+    assert!(matches!(ep.dispatch(&x, &idx, &w, stream), Err(Error::InvalidUsage(_))));
+    let plain =
+        EpGroup::new(comm, &EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(DataType::Bf16)).unwrap();
+    assert!(matches!(plain.dispatch_fp8(&x, &idx, &w, stream), Err(Error::InvalidUsage(_))));
+    let bad = EpConfig::new(shape.e, 100, shape.k, shape.m).with_fp8_dispatch();
+    assert!(matches!(EpGroup::new(comm, &bad), Err(Error::InvalidArgument(_))));
+    assert!(ep.error().is_none());
+}
+
 /// Host-side refusals (the same on every rank, so nothing hangs), and the
 /// group still works after each.
 fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
@@ -377,6 +466,7 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
             topk_weights: w.device_addr(),
             out: d.recv_x.device_addr(),
             counts: d.recv_count.device_addr(),
+            scales: 0,
             pos: h.positions().device_addr(),
             handle_idx: h.topk_idx().device_addr(),
             handle_weights: h.topk_weights().device_addr(),
@@ -436,6 +526,8 @@ fn child_body(comm: &Communicator) {
         // More tokens than a warp holds (a second chunk of the scan).
         battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1);
     }
+    // Fp8 dispatch: two groups of 128 per token.
+    fp8_battery(comm, &stream, Shape { n, e: 2 * n, h: 256, k: 3, m: 4 });
     fused(comm, &stream, f32_shape, if quick { 2 } else { ROUTINGS.len() as u64 });
     bad_input(comm, &stream, f32_shape);
     comm.finalize().unwrap();

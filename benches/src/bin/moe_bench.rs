@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release -p devcomm-benches --bin moe_bench -- --nccl   # starts 2 ranks
 //! devcomm-run -n 2 target/release/moe_bench --tokens 128,4096 --dtype bf16 --nccl
+//! devcomm-run -n 2 target/release/moe_bench --tokens 128 --fp8 --nccl   # fp8 dispatch
 //! ```
 //!
 //! Per token count (tokens per rank; each rank's own random top-k routing,
@@ -67,6 +68,9 @@ struct Args {
     /// See `ctas`.
     #[arg(long, default_value_t = 0)]
     threads: u32,
+    /// Fp8 e4m3 dispatch with per-128 scales (bf16 tokens; combine in bf16).
+    #[arg(long)]
+    fp8: bool,
     /// Also the NCCL path (libnccl loaded at run time; CUDA only).
     #[arg(long)]
     nccl: bool,
@@ -92,6 +96,55 @@ fn median(v: Vec<f64>) -> f64 {
     devcomm_benches::median(v)
 }
 
+/// Elements of `y` off `sum of gates * x` by more than `eps` relative.
+fn count_wrong<T: MoeType, U: MoeType>(a: &Args, w: &[f32], xs: &[T], y: &[U], tokens: usize, eps: f64) -> usize {
+    let mut wrong = 0;
+    for t in 0..tokens {
+        let g: f32 = w[t * a.topk..(t + 1) * a.topk].iter().sum();
+        for c in 0..a.hidden {
+            let want = g as f64 * xs[t * a.hidden + c].to_f64();
+            if (y[t * a.hidden + c].to_f64() - want).abs() > eps * want.abs().max(1.0) {
+                wrong += 1;
+            }
+        }
+    }
+    wrong
+}
+
+/// Median µs of `step(0)` (dispatch) and `step(1)` (combine), CUDA events
+/// around each, `iters` pairs per repetition after `warmup` untimed ones.
+fn time_pairs(
+    comm: &Communicator,
+    a: &Args,
+    step: &mut dyn FnMut(u32) -> Result<()>,
+    ep: &EpGroup,
+) -> Result<(f64, f64)> {
+    let (dev, stream) = (comm.device(), comm.device().stream());
+    for _ in 0..a.warmup {
+        step(0)?;
+        step(1)?;
+    }
+    ep.synchronize(stream)?;
+    let (mut td, mut tc) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        comm.bootstrap_barrier()?;
+        let ev = events(dev, 3 * a.iters)?;
+        for i in 0..a.iters {
+            stream.record(&ev[3 * i])?;
+            step(0)?;
+            stream.record(&ev[3 * i + 1])?;
+            step(1)?;
+            stream.record(&ev[3 * i + 2])?;
+        }
+        ep.synchronize(stream)?;
+        for i in 0..a.iters {
+            td.push(ev[3 * i].elapsed_ms(&ev[3 * i + 1])? as f64 * 1e3);
+            tc.push(ev[3 * i + 1].elapsed_ms(&ev[3 * i + 2])? as f64 * 1e3);
+        }
+    }
+    Ok((median(td), median(tc)))
+}
+
 fn run_tokens<T: MoeType>(
     comm: &Communicator,
     a: &Args,
@@ -102,6 +155,7 @@ fn run_tokens<T: MoeType>(
     let dev = comm.device();
     let stream = dev.stream();
     let mut cfg = EpConfig::new(a.experts, a.hidden, a.topk, tokens).with_dtype(T::DTYPE);
+    cfg.fp8_dispatch = a.fp8;
     cfg.ctas = a.ctas;
     cfg.threads = a.threads;
     let ep = EpGroup::new(comm, &cfg)?;
@@ -109,63 +163,72 @@ fn run_tokens<T: MoeType>(
     let mut rng = StdRng::seed_from_u64(me as u64 + 7);
     let xs: Vec<T> = (0..tokens * a.hidden).map(|_| T::from_f64(rng.gen_range(-1.0..1.0))).collect();
     let (x, idxd, wd) = (dev.alloc_from(&xs)?, dev.alloc_from(&idx)?, dev.alloc_from(&w)?);
-    let mut out = ep.alloc_output::<T>()?;
-    let mut y = dev.alloc::<T>(tokens * a.hidden)?;
-    // Correctness once: identity experts, y = sum of gates * x.
-    ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)?;
-    ep.combine_into(&out.recv_x, &out.handle, &mut y, stream)?;
-    ep.synchronize(stream)?;
-    let got = stream.read_vec(&y)?;
-    let eps = if T::DTYPE == DataType::F32 { 1e-5 } else { 1.0 / 64.0 };
-    let mut wrong = 0;
-    for t in 0..tokens {
-        let g: f32 = w[t * a.topk..(t + 1) * a.topk].iter().sum();
-        for c in 0..a.hidden {
-            let want = g as f64 * xs[t * a.hidden + c].to_f64();
-            if (got[t * a.hidden + c].to_f64() - want).abs() > eps * want.abs().max(1.0) {
-                wrong += 1;
-            }
-        }
-    }
-    // Timing: events around every dispatch and combine.
-    for _ in 0..a.warmup {
+    let (td, tc, wrong) = if a.fp8 {
+        let xb = dev.alloc_from(bytemuck::cast_slice::<T, half::bf16>(&xs))?;
+        let mut out = ep.alloc_output_fp8()?;
+        let mut eo = dev.alloc::<half::bf16>(out.recv_x.len())?;
+        let mut y = dev.alloc::<half::bf16>(tokens * a.hidden)?;
+        // Identity experts on the dequantized tokens (made on the host once).
+        ep.dispatch_fp8_into(&xb, &idxd, &wd, &mut out, stream)?;
+        ep.synchronize(stream)?;
+        let (q, sc) = (stream.read_vec(&out.recv_x)?, stream.read_vec(&out.recv_scales)?);
+        let deq: Vec<half::bf16> = (0..q.len()).map(|i| half::bf16::from_f32(q[i].to_f32() * sc[i / 128])).collect();
+        stream.write(&mut eo, &deq)?;
+        ep.combine_into(&eo, &out.handle, &mut y, stream)?;
+        ep.synchronize(stream)?;
+        let wrong = count_wrong(a, &w, &xs, &stream.read_vec(&y)?, tokens, 1.0 / 8.0);
+        let (td, tc) = time_pairs(
+            comm,
+            a,
+            &mut |phase| {
+                if phase == 0 {
+                    ep.dispatch_fp8_into(&xb, &idxd, &wd, &mut out, stream)
+                } else {
+                    ep.combine_into(&eo, &out.handle, &mut y, stream)
+                }
+            },
+            &ep,
+        )?;
+        (td, tc, wrong)
+    } else {
+        let mut out = ep.alloc_output::<T>()?;
+        let mut y = dev.alloc::<T>(tokens * a.hidden)?;
+        // Identity experts: y = sum of gates * x.
         ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)?;
         ep.combine_into(&out.recv_x, &out.handle, &mut y, stream)?;
-    }
-    ep.synchronize(stream)?;
-    let (mut td, mut tc) = (Vec::new(), Vec::new());
-    for _ in 0..a.reps {
-        comm.bootstrap_barrier()?;
-        let ev = events(dev, 3 * a.iters)?;
-        for i in 0..a.iters {
-            stream.record(&ev[3 * i])?;
-            ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)?;
-            stream.record(&ev[3 * i + 1])?;
-            ep.combine_into(&out.recv_x, &out.handle, &mut y, stream)?;
-            stream.record(&ev[3 * i + 2])?;
-        }
         ep.synchronize(stream)?;
-        for i in 0..a.iters {
-            td.push(ev[3 * i].elapsed_ms(&ev[3 * i + 1])? as f64 * 1e3);
-            tc.push(ev[3 * i + 1].elapsed_ms(&ev[3 * i + 2])? as f64 * 1e3);
-        }
-    }
-    let (td, tc) = (median(td), median(tc));
+        let eps = if T::DTYPE == DataType::F32 { 1e-5 } else { 1.0 / 64.0 };
+        let wrong = count_wrong(a, &w, &xs, &stream.read_vec(&y)?, tokens, eps);
+        let (td, tc) = time_pairs(
+            comm,
+            a,
+            &mut |phase| {
+                if phase == 0 {
+                    ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)
+                } else {
+                    ep.combine_into(&out.recv_x, &out.handle, &mut y, stream)
+                }
+            },
+            &ep,
+        )?;
+        (td, tc, wrong)
+    };
     let token_bytes = a.hidden * std::mem::size_of::<T>();
+    let sent_bytes = if a.fp8 { a.hidden + a.hidden / 32 } else { token_bytes };
     let l = a.experts / n;
     let pairs = idx.iter().filter(|&&e| e >= 0).count();
     let remote = idx.iter().filter(|&&e| e >= 0 && e as usize / l != me).count();
-    let (all_b, nv_b) = ((pairs * token_bytes) as f64, (remote * token_bytes) as f64);
+    let (all_b, nv_b) = ((pairs * sent_bytes) as f64, (remote * sent_bytes) as f64);
+    let comb_b = (pairs * token_bytes) as f64;
     let mut row = vec![
         format!("{tokens:>7}"),
         format!("{td:10.2}"),
         format!("{:8.1}", all_b / td / 1e3),
         format!("{:8.1}", nv_b / td / 1e3),
         format!("{tc:10.2}"),
-        format!("{:8.1}", all_b / tc / 1e3),
+        format!("{:8.1}", comb_b / tc / 1e3),
         format!("{wrong:6}"),
     ];
-    drop(out);
     drop(ep);
     // NCCL: one copy of each token per destination rank.
     if let Some(nc) = nccl {
@@ -269,13 +332,14 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
     let nc = if a.nccl { Some(nccl::Nccl::new(&comm, stream)?) } else { None };
     if comm.rank() == 0 {
         println!(
-            "# moe_bench: {} ranks ({} runtime), {} experts, hidden {}, top-{}, {}, low-latency mode; iters {} warmup {} reps {} (median)",
+            "# moe_bench: {} ranks ({} runtime), {} experts, hidden {}, top-{}, {}{}, low-latency mode; iters {} warmup {} reps {} (median)",
             comm.count(),
             comm.device().kind(),
             a.experts,
             a.hidden,
             a.topk,
             a.dtype,
+            if a.fp8 { " (fp8 e4m3 dispatch, per-128 scales)" } else { "" },
             a.iters,
             a.warmup,
             a.reps
@@ -372,6 +436,10 @@ fn main() -> ExitCode {
     let mut args = Args::parse();
     if args.quick {
         args = Args { tokens: vec![32], hidden: 256, experts: 16, topk: 4, iters: 3, warmup: 1, reps: 2, ..args };
+    }
+    if args.fp8 && args.dtype != "bf16" {
+        eprintln!("moe_bench: --fp8 dispatches bf16 tokens (--dtype bf16)");
+        return ExitCode::FAILURE;
     }
     devcomm_benches::bench_main("moe_bench", 2, |_| match args.dtype.as_str() {
         "bf16" => run::<half::bf16>(&args),

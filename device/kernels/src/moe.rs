@@ -70,7 +70,9 @@ kernel! {
         }
         let mut l = w;
         while l < ctx.local_experts() {
-            let r = moe::dispatch_recv_expert(&warp, ctx, l, args.out as *mut u8, args.counts as *mut u32, args.seq);
+            let r = moe::dispatch_recv_expert(
+                &warp, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq,
+            );
             if warp.is_leader() {
                 report(&args, r);
             }

@@ -25,6 +25,11 @@ use super::{DevComm, WindowDesc};
 /// * combine flags at `comb_flag_offset`: `E` `u64` words, word `e` =
 ///   `(seq << 32) | tokens` written by `e`'s rank after its outputs.
 ///
+/// With fp8 dispatch ([`MoeContext::with_fp8_dispatch`]) a receive slot
+/// holds a token as `hidden` fp8 e4m3 bytes followed by `hidden / 128`
+/// f32 scales (each 128-element group's `amax / 448`), which fits the
+/// slot (bf16 tokens: `2 * hidden` bytes).
+///
 /// GIN signals `0..L` count dispatch arrivals per local expert, signal `L`
 /// combine arrivals (sources and experts outside the LSA team only).
 #[doc(alias = "ncclEpGroup")]
@@ -38,7 +43,7 @@ pub struct MoeContext {
     pub(crate) top_k: u32,
     pub(crate) max_tokens: u32,
     pub(crate) elem_size: u32,
-    pub(crate) reserved: u32,
+    pub(crate) flags: u32,
     pub(crate) slot_bytes: u64,
     pub(crate) recv_offset: u64,
     pub(crate) recv_count_offset: u64,
@@ -109,12 +114,44 @@ impl MoeContext {
             top_k,
             max_tokens,
             elem_size,
-            reserved: 0,
+            flags: 0,
             slot_bytes,
             recv_offset,
             recv_count_offset,
             comb_offset,
             comb_flag_offset,
+        }
+    }
+
+    /// The same context with fp8 dispatch: tokens (bf16) travel as fp8
+    /// e4m3 with one f32 scale per 128 elements (DeepEP's low-latency
+    /// fp8 dispatch); combine is unchanged.
+    ///
+    /// # Safety
+    /// As for [`MoeContext::new`], and `elem_size == 2` (bf16 tokens),
+    /// `hidden` a multiple of 128, the same on every rank.
+    pub const unsafe fn with_fp8_dispatch(mut self) -> Self {
+        self.flags |= Self::FP8_DISPATCH;
+        self
+    }
+
+    /// Flag: dispatch sends fp8 e4m3 with per-128 scales.
+    pub const FP8_DISPATCH: u32 = 1;
+
+    /// Whether dispatch sends fp8 e4m3 with per-128 scales.
+    #[inline(always)]
+    pub const fn fp8_dispatch(&self) -> bool {
+        self.flags & Self::FP8_DISPATCH != 0
+    }
+
+    /// Bytes a dispatched token occupies in its receive slot: the token's
+    /// bytes, or with fp8 dispatch `hidden` + 4 × `hidden / 128` (data, scales).
+    #[inline(always)]
+    pub const fn dispatch_bytes(&self) -> u64 {
+        if self.fp8_dispatch() {
+            self.hidden as u64 + 4 * (self.hidden as u64 / 128)
+        } else {
+            self.token_bytes()
         }
     }
 
@@ -231,6 +268,9 @@ pub struct MoeArgs {
     pub out: u64,
     /// Dispatch: `u32 [local experts]` tokens received per local expert.
     pub counts: u64,
+    /// Fp8 dispatch: `f32 [local experts][ranks * max_tokens][hidden / 128]`,
+    /// the received tokens' scales (`out` then holds fp8 bytes); else 0.
+    pub scales: u64,
     /// The handle's `u32 [max_tokens][top_k]` positions (dispatch writes,
     /// combine reads).
     pub pos: u64,
@@ -258,11 +298,11 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<MoeContext>(), size_of::<DevComm>() + 40 + 24 + 40);
-        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 9 * 8 + 8);
+        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 10 * 8 + 8);
         assert_eq!(core::mem::offset_of!(MoeContext, window), size_of::<DevComm>());
         assert_eq!(core::mem::offset_of!(MoeContext, slot_bytes), size_of::<DevComm>() + 64);
-        assert_eq!(core::mem::offset_of!(MoeArgs, errors), size_of::<MoeContext>() + 64);
-        assert_eq!(core::mem::offset_of!(MoeArgs, seq), size_of::<MoeContext>() + 76);
+        assert_eq!(core::mem::offset_of!(MoeArgs, errors), size_of::<MoeContext>() + 72);
+        assert_eq!(core::mem::offset_of!(MoeArgs, seq), size_of::<MoeContext>() + 84);
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub use crate::abi::moe::{MoeArgs, MoeContext};
 
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
-use crate::coll::Element;
+use crate::coll::{Bf16, Element, Fp8E4M3};
 use crate::coop::{Coop, ThreadCoop, Warp};
 use crate::error::{DeviceError, ErrorCode};
 use crate::gin::{Gin, GinError, LocalAction, RemoteAction};
@@ -239,6 +239,7 @@ pub unsafe fn dispatch_send_expert(
     };
     let lsa = is_lsa(ctx, dest);
     let row = ctx.token_bytes() as usize;
+    let fp8 = ctx.fp8_dispatch();
     let lane = lane_id();
     let mut base = 0u32;
     let mut c0 = 0u32;
@@ -278,9 +279,15 @@ pub unsafe fn dispatch_send_expert(
                     local_ptr(ctx, ctx.comb_slot_offset(expert, pj))
                 };
                 // SAFETY: token `tj < num_tokens` of `x`; the slot holds
-                // `slot_bytes >= row` bytes (`pj < num_tokens <= max_tokens`);
-                // the slot is this warp's alone in this dispatch.
-                unsafe { copy_strided(lane as usize, WARP_SIZE as usize, dst, x.add(tj * row), row) };
+                // `slot_bytes >= dispatch_bytes` bytes (`pj < num_tokens <=
+                // max_tokens`); the slot is this warp's alone in this dispatch.
+                unsafe {
+                    if fp8 {
+                        quantize_row(ctx, dst, x.add(tj * row));
+                    } else {
+                        copy_strided(lane as usize, WARP_SIZE as usize, dst, x.add(tj * row), row)
+                    }
+                };
             }
             src_lane += 1;
         }
@@ -327,6 +334,48 @@ pub unsafe fn dispatch_send_expert(
         Ok(())
     })();
     warp.agree(r).map(|_| base)
+}
+
+/// The whole warp writes bf16 token `src` (`hidden` elements) to `dst` as
+/// fp8 e4m3: for each group of 128 elements, `scale = max(amax, 1e-4) /
+/// 448` and `q = fp8(x / scale)` (lane `i` its 4 elements), the scales
+/// after the `hidden` data bytes (lane 0).
+///
+/// # Safety
+/// `src` holds `hidden` bf16, 8-byte aligned; `dst` holds
+/// [`MoeContext::dispatch_bytes`], 4-byte aligned; `hidden` a multiple of
+/// 128; every lane calls.
+#[inline(always)]
+unsafe fn quantize_row(ctx: &MoeContext, dst: *mut u8, src: *const u8) {
+    let h = ctx.hidden() as usize;
+    let lane = lane_id() as usize;
+    for g in 0..h / 128 {
+        let at = g * 128 + lane * 4;
+        // SAFETY: elements `at..at + 4 < hidden` of `src`, 8-byte aligned.
+        let v = unsafe { arch::load_volatile(src.add(at * 2) as *const u64) };
+        let x = [0, 1, 2, 3].map(|i| Bf16((v >> (16 * i)) as u16).to_f32());
+        let amax = x.iter().fold(0.0f32, |m, v| {
+            let a = if *v < 0.0 { -*v } else { *v };
+            if a > m {
+                a
+            } else {
+                m
+            }
+        });
+        // Non-negative floats order as their bits.
+        let amax = f32::from_bits(arch::sync_warp_max(u32::MAX, amax.to_bits()));
+        let scale = (if amax > 1e-4 { amax } else { 1e-4 }) / 448.0;
+        let mut q = 0u32;
+        for (i, xi) in x.iter().enumerate() {
+            q |= (Fp8E4M3::from_f32(*xi / scale).0 as u32) << (8 * i);
+        }
+        // SAFETY: bytes `at..at + 4` of the data part, 4-byte aligned.
+        unsafe { arch::store_volatile(dst.add(at) as *mut u32, q) };
+        if lane == 0 {
+            // SAFETY: scale `g < hidden / 128` after the `hidden` data bytes.
+            unsafe { arch::store_volatile(dst.add(h + 4 * g) as *mut f32, scale) };
+        }
+    }
 }
 
 /// Waits until every source's tokens for local expert `local` of this
@@ -388,16 +437,21 @@ fn recv_count(ctx: &MoeContext, local: u32, s: u32, seq: u32) -> Result<u32, Moe
 
 /// [`dispatch_wait_expert`], then packs local expert `local`'s tokens into
 /// `out[local][..]` (rows of `hidden` elements, in source rank then source
-/// token order) and stores the total in `out_count[local]`. Returns the total.
+/// token order) and stores the total in `out_count[local]`. Returns the
+/// total. With fp8 dispatch, `out` gets rows of `hidden` fp8 bytes and
+/// `scales` the rows' `hidden / 128` f32 scales (same row numbers).
 ///
 /// # Safety
 /// As for [`dispatch_wait_expert`]; `out` holds `local_experts * nranks *
-/// max_tokens` tokens, `out_count` `local_experts` `u32`s.
+/// max_tokens` rows, `out_count` `local_experts` `u32`s, `scales` (fp8
+/// dispatch only) as many rows of scales.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn dispatch_recv_expert<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
     local: u32,
     out: *mut u8,
+    scales: *mut u8,
     out_count: *mut u32,
     seq: u32,
 ) -> Result<u32, MoeError> {
@@ -412,7 +466,18 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
         // Checked by the wait above (the same words).
         let c = recv_count(ctx, local, s, seq).unwrap_or(0) as usize;
         let src = local_ptr(ctx, ctx.recv_slot_offset(local, s, 0));
-        if slot == row {
+        if ctx.fp8_dispatch() {
+            let (h, sc) = (ctx.hidden() as usize, ctx.hidden() as usize / 32);
+            for i in 0..c {
+                // SAFETY: slot `i` holds `h` data bytes and `sc` bytes of
+                // scales; rows `at + i` of `out` (`h` bytes) and `scales`
+                // (`sc` bytes) are inside them (the contract).
+                unsafe {
+                    copy_strided(t, nt, out.add((at + i) * h), src.add(i * slot), h);
+                    copy_strided(t, nt, scales.add((at + i) * sc), src.add(i * slot + h), sc);
+                }
+            }
+        } else if slot == row {
             // SAFETY: `c <= max_tokens` slots from `src` in the window, `c`
             // rows from row `at` of `out` (`at + c <= (local + 1) * n * m`).
             unsafe { copy_strided(t, nt, out.add(at * row), src, c * row) };

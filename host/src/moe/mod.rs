@@ -54,11 +54,15 @@
 //! kernel with [`EpGroup::context`], to fuse dispatch, the experts and
 //! combine, and to start each expert as soon as its tokens are in.
 //!
+//! Fp8 dispatch ([`EpConfig::fp8_dispatch`], [`EpGroup::dispatch_fp8`]):
+//! bf16 tokens travel as fp8 e4m3 with one f32 scale per 128 elements
+//! (DeepEP's low-latency fp8 format); combine stays bf16.
+//!
 //! Not built yet: the high-throughput mode (a layout step and bulk,
-//! per-rank deduplicated transfers) and fp8 dispatch; [`EpMode`] has the
-//! low-latency mode only.
+//! per-rank deduplicated transfers); [`EpMode`] has the low-latency mode
+//! only.
 
-use crate::coll::{CollType, DataType};
+use crate::coll::{CollType, DataType, Fp8E4M3};
 use crate::comm::Communicator;
 use crate::dev_comm::{DevCommHandle, DevCommRequirements};
 use crate::error::{Error, Result};
@@ -115,6 +119,11 @@ pub struct EpConfig {
     pub dtype: DataType,
     /// The mode.
     pub mode: EpMode,
+    /// Dispatch bf16 tokens as fp8 e4m3 with one f32 scale per 128
+    /// elements (DeepEP's `use_fp8`; [`EpGroup::dispatch_fp8`]); needs
+    /// `dtype` `Bf16` and `hidden` a multiple of 128. Combine stays bf16.
+    #[doc(alias = "use_fp8")]
+    pub fp8_dispatch: bool,
     /// CTAs per kernel (0: 64 on GPUs, 2 on the emulated runtime).
     pub ctas: u32,
     /// Threads per CTA, a multiple of 32 (0: 256 on GPUs, 64 on the emulated runtime).
@@ -132,6 +141,7 @@ impl EpConfig {
             max_tokens_per_rank,
             dtype: DataType::F32,
             mode: EpMode::LowLatency,
+            fp8_dispatch: false,
             ctas: 0,
             threads: 0,
         }
@@ -140,6 +150,13 @@ impl EpConfig {
     /// The same with element type `dtype`.
     pub fn with_dtype(mut self, dtype: DataType) -> Self {
         self.dtype = dtype;
+        self
+    }
+
+    /// The same with fp8 dispatch of bf16 tokens (sets `dtype` to `Bf16`).
+    pub fn with_fp8_dispatch(mut self) -> Self {
+        self.dtype = DataType::Bf16;
+        self.fp8_dispatch = true;
         self
     }
 }
@@ -200,6 +217,23 @@ pub struct Dispatched<T: MoeType> {
     #[doc(alias = "packed_recv_count")]
     pub recv_count: DeviceBuffer<u32>,
     /// For [`EpGroup::combine`].
+    pub handle: Handle,
+}
+
+/// What an fp8 dispatch returns ([`EpGroup::dispatch_fp8`]): as
+/// [`Dispatched`], the tokens as fp8 e4m3 with their scales
+/// (`x ≈ recv_x[r][i] * recv_scales[r][i / 128]`).
+#[derive(Debug)]
+pub struct DispatchedFp8 {
+    /// The received tokens, fp8 e4m3, packed per local expert: `[L][N·M][hidden]`.
+    #[doc(alias = "packed_recv_x")]
+    pub recv_x: DeviceBuffer<Fp8E4M3>,
+    /// Each received token's scales, one per 128 elements: `[L][N·M][hidden / 128]`.
+    pub recv_scales: DeviceBuffer<f32>,
+    /// Tokens received per local expert: `[L]`.
+    #[doc(alias = "packed_recv_count")]
+    pub recv_count: DeviceBuffer<u32>,
+    /// For [`EpGroup::combine`] (bf16 expert outputs).
     pub handle: Handle,
 }
 
@@ -272,6 +306,12 @@ impl<'c> EpGroup<'c> {
                 c.dtype
             )));
         }
+        if c.fp8_dispatch && (c.dtype != DataType::Bf16 || c.hidden % 128 != 0) {
+            return Err(Error::invalid_argument(format!(
+                "EpConfig: fp8 dispatch takes bf16 tokens of a multiple of 128 elements (here {:?}, hidden {})",
+                c.dtype, c.hidden
+            )));
+        }
         let to_u32 = |v: usize, what: &str| {
             u32::try_from(v).map_err(|_| Error::invalid_argument(format!("EpConfig: {what} {v} above u32::MAX")))
         };
@@ -313,6 +353,9 @@ impl<'c> EpGroup<'c> {
         // precedes any use; `num_experts` a non-zero multiple of the rank
         // count, `top_k <= 32`, element size 2 or 4 (all checked above).
         let ctx = unsafe { MoeContext::new(handle.dev_comm(), window.desc(), e, h, k, m, esize as u32) };
+        // SAFETY: bf16 tokens of a multiple of 128 elements (checked above),
+        // the same config on every rank (the collective contract).
+        let ctx = if c.fp8_dispatch { unsafe { ctx.with_fp8_dispatch() } } else { ctx };
         // The slots need no zeroing; the count and flag words do (a stale
         // word could carry the next sequence number).
         let words = ctx.recv_count_offset(0, 0) as usize;
@@ -411,19 +454,36 @@ impl<'c> EpGroup<'c> {
     pub fn alloc_output<T: MoeType>(&self) -> Result<Dispatched<T>> {
         self.check_type::<T>()?;
         let dev = self.comm.device();
-        let (l, n, m, k) =
-            (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.top_k);
+        let (l, n, m) = (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank);
         Ok(Dispatched {
             recv_x: dev.alloc::<T>(l * n * m * self.config.hidden)?,
             recv_count: dev.alloc::<u32>(l)?,
-            handle: Handle {
-                group: self.id,
-                seq: 0,
-                num_tokens: 0,
-                pos: dev.alloc::<u32>(m * k)?,
-                idx: dev.alloc::<i32>(m * k)?,
-                weights: dev.alloc::<f32>(m * k)?,
-            },
+            handle: self.alloc_handle()?,
+        })
+    }
+
+    /// Buffers for [`EpGroup::dispatch_fp8_into`], reusable across dispatches.
+    pub fn alloc_output_fp8(&self) -> Result<DispatchedFp8> {
+        let dev = self.comm.device();
+        let rows = self.local_experts() * self.comm.count() * self.config.max_tokens_per_rank;
+        Ok(DispatchedFp8 {
+            recv_x: dev.alloc::<Fp8E4M3>(rows * self.config.hidden)?,
+            recv_scales: dev.alloc::<f32>(rows * (self.config.hidden / 128))?,
+            recv_count: dev.alloc::<u32>(self.local_experts())?,
+            handle: self.alloc_handle()?,
+        })
+    }
+
+    fn alloc_handle(&self) -> Result<Handle> {
+        let dev = self.comm.device();
+        let mk = self.config.max_tokens_per_rank * self.config.top_k;
+        Ok(Handle {
+            group: self.id,
+            seq: 0,
+            num_tokens: 0,
+            pos: dev.alloc::<u32>(mk)?,
+            idx: dev.alloc::<i32>(mk)?,
+            weights: dev.alloc::<f32>(mk)?,
         })
     }
 
@@ -468,52 +528,128 @@ impl<'c> EpGroup<'c> {
         out: &mut Dispatched<T>,
         stream: &Stream,
     ) -> Result<()> {
+        if self.config.fp8_dispatch {
+            return Err(Error::invalid_usage("this group dispatches fp8 (EpConfig::fp8_dispatch): use dispatch_fp8"));
+        }
         let tokens = self.check_dispatch(x, topk_idx, topk_weights)?;
-        let (l, n, m, k) =
-            (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.top_k);
-        let hd = &out.handle;
-        if out.recv_x.len() != l * n * m * self.config.hidden
-            || out.recv_count.len() != l
-            || hd.group != self.id
-            || hd.pos.len() != m * k
-            || hd.idx.len() != m * k
-            || hd.weights.len() != m * k
-        {
+        let rows = self.local_experts() * self.comm.count() * self.config.max_tokens_per_rank;
+        if out.recv_x.len() != rows * self.config.hidden || out.recv_count.len() != self.local_experts() {
             return Err(Error::invalid_argument("dispatch_into: the output was not made by this group's alloc_output"));
         }
         self.check_device("dispatch_into recv_x", out.recv_x.device().ordinal())?;
         self.check_device("dispatch_into recv_count", out.recv_count.device().ordinal())?;
+        let (o, c) = (out.recv_x.device_addr(), out.recv_count.device_addr());
+        self.launch_dispatch(x.device_addr(), tokens, topk_idx, topk_weights, o, 0, c, &mut out.handle, stream)
+    }
+
+    /// Sends each bf16 token of `x` to its top-k experts as fp8 e4m3 with
+    /// one f32 scale per 128 elements (`scale = max(amax, 1e-4) / 448`,
+    /// `q = fp8(x / scale)`), on a group made with
+    /// [`EpConfig::fp8_dispatch`]; otherwise as [`EpGroup::dispatch`].
+    /// Combine takes bf16 outputs, as without fp8.
+    ///
+    /// Errors as [`EpGroup::dispatch`]; [`Error::InvalidUsage`] on a group
+    /// without fp8 dispatch.
+    #[doc(alias = "low_latency_dispatch")]
+    pub fn dispatch_fp8(
+        &self,
+        x: &DeviceBuffer<half::bf16>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+        stream: &Stream,
+    ) -> Result<DispatchedFp8> {
+        if !self.config.fp8_dispatch {
+            return Err(Error::invalid_usage("dispatch_fp8 on a group made without EpConfig::fp8_dispatch"));
+        }
+        self.check_dispatch(x, topk_idx, topk_weights)?;
+        let mut out = self.alloc_output_fp8()?;
+        self.dispatch_fp8_into(x, topk_idx, topk_weights, &mut out, stream)?;
+        Ok(out)
+    }
+
+    /// [`EpGroup::dispatch_fp8`] into buffers of [`EpGroup::alloc_output_fp8`].
+    ///
+    /// Errors as [`EpGroup::dispatch_fp8`], and [`Error::InvalidArgument`]
+    /// for outputs of another group or shape.
+    pub fn dispatch_fp8_into(
+        &self,
+        x: &DeviceBuffer<half::bf16>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+        out: &mut DispatchedFp8,
+        stream: &Stream,
+    ) -> Result<()> {
+        if !self.config.fp8_dispatch {
+            return Err(Error::invalid_usage("dispatch_fp8 on a group made without EpConfig::fp8_dispatch"));
+        }
+        let tokens = self.check_dispatch(x, topk_idx, topk_weights)?;
+        let rows = self.local_experts() * self.comm.count() * self.config.max_tokens_per_rank;
+        if out.recv_x.len() != rows * self.config.hidden
+            || out.recv_scales.len() != rows * (self.config.hidden / 128)
+            || out.recv_count.len() != self.local_experts()
+        {
+            return Err(Error::invalid_argument(
+                "dispatch_fp8_into: the output was not made by this group's alloc_output_fp8",
+            ));
+        }
+        self.check_device("dispatch_fp8_into recv_x", out.recv_x.device().ordinal())?;
+        self.check_device("dispatch_fp8_into recv_scales", out.recv_scales.device().ordinal())?;
+        self.check_device("dispatch_fp8_into recv_count", out.recv_count.device().ordinal())?;
+        let (o, sc, c) = (out.recv_x.device_addr(), out.recv_scales.device_addr(), out.recv_count.device_addr());
+        self.launch_dispatch(x.device_addr(), tokens, topk_idx, topk_weights, o, sc, c, &mut out.handle, stream)
+    }
+
+    /// Queues the dispatch kernel (inputs checked by the callers).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_dispatch(
+        &self,
+        x: u64,
+        tokens: usize,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+        out: u64,
+        scales: u64,
+        counts: u64,
+        handle: &mut Handle,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mk = self.config.max_tokens_per_rank * self.config.top_k;
+        if handle.group != self.id || handle.pos.len() != mk || handle.idx.len() != mk || handle.weights.len() != mk {
+            return Err(Error::invalid_argument("dispatch: the output's handle was not made by this group"));
+        }
         if let Some(e) = self.error() {
             return Err(e);
         }
         let seq = self.reserve_seq()?;
         let args = MoeArgs {
             ctx: self.ctx,
-            x: x.device_addr(),
+            x,
             topk_idx: topk_idx.device_addr(),
             topk_weights: topk_weights.device_addr(),
-            out: out.recv_x.device_addr(),
-            counts: out.recv_count.device_addr(),
-            pos: hd.pos.device_addr(),
-            handle_idx: hd.idx.device_addr(),
-            handle_weights: hd.weights.device_addr(),
+            out,
+            counts,
+            scales,
+            pos: handle.pos.device_addr(),
+            handle_idx: handle.idx.device_addr(),
+            handle_weights: handle.weights.device_addr(),
             errors: self.error.device_addr(),
             num_tokens: tokens as u32,
             seq,
         };
         let cfg = LaunchConfig::new(self.ctas, self.threads).co_resident();
         // SAFETY: `args` holds this group's live context and buffers of the
-        // sizes the kernel needs (checked above: `x` of `tokens <= M`
-        // tokens, routing of `tokens * K`, outputs of the group's shapes),
-        // kept alive by the caller's borrows while queued (freeing device
-        // memory waits for the device); the same dispatch on every rank
-        // (the collective contract); co-resident, threads a multiple of 32.
+        // sizes the kernel needs (checked by the callers: `x` of `tokens <=
+        // M` tokens, routing of `tokens * K`, outputs of the group's shapes,
+        // scales with fp8 dispatch, the handle's buffers of `M * K`), kept
+        // alive by the callers' borrows while queued (freeing device memory
+        // waits for the device); the same dispatch on every rank (the
+        // collective contract); co-resident, threads a multiple of 32.
         unsafe { stream.launch::<devcomm_kernels::moe::moe_dispatch>(cfg, (args,)) }?;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.pending = Some(seq);
         drop(st);
-        out.handle.seq = seq;
-        out.handle.num_tokens = tokens;
+        handle.seq = seq;
+        handle.num_tokens = tokens;
         Ok(())
     }
 
@@ -601,6 +737,7 @@ impl<'c> EpGroup<'c> {
             topk_weights: handle.weights.device_addr(),
             out: y.device_addr(),
             counts: 0,
+            scales: 0,
             pos: handle.pos.device_addr(),
             handle_idx: 0,
             handle_weights: 0,

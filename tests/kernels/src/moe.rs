@@ -65,7 +65,7 @@ kernel! {
         let mut i = w;
         while i < l_all {
             let l = l_all - 1 - i;
-            let r = moe::dispatch_recv_expert(&warp, ctx, l, args.out as *mut u8, args.counts as *mut u32, args.seq);
+            let r = moe::dispatch_recv_expert(&warp, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq);
             let count = match r {
                 Ok(c) => c as usize,
                 Err(e) => {
