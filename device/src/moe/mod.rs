@@ -525,10 +525,28 @@ pub unsafe fn combine_send_expert<C: Coop>(
     let row = ctx.token_bytes() as usize;
     let slot = ctx.slot_bytes() as usize;
     let first_row = local as usize * n as usize * ctx.max_tokens() as usize;
+    // Source `s`'s rows follow those of the sources before it. Every count
+    // word is read before the flag to its source goes out: after that flag
+    // the source may start its next dispatch and overwrite the word. So the
+    // rows before the first source (`me + 1`) are summed first.
+    let first = (me + 1) % n;
+    let mut at = first_row;
     let mut result = Ok(());
+    for q in 0..first {
+        match recv_count(ctx, local, q, seq) {
+            Ok(c) => at += c as usize,
+            Err(e) => result = Err(e),
+        }
+    }
+    if let Err(e) = coop.agree(result) {
+        return Err(e);
+    }
     for k in 0..n {
         // Start with the next rank, so ranks do not all write to rank 0 first.
-        let s = (me + 1 + k) % n;
+        let s = (first + k) % n;
+        if s == 0 {
+            at = first_row;
+        }
         let c = match coop.agree(recv_count(ctx, local, s, seq)) {
             Ok(c) => c,
             Err(e) => {
@@ -536,20 +554,17 @@ pub unsafe fn combine_send_expert<C: Coop>(
                 continue;
             }
         };
-        // Source `s`'s rows follow those of the sources before it.
-        let mut at = first_row;
-        for q in 0..s {
-            at += recv_count(ctx, local, q, seq).unwrap_or(0) as usize;
-        }
+        let row_at = at;
+        at += c as usize;
         let lsa = is_lsa(ctx, s);
         let dst = if lsa {
             peer_ptr(ctx, s, ctx.comb_slot_offset(expert, 0))
         } else {
             local_ptr(ctx, ctx.recv_slot_offset(local, s, 0))
         };
-        // SAFETY: rows `at..at + c` of `expert_out` (`c <= max_tokens`,
-        // the packing's layout); `c` slots at `dst` in the window.
-        let src = unsafe { expert_out.add(at * row) };
+        // SAFETY: rows `row_at..row_at + c` of `expert_out` (`c <=
+        // max_tokens`, the packing's layout); `c` slots at `dst` in the window.
+        let src = unsafe { expert_out.add(row_at * row) };
         if slot == row {
             // SAFETY: as above.
             unsafe { copy_strided(t, nt, dst, src, c as usize * row) };
