@@ -254,14 +254,14 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     }
 }
 
-/// Every routing, some seeds, on a group of `T` (fresh outputs and reused ones).
-fn battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
+/// Routings `kinds`, some seeds, on a group of `T` (fresh outputs and reused ones).
+fn battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64, kinds: &[Routing]) {
     let cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE);
     let ep = EpGroup::new(comm, &cfg).unwrap();
     let c = Ctx { comm, stream, shape };
     let mut reused = ep.alloc_output::<T>().unwrap();
     for seed in 0..seeds {
-        for (i, kind) in ROUTINGS.iter().enumerate() {
+        for (i, kind) in kinds.iter().enumerate() {
             let reuse = if i % 2 == 1 { Some(&mut reused) } else { None };
             round::<T>(&c, &ep, *kind, seed * 31 + i as u64, reuse);
         }
@@ -336,11 +336,11 @@ fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
     }
 }
 
-/// Fp8 dispatch over every routing.
-fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape) {
+/// Fp8 dispatch over routings `kinds`.
+fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Routing]) {
     let ep = EpGroup::new(comm, &EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch()).unwrap();
     let c = Ctx { comm, stream, shape };
-    for (i, kind) in ROUTINGS.iter().enumerate() {
+    for (i, kind) in kinds.iter().enumerate() {
         fp8_round(&c, &ep, *kind, 500 + i as u64);
     }
     // The bf16 entry points are refused on an fp8 group, and the other way round.
@@ -515,28 +515,31 @@ fn child_body(comm: &Communicator) {
     devcomm_tests::test_kernels(comm.device());
     let n = comm.count();
     // On CPUs (strict emulator in CI) the full battery runs on 1 and 2
-    // ranks; 3 and 4 ranks (and the GIN cases) one seed of each element
-    // type; 8 ranks (`QUICK_ENV`) f32 and fp8 only. On GPUs: all of it.
+    // ranks; 3 and 4 ranks (and the GIN cases) every routing once in f32
+    // and a few in the other shapes; 8 ranks (`QUICK_ENV`) f32 and fp8
+    // only. On GPUs: all of it.
     let quick = std::env::var(QUICK_ENV).is_ok();
     let full = n <= 2 || common::runtime() == "cuda";
+    let few: &[Routing] = if full { &ROUTINGS } else { &[Routing::Random, Routing::OneRank, Routing::Duplicates] };
     // Odd sizes: 13 f32 = 52 bytes per token (slots of 64: the row-by-row
     // path, single-element combine), 24 bf16/f16 = 48 bytes (contiguous,
     // vector combine), 3 experts per rank, top-3.
     let f32_shape = Shape { n, e: 3 * n, h: 13, k: 3, m: 7 };
     let half_shape = Shape { n, e: 2 * n, h: 24, k: 3, m: 5 };
-    battery::<f32>(comm, &stream, f32_shape, if full { 2 } else { 1 });
+    battery::<f32>(comm, &stream, f32_shape, if full { 2 } else { 1 }, &ROUTINGS);
     if !quick {
-        battery::<bf16>(comm, &stream, half_shape, 1);
+        battery::<bf16>(comm, &stream, half_shape, 1, few);
         if full {
-            battery::<f16>(comm, &stream, half_shape, 1);
+            battery::<f16>(comm, &stream, half_shape, 1, &ROUTINGS);
         }
         // More tokens than a warp holds (a second chunk of the scan); f32
         // tokens of 32 bytes (vector combine).
-        battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1);
+        let more = if full { &ROUTINGS[..] } else { &[Routing::Random, Routing::SomeEmpty][..] };
+        battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, more);
     }
     // Fp8 dispatch: two groups of 128 per token.
-    fp8_battery(comm, &stream, Shape { n, e: 2 * n, h: 256, k: 3, m: 4 });
-    fused(comm, &stream, f32_shape, if full { ROUTINGS.len() as u64 } else { 3 });
+    fp8_battery(comm, &stream, Shape { n, e: 2 * n, h: 256, k: 3, m: 4 }, few);
+    fused(comm, &stream, f32_shape, if full { ROUTINGS.len() as u64 } else { 2 });
     bad_input(comm, &stream, f32_shape);
     comm.finalize().unwrap();
 }
@@ -551,50 +554,63 @@ fn child_moe() {
     child_body(&comm);
 }
 
-/// Device waits get 60 s: many emulated ranks on a 2-core machine are slow.
-fn env(extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
-    let mut v = vec![("DEVCOMM_OP_TIMEOUT_MS", "60000".to_string())];
-    v.extend(extra.iter().map(|(k, x)| (*k, x.to_string())));
-    v
+/// Runs `child_moe` in `n` processes on the parent's runtime with `extra`
+/// set, and asserts every rank succeeded. Device waits get 60 s and the
+/// job 300 s: many emulated ranks on a loaded 2-core machine are slow.
+fn run_moe(n: usize, extra: &[(&'static str, &str)]) {
+    let rt = common::runtime();
+    if rt == "cuda" {
+        let gpus = devcomm::runtime::device_count(devcomm::RuntimeSelection::Cuda).map(|x| x.1).unwrap_or(0);
+        assert!(gpus > 0, "DEVCOMM_RUNTIME=cuda but no CUDA device was found");
+    }
+    let mut opts = common::child_job("child_moe", n)
+        .env("DEVCOMM_RUNTIME", rt)
+        .env("DEVCOMM_OP_TIMEOUT_MS", "60000")
+        .timeout(Some(std::time::Duration::from_secs(300)));
+    for (k, v) in extra {
+        opts = opts.env(*k, *v);
+    }
+    let statuses = common::run(&opts);
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
 }
 
 #[test]
 fn moe_1_rank() {
-    common::run_on_runtime("child_moe", 1, &env(&[]));
+    run_moe(1, &[]);
 }
 
 #[test]
 fn moe_2_ranks() {
-    common::run_on_runtime("child_moe", 2, &env(&[]));
+    run_moe(2, &[]);
 }
 
 #[test]
 fn moe_3_ranks() {
-    common::run_on_runtime("child_moe", 3, &env(&[]));
+    run_moe(3, &[]);
 }
 
 #[test]
 fn moe_4_ranks() {
-    common::run_on_runtime("child_moe", 4, &env(&[]));
+    run_moe(4, &[]);
 }
 
 #[test]
 fn moe_8_ranks() {
     let quick = if common::runtime() != "cuda" { vec![(QUICK_ENV, "1")] } else { vec![] };
-    common::run_on_runtime("child_moe", 8, &env(&quick));
+    run_moe(8, &quick);
 }
 
 #[test]
 fn moe_gin_2_ranks() {
-    common::run_on_runtime("child_moe", 2, &env(&[("DEVCOMM_LSA_SIZE", "1")]));
+    run_moe(2, &[("DEVCOMM_LSA_SIZE", "1")]);
 }
 
 #[test]
 fn moe_gin_3_ranks() {
-    common::run_on_runtime("child_moe", 3, &env(&[("DEVCOMM_LSA_SIZE", "1")]));
+    run_moe(3, &[("DEVCOMM_LSA_SIZE", "1")]);
 }
 
 #[test]
 fn moe_lsa_and_gin_4_ranks() {
-    common::run_on_runtime("child_moe", 4, &env(&[("DEVCOMM_LSA_SIZE", "2")]));
+    run_moe(4, &[("DEVCOMM_LSA_SIZE", "2")]);
 }

@@ -1,12 +1,12 @@
 //! The kernels behind `devcomm::moe`'s low-latency dispatch and combine:
-//! one kernel each way, launched co-resident (warps wait for other ranks'
-//! warps), each a sequence of calls of [`devcomm_device::moe`]'s device
+//! one kernel each way, launched co-resident (CTAs wait for other ranks'
+//! CTAs), each a sequence of calls of [`devcomm_device::moe`]'s device
 //! functions with the arguments in one [`MoeArgs`].
 
-use devcomm_device::arch::{block_dim, block_idx, global_thread_x, grid_dim, grid_threads_x, warp_id, WARP_SIZE};
+use devcomm_device::arch::{block_idx, global_thread_x, grid_dim, grid_threads_x};
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
-use devcomm_device::coop::{Coop, Cta, Warp};
+use devcomm_device::coop::{Coop, Cta};
 use devcomm_device::kernel;
 use devcomm_device::moe::{self, MoeArgs, MoeError};
 
@@ -23,17 +23,10 @@ unsafe fn report<T>(args: &MoeArgs, r: Result<T, MoeError>) {
     }
 }
 
-/// The calling warp's index in the grid, and the grid's warp count.
-#[inline(always)]
-fn grid_warp() -> (u32, u32) {
-    let per_block = block_dim().x / WARP_SIZE;
-    (block_idx().x * per_block + warp_id(), grid_dim().x * per_block)
-}
-
 kernel! {
-    /// A low-latency dispatch: prepare (grid-strided), send (warp `w` of
-    /// the grid sends experts `w, w + W, ...`), receive and pack (warp `w`
-    /// takes local experts `w, w + W, ...`).
+    /// A low-latency dispatch: prepare (grid-strided), send (CTA `b` of
+    /// the grid sends experts `b, b + B, ...`), receive and pack (CTA `b`
+    /// takes local experts `b, b + B, ...`).
     ///
     /// # Safety
     /// `args` made by `devcomm::moe::EpGroup::dispatch`: live context,
@@ -56,33 +49,33 @@ kernel! {
             args.handle_weights as *mut f32,
         );
         report(&args, r);
-        let warp = Warp::new();
-        let (w, nw) = grid_warp();
-        let mut e = w;
+        let cta = Cta::new();
+        let (b, nb) = (block_idx().x, grid_dim().x);
+        let mut e = b;
         while e < ctx.num_experts() {
             let r = moe::dispatch_send_expert(
-                &warp, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq,
+                &cta, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq,
             );
-            if warp.is_leader() {
+            if cta.is_leader() {
                 report(&args, r);
             }
-            e += nw;
+            e += nb;
         }
-        let mut l = w;
+        let mut l = b;
         while l < ctx.local_experts() {
             let r = moe::dispatch_recv_expert(
-                &warp, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq,
+                &cta, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq,
             );
-            if warp.is_leader() {
+            if cta.is_leader() {
                 report(&args, r);
             }
-            l += nw;
+            l += nb;
         }
     }
 }
 
-/// A low-latency combine of elements `T`: send (warp `w` of the grid sends
-/// local experts `w, w + W, ...`), then every CTA waits for every expert's
+/// A low-latency combine of elements `T`: send (CTA `b` of the grid sends
+/// local experts `b, b + B, ...`), then every CTA waits for every expert's
 /// outputs and the grid reduces.
 ///
 /// # Safety
@@ -91,19 +84,18 @@ kernel! {
 #[inline(always)]
 unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
     let ctx = &args.ctx;
-    let warp = Warp::new();
-    let (w, nw) = grid_warp();
-    let mut l = w;
+    let cta = Cta::new();
+    let (b, nb) = (block_idx().x, grid_dim().x);
+    let mut l = b;
     while l < ctx.local_experts() {
         // SAFETY: the contract.
-        let r = unsafe { moe::combine_send_expert(&warp, ctx, l, args.x as *const u8, args.seq) };
-        if warp.is_leader() {
+        let r = unsafe { moe::combine_send_expert(&cta, ctx, l, args.x as *const u8, args.seq) };
+        if cta.is_leader() {
             // SAFETY: the contract.
             unsafe { report(args, r) };
         }
-        l += nw;
+        l += nb;
     }
-    let cta = Cta::new();
     // SAFETY: the contract.
     let r = unsafe { moe::combine_wait(&cta, ctx, args.seq) };
     if r.is_err() {

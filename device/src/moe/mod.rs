@@ -25,11 +25,12 @@
 //! outputs of each token's experts in top-k order with f32 arithmetic
 //! ([`combine_reduce`]), rounding once.
 //!
-//! Work split: one warp per expert on the sending side
-//! ([`dispatch_send_expert`]); any coop per local expert on the receiving
-//! side. Every expert must be sent by exactly one warp on every rank (also
-//! with no tokens: the receivers wait for its word). A kernel whose warps
-//! wait for other ranks' warps must be launched co-resident.
+//! Work split: one coop of whole warps per expert on the sending side
+//! ([`dispatch_send_expert`]; the library's kernels: a CTA); any coop per
+//! local expert on the receiving side. Every expert must be sent by
+//! exactly one coop on every rank (also with no tokens: the receivers wait
+//! for its word). A kernel whose coops wait for other ranks' coops must be
+//! launched co-resident.
 //!
 //! Ordering between calls: a dispatch's slots are reused by the next
 //! dispatch, so every dispatch is followed by its combine on every rank
@@ -43,7 +44,7 @@ pub use crate::abi::moe::{MoeArgs, MoeContext};
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
 use crate::coll::{Bf16, Element, Fp8E4M3};
-use crate::coop::{Coop, ThreadCoop, Warp};
+use crate::coop::{Coop, ThreadCoop};
 use crate::error::{DeviceError, ErrorCode};
 use crate::gin::{Gin, GinError, LocalAction, RemoteAction};
 use crate::lsa::ops::copy_strided;
@@ -202,8 +203,11 @@ pub unsafe fn dispatch_prepare(
     }
 }
 
-/// Sends this rank's tokens routed to global expert `expert` (the whole
-/// warp calls it): scans `topk_idx` in token order, gives the `i`-th token
+/// Sends this rank's tokens routed to global expert `expert` (every thread
+/// of `coop` calls it; the coop is whole warps: a [`Warp`](crate::coop::Warp), a
+/// [`WarpSpan`](crate::coop::WarpSpan) or a [`Cta`](crate::coop::Cta) of a
+/// multiple of 32 threads): scans `topk_idx` in token order (each warp
+/// alike), gives the `i`-th token
 /// routed there position `i` (written to `pos` for each of its top-k
 /// entries naming `expert`; a token that names an expert twice goes once),
 /// stores the tokens into the expert rank's receive slots (LSA) or stages
@@ -213,13 +217,13 @@ pub unsafe fn dispatch_prepare(
 /// # Safety
 /// `ctx` live (see [`MoeContext::new`]); `x` holds `num_tokens` tokens of
 /// [`MoeContext::token_bytes`], `topk_idx` and `pos` `num_tokens * top_k`
-/// entries; `num_tokens <= max_tokens`; `expert < num_experts`; every lane
-/// of the warp calls with the same arguments; no other warp sends
+/// entries; `num_tokens <= max_tokens`; `expert < num_experts`; every
+/// thread of the coop calls with the same arguments; no other coop sends
 /// `expert` in this dispatch; the previous dispatch's combine is done on
 /// every rank (see the [module docs](self)).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn dispatch_send_expert(
-    warp: &Warp,
+pub unsafe fn dispatch_send_expert<C: Coop>(
+    coop: &C,
     ctx: &MoeContext,
     expert: u32,
     x: *const u8,
@@ -241,6 +245,8 @@ pub unsafe fn dispatch_send_expert(
     let row = ctx.token_bytes() as usize;
     let fp8 = ctx.fp8_dispatch();
     let lane = lane_id();
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (wi, nw) = (coop.thread_rank() / WARP_SIZE, (coop.size() / WARP_SIZE).max(1));
     let mut base = 0u32;
     let mut c0 = 0u32;
     while c0 < num_tokens {
@@ -255,10 +261,11 @@ pub unsafe fn dispatch_send_expert(
         let h = hit as u32;
         let incl = warp_scan(h);
         let p = base + incl - h;
-        if hit {
+        if hit && wi == 0 {
             for j in 0..k {
                 let i = t as usize * k + j;
-                // SAFETY: as above; entry `i` names `expert`, whose warp this is alone.
+                // SAFETY: as above; entry `i` names `expert`, whose coop this
+                // is alone (its first warp writes).
                 unsafe {
                     if *topk_idx.add(i) == expert as i32 {
                         *pos.add(i) = p;
@@ -266,7 +273,7 @@ pub unsafe fn dispatch_send_expert(
                 }
             }
         }
-        // Every lane's token, by the whole warp.
+        // Every lane's token, by the whole coop.
         let mut src_lane = 0;
         while src_lane < WARP_SIZE {
             let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
@@ -280,12 +287,12 @@ pub unsafe fn dispatch_send_expert(
                 };
                 // SAFETY: token `tj < num_tokens` of `x`; the slot holds
                 // `slot_bytes >= dispatch_bytes` bytes (`pj < num_tokens <=
-                // max_tokens`); the slot is this warp's alone in this dispatch.
+                // max_tokens`); the slot is this coop's alone in this dispatch.
                 unsafe {
                     if fp8 {
-                        quantize_row(ctx, dst, x.add(tj * row));
+                        quantize_row(ctx, dst, x.add(tj * row), wi, nw);
                     } else {
-                        copy_strided(lane as usize, WARP_SIZE as usize, dst, x.add(tj * row), row)
+                        copy_strided(tr, nt, dst, x.add(tj * row), row)
                     }
                 };
             }
@@ -296,10 +303,11 @@ pub unsafe fn dispatch_send_expert(
     }
     let w = word(seq, base);
     if lsa {
-        // The lanes' stores, then one release at system scope by lane 0
-        // (cumulative over the warp's stores the barrier ordered before it).
-        warp.sync();
-        if warp.is_leader() {
+        // The threads' stores, then one release at system scope by the
+        // leader (cumulative over the coop's stores the barrier ordered
+        // before it).
+        coop.sync();
+        if coop.is_leader() {
             let p = peer_ptr(ctx, dest, ctx.recv_count_offset(local, me)) as *mut u64;
             // SAFETY: the count word of the destination's window, written
             // only atomically.
@@ -309,8 +317,8 @@ pub unsafe fn dispatch_send_expert(
     }
     let r = (|| -> Result<(), MoeError> {
         let gin = Gin::new(comm, 0)?.with_given_release(Scope::Sys);
-        warp.sync();
-        if warp.is_leader() {
+        coop.sync();
+        if coop.is_leader() {
             atomic::fence_acq_rel(Scope::Sys);
         }
         let world = comm.world();
@@ -320,9 +328,9 @@ pub unsafe fn dispatch_send_expert(
             let (dst, src) = (ctx.recv_slot_offset(local, me, 0), ctx.comb_slot_offset(expert, 0));
             // SAFETY: the group's window is in the GIN window table (the
             // context's contract); both ranges lie inside it.
-            unsafe { gin.put(warp, &world, dest, &win, dst, &win, src, bytes, RemoteAction::None, LocalAction::None) }?;
+            unsafe { gin.put(coop, &world, dest, &win, dst, &win, src, bytes, RemoteAction::None, LocalAction::None) }?;
         }
-        let r = if warp.is_leader() {
+        let r = if coop.is_leader() {
             let action = RemoteAction::SignalInc { signal: local, strong: true };
             let off = ctx.recv_count_offset(local, me);
             // SAFETY: as above.
@@ -330,26 +338,28 @@ pub unsafe fn dispatch_send_expert(
         } else {
             Ok(())
         };
-        warp.agree(r)?;
+        coop.agree(r)?;
         Ok(())
     })();
-    warp.agree(r).map(|_| base)
+    coop.agree(r).map(|_| base)
 }
 
-/// The whole warp writes bf16 token `src` (`hidden` elements) to `dst` as
-/// fp8 e4m3: for each group of 128 elements, `scale = max(amax, 1e-4) /
-/// 448` and `q = fp8(x / scale)` (lane `i` its 4 elements), the scales
-/// after the `hidden` data bytes (lane 0).
+/// Warp `wi` of `nw` (each whole) writes its share of bf16 token `src`
+/// (`hidden` elements) to `dst` as fp8 e4m3: for each group of 128
+/// elements `g = wi, wi + nw, ...`, `scale = max(amax, 1e-4) / 448` and `q
+/// = fp8(x / scale)` (lane `i` its 4 elements), the scales after the
+/// `hidden` data bytes (lane 0).
 ///
 /// # Safety
 /// `src` holds `hidden` bf16, 8-byte aligned; `dst` holds
 /// [`MoeContext::dispatch_bytes`], 4-byte aligned; `hidden` a multiple of
 /// 128; every lane calls.
 #[inline(always)]
-unsafe fn quantize_row(ctx: &MoeContext, dst: *mut u8, src: *const u8) {
+unsafe fn quantize_row(ctx: &MoeContext, dst: *mut u8, src: *const u8, wi: u32, nw: u32) {
     let h = ctx.hidden() as usize;
     let lane = lane_id() as usize;
-    for g in 0..h / 128 {
+    let mut g = wi as usize;
+    while g < h / 128 {
         let at = g * 128 + lane * 4;
         // SAFETY: elements `at..at + 4 < hidden` of `src`, 8-byte aligned.
         let v = unsafe { arch::load_volatile(src.add(at * 2) as *const u64) };
@@ -375,6 +385,7 @@ unsafe fn quantize_row(ctx: &MoeContext, dst: *mut u8, src: *const u8) {
             // SAFETY: scale `g < hidden / 128` after the `hidden` data bytes.
             unsafe { arch::store_volatile(dst.add(h + 4 * g) as *mut f32, scale) };
         }
+        g += nw as usize;
     }
 }
 
@@ -531,16 +542,15 @@ pub unsafe fn combine_send_expert<C: Coop>(
     // rows before the first source (`me + 1`) are summed first.
     let first = (me + 1) % n;
     let mut at = first_row;
-    let mut result = Ok(());
+    let mut before = Ok(());
     for q in 0..first {
         match recv_count(ctx, local, q, seq) {
             Ok(c) => at += c as usize,
-            Err(e) => result = Err(e),
+            Err(e) => before = Err(e),
         }
     }
-    if let Err(e) = coop.agree(result) {
-        return Err(e);
-    }
+    coop.agree(before)?;
+    let mut result = Ok(());
     for k in 0..n {
         // Start with the next rank, so ranks do not all write to rank 0 first.
         let s = (first + k) % n;

@@ -124,7 +124,9 @@ pub struct EpConfig {
     /// `dtype` `Bf16` and `hidden` a multiple of 128. Combine stays bf16.
     #[doc(alias = "use_fp8")]
     pub fp8_dispatch: bool,
-    /// CTAs per kernel (0: 64 on GPUs, 2 on the emulated runtime).
+    /// CTAs per kernel: each sends whole experts and receives whole local
+    /// experts (0: one per expert up to one per SM and 128 on GPUs, 2 on
+    /// the emulated runtime). All must fit on the GPU at once.
     pub ctas: u32,
     /// Threads per CTA, a multiple of 32 (0: 256 on GPUs, 64 on the emulated runtime).
     pub threads: u32,
@@ -364,7 +366,11 @@ impl<'c> EpGroup<'c> {
         stream.synchronize()?;
         comm.bootstrap_barrier()?;
         let (ctas, threads) = match comm.device().kind() {
-            RuntimeKind::Cuda => (if c.ctas == 0 { 64 } else { c.ctas }, if c.threads == 0 { 256 } else { c.threads }),
+            // A CTA per expert (up to one per SM: the launch is co-resident).
+            RuntimeKind::Cuda => (
+                if c.ctas == 0 { e.min(comm.device().multiprocessor_count()).clamp(1, 128) } else { c.ctas },
+                if c.threads == 0 { 256 } else { c.threads },
+            ),
             RuntimeKind::Emulated => {
                 (if c.ctas == 0 { 2 } else { c.ctas }, if c.threads == 0 { 64 } else { c.threads })
             }
