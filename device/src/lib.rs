@@ -63,6 +63,7 @@ pub mod gin;
 pub mod kernel;
 pub mod lsa;
 pub mod math;
+pub mod moe;
 pub mod reduce;
 pub mod team;
 pub mod wait;

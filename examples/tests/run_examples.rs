@@ -69,3 +69,8 @@ fn fused_allreduce_rmsnorm_runs() {
 fn p2p_runs() {
     run("p2p", "every byte checked");
 }
+
+#[test]
+fn moe_runs() {
+    run("moe", "matched the host reference");
+}

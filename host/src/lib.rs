@@ -145,6 +145,7 @@ pub mod gin;
 pub mod launch;
 pub mod memory;
 pub mod p2p;
+pub mod moe;
 pub mod ptx;
 pub mod rma;
 pub mod team;

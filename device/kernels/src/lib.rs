@@ -14,4 +14,5 @@ devcomm_device::kernel_crate!();
 
 pub mod coll;
 pub mod rma;
+pub mod moe;
 pub mod util;

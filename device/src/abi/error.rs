@@ -40,11 +40,19 @@ pub enum DeviceError {
     CollBadArgument = 50,
     /// A receive's byte count differs from the matching send's.
     CollCountMismatch = 51,
+    /// A token's top-k names an expert id not below the group's expert count.
+    MoeBadExpert = 64,
+    /// MoE count or flag words out of step (ranks ran different sequences
+    /// of dispatch and combine, or a count above the group's maximum).
+    MoeOutOfStep = 65,
+    /// MoE arguments a kernel cannot use (token count above the maximum,
+    /// shapes the context does not hold).
+    MoeBadArgument = 66,
 }
 
 impl DeviceError {
     /// Every code, in order.
-    pub const ALL: [DeviceError; 17] = [
+    pub const ALL: [DeviceError; 20] = [
         DeviceError::Timeout,
         DeviceError::Aborted,
         DeviceError::RingFailed,
@@ -62,6 +70,9 @@ impl DeviceError {
         DeviceError::CollTooLarge,
         DeviceError::CollBadArgument,
         DeviceError::CollCountMismatch,
+        DeviceError::MoeBadExpert,
+        DeviceError::MoeOutOfStep,
+        DeviceError::MoeBadArgument,
     ];
 
     /// The code kernels report.
@@ -102,6 +113,11 @@ impl DeviceError {
             DeviceError::CollTooLarge => "collective message larger than the LL slots of the context",
             DeviceError::CollBadArgument => "collective datatype, operator, root or algorithm code invalid",
             DeviceError::CollCountMismatch => "a receive's byte count differs from the matching send's",
+            DeviceError::MoeBadExpert => "a top-k expert id is not below the expert-parallel group's expert count",
+            DeviceError::MoeOutOfStep => {
+                "MoE dispatch/combine out of step across ranks (different call sequences, or a count above max_tokens)"
+            }
+            DeviceError::MoeBadArgument => "MoE arguments outside the group's shapes (tokens above max_tokens)",
         }
     }
 }

@@ -236,3 +236,30 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// Every local expert's matmul for the `moe` example: `out[l][r][c] =
+    /// sum over i of x[l][r][i] * w[l][i][c]` (in `i` order, f32) for the
+    /// `counts[l]` rows local expert `l` received (rows of `hidden`,
+    /// `rows` per expert); one thread per output element, grid-stride.
+    ///
+    /// # Safety
+    /// `x` and `out` hold `experts * rows * hidden` f32, `w` `experts *
+    /// hidden * hidden`, `counts` `experts` `u32`s (each at most `rows`).
+    pub unsafe fn expert_matmul_f32(x: *const f32, w: *const f32, counts: *const u32, out: *mut f32, experts: u32, rows: u32, hidden: u32) {
+        let (rows, h) = (rows as usize, hidden as usize);
+        let total = experts as usize * rows * h;
+        let mut k = arch::global_thread_x() as usize;
+        while k < total {
+            let (l, r, c) = (k / (rows * h), k / h % rows, k % h);
+            if r < *counts.add(l) as usize {
+                let mut acc = 0.0f32;
+                for i in 0..h {
+                    acc += *x.add((l * rows + r) * h + i) * *w.add((l * h + i) * h + c);
+                }
+                *out.add(k) = acc;
+            }
+            k += arch::grid_threads_x() as usize;
+        }
+    }
+}

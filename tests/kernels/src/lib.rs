@@ -20,6 +20,7 @@ devcomm_device::kernel_crate!();
 pub mod coll_bench;
 pub mod gin;
 pub mod lsa;
+pub mod moe;
 mod report;
 pub mod rma;
 pub mod selftest;

@@ -1,0 +1,148 @@
+//! The kernels behind `devcomm::moe`'s low-latency dispatch and combine:
+//! one kernel each way, launched co-resident (CTAs wait for other ranks'
+//! CTAs), each a sequence of calls of [`devcomm_device::moe`]'s device
+//! functions with the arguments in one [`MoeArgs`].
+
+use devcomm_device::arch::{block_idx, global_thread_x, grid_dim, grid_threads_x};
+use devcomm_device::atomic::{self, Order, Scope};
+use devcomm_device::coll::{Bf16, Element, F16};
+use devcomm_device::coop::{Coop, Cta};
+use devcomm_device::kernel;
+use devcomm_device::moe::{self, MoeArgs, MoeError};
+
+/// Records `r`'s error in `args.errors` (the first one stays); the caller
+/// decides which thread reports.
+///
+/// # Safety
+/// `args.errors` is a valid `u32` of device memory, accessed atomically.
+#[inline(always)]
+unsafe fn report<T>(args: &MoeArgs, r: Result<T, MoeError>) {
+    if let Err(e) = r {
+        // SAFETY: the contract: a valid device `u32`, accessed atomically.
+        unsafe { atomic::compare_exchange(args.errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys) };
+    }
+}
+
+kernel! {
+    /// A low-latency dispatch: prepare (grid-strided), send (CTA `b` of
+    /// the grid sends experts `b, b + B, ...`), receive and pack (CTA `b`
+    /// takes local experts `b, b + B, ...`).
+    ///
+    /// # Safety
+    /// `args` made by `devcomm::moe::EpGroup::dispatch`: live context,
+    /// buffers of the sizes it documents; launched co-resident with a
+    /// block size that is a multiple of 32; the same `seq` on every rank.
+    pub unsafe fn moe_dispatch(args: MoeArgs) {
+        let ctx = &args.ctx;
+        let mut num_tokens = args.num_tokens;
+        if num_tokens > ctx.max_tokens() {
+            // Still send (empty) counts: the other ranks wait for them.
+            if global_thread_x() == 0 {
+                report::<()>(&args, Err(MoeError::BadArgument));
+            }
+            num_tokens = 0;
+        }
+        let pos = args.pos as *mut u32;
+        let r = moe::dispatch_prepare(
+            global_thread_x() as usize, grid_threads_x() as usize, ctx, args.topk_idx as *const i32,
+            args.topk_weights as *const f32, num_tokens, pos, args.handle_idx as *mut i32,
+            args.handle_weights as *mut f32,
+        );
+        report(&args, r);
+        let cta = Cta::new();
+        let (b, nb) = (block_idx().x, grid_dim().x);
+        let mut e = b;
+        while e < ctx.num_experts() {
+            let r = moe::dispatch_send_expert(
+                &cta, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq,
+            );
+            if cta.is_leader() {
+                report(&args, r);
+            }
+            e += nb;
+        }
+        let mut l = b;
+        while l < ctx.local_experts() {
+            let r = moe::dispatch_recv_expert(
+                &cta, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq,
+            );
+            if cta.is_leader() {
+                report(&args, r);
+            }
+            l += nb;
+        }
+    }
+}
+
+/// A low-latency combine of elements `T`: send (CTA `b` of the grid sends
+/// local experts `b, b + B, ...`), then every CTA waits for every expert's
+/// outputs and the grid reduces.
+///
+/// # Safety
+/// As for `moe_dispatch`, `args` made by `devcomm::moe::EpGroup::combine`
+/// for the dispatch with the same `seq`, `T` of the context's element size.
+#[inline(always)]
+unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
+    let ctx = &args.ctx;
+    let cta = Cta::new();
+    let (b, nb) = (block_idx().x, grid_dim().x);
+    let mut l = b;
+    while l < ctx.local_experts() {
+        // SAFETY: the contract.
+        let r = unsafe { moe::combine_send_expert(&cta, ctx, l, args.x as *const u8, args.seq) };
+        if cta.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report(args, r) };
+        }
+        l += nb;
+    }
+    // SAFETY: the contract.
+    let r = unsafe { moe::combine_wait(&cta, ctx, args.seq) };
+    if r.is_err() {
+        if cta.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report(args, r) };
+        }
+        return;
+    }
+    let num_tokens = args.num_tokens.min(ctx.max_tokens());
+    // SAFETY: the contract: the handle's buffers, `out` of `num_tokens * hidden`.
+    unsafe {
+        moe::combine_reduce::<T>(
+            global_thread_x() as usize,
+            grid_threads_x() as usize,
+            ctx,
+            args.topk_idx as *const i32,
+            args.topk_weights as *const f32,
+            args.pos as *const u32,
+            num_tokens,
+            args.out as *mut T,
+        )
+    };
+}
+
+kernel! {
+    /// A low-latency combine of f32 tokens (see `combine`).
+    ///
+    /// # Safety
+    /// As for `moe_dispatch`, `args` made by `devcomm::moe::EpGroup::combine`.
+    pub unsafe fn moe_combine_f32(args: MoeArgs) {
+        combine::<f32>(&args);
+    }
+
+    /// A low-latency combine of bf16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_combine_f32`.
+    pub unsafe fn moe_combine_bf16(args: MoeArgs) {
+        combine::<Bf16>(&args);
+    }
+
+    /// A low-latency combine of f16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_combine_f32`.
+    pub unsafe fn moe_combine_f16(args: MoeArgs) {
+        combine::<F16>(&args);
+    }
+}

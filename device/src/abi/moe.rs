@@ -1,0 +1,322 @@
+//! What the host hands the MoE expert-parallel dispatch and combine of
+//! [`crate::moe`]: [`MoeContext`] (the group's symmetric window and its
+//! layout, made once per group) and [`MoeArgs`] (one host-launched
+//! dispatch or combine).
+
+use super::{DevComm, WindowDesc};
+
+/// One expert-parallel group on one rank: the device communicator, the
+/// group's window, the shapes, and where each area lies in the window.
+///
+/// With `N` ranks, `E` experts, `L = E / N` local experts, `M` the most
+/// tokens per rank and `B` = [`MoeContext::slot_bytes`] (a token's bytes
+/// rounded up to 16), every rank's copy of the window holds:
+///
+/// * receive slots at `recv_offset`: `L × N × M` slots of `B` bytes, slot
+///   `(local expert l, source rank s, position p)` at
+///   [`MoeContext::recv_slot_offset`]; dispatch writes them, combine
+///   reuses them as its staging area for GIN;
+/// * receive counts at `recv_count_offset`: `L × N` `u64` words, word
+///   `(l, s)` = `(seq << 32) | tokens` written by source `s` after its
+///   tokens for `l` (a release store over LSA; a put with a signal over GIN);
+/// * combine slots at `comb_offset`: `E × M` slots of `B` bytes, slot
+///   `(global expert e, position p)`: expert `e`'s output for this rank's
+///   `p`-th token routed to it; dispatch stages GIN sends there;
+/// * combine flags at `comb_flag_offset`: `E` `u64` words, word `e` =
+///   `(seq << 32) | tokens` written by `e`'s rank after its outputs.
+///
+/// With fp8 dispatch ([`MoeContext::with_fp8_dispatch`]) a receive slot
+/// holds a token as `hidden` fp8 e4m3 bytes followed by `hidden / 128`
+/// f32 scales (each 128-element group's `amax / 448`), which fits the
+/// slot (bf16 tokens: `2 * hidden` bytes).
+///
+/// GIN signals `0..L` count dispatch arrivals per local expert, signal `L`
+/// combine arrivals (sources and experts outside the LSA team only).
+#[doc(alias = "ncclEpGroup")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct MoeContext {
+    pub(crate) comm: DevComm,
+    pub(crate) window: WindowDesc,
+    pub(crate) num_experts: u32,
+    pub(crate) hidden: u32,
+    pub(crate) top_k: u32,
+    pub(crate) max_tokens: u32,
+    pub(crate) elem_size: u32,
+    pub(crate) flags: u32,
+    pub(crate) slot_bytes: u64,
+    pub(crate) recv_offset: u64,
+    pub(crate) recv_count_offset: u64,
+    pub(crate) comb_offset: u64,
+    pub(crate) comb_flag_offset: u64,
+}
+
+impl MoeContext {
+    /// Bytes of the window the layout above needs (`None` on overflow).
+    pub const fn window_bytes(nranks: u32, num_experts: u32, max_tokens: u32, slot_bytes: u64) -> Option<u64> {
+        let l = (num_experts / if nranks == 0 { 1 } else { nranks }) as u64;
+        let (n, e, m) = (nranks as u64, num_experts as u64, max_tokens as u64);
+        let recv = match l.checked_mul(n) {
+            Some(ln) => match ln.checked_mul(m) {
+                Some(x) => x.checked_mul(slot_bytes),
+                None => None,
+            },
+            None => None,
+        };
+        let comb = match e.checked_mul(m) {
+            Some(x) => x.checked_mul(slot_bytes),
+            None => None,
+        };
+        match (recv, comb) {
+            (Some(r), Some(c)) => match r.checked_add(c) {
+                Some(rc) => rc.checked_add(8 * (l * n + e)),
+                None => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// A context from its parts; the offsets follow the layout above in
+    /// its order (receive slots, combine slots, receive counts, combine
+    /// flags) from byte 0 of `window`.
+    ///
+    /// # Safety
+    /// `comm` is live; if any rank of the world is outside its LSA team,
+    /// it has GIN with at least `num_experts / nranks + 1` signals used by
+    /// nothing else; `window` is a window of `comm`'s communicator, in
+    /// `comm`'s GIN window table when GIN is used, of at least
+    /// [`MoeContext::window_bytes`] bytes on every rank, used by nothing
+    /// else, zeroed on every rank before any rank's first use;
+    /// `num_experts` is a non-zero multiple of the rank count; `top_k` in
+    /// `1..=32`; `elem_size` in `{1, 2, 4}`.
+    pub unsafe fn new(
+        comm: DevComm,
+        window: WindowDesc,
+        num_experts: u32,
+        hidden: u32,
+        top_k: u32,
+        max_tokens: u32,
+        elem_size: u32,
+    ) -> Self {
+        let n = comm.nranks as u64;
+        let l = num_experts as u64 / n.max(1);
+        let (e, m) = (num_experts as u64, max_tokens as u64);
+        let slot_bytes = (hidden as u64 * elem_size as u64).div_ceil(16) * 16;
+        let recv_offset = 0;
+        let comb_offset = l * n * m * slot_bytes;
+        let recv_count_offset = comb_offset + e * m * slot_bytes;
+        let comb_flag_offset = recv_count_offset + 8 * l * n;
+        MoeContext {
+            comm,
+            window,
+            num_experts,
+            hidden,
+            top_k,
+            max_tokens,
+            elem_size,
+            flags: 0,
+            slot_bytes,
+            recv_offset,
+            recv_count_offset,
+            comb_offset,
+            comb_flag_offset,
+        }
+    }
+
+    /// The same context with fp8 dispatch: tokens (bf16) travel as fp8
+    /// e4m3 with one f32 scale per 128 elements (DeepEP's low-latency
+    /// fp8 dispatch); combine is unchanged.
+    ///
+    /// # Safety
+    /// As for [`MoeContext::new`], and `elem_size == 2` (bf16 tokens),
+    /// `hidden` a multiple of 128, the same on every rank.
+    pub const unsafe fn with_fp8_dispatch(mut self) -> Self {
+        self.flags |= Self::FP8_DISPATCH;
+        self
+    }
+
+    /// Flag: dispatch sends fp8 e4m3 with per-128 scales.
+    pub const FP8_DISPATCH: u32 = 1;
+
+    /// Whether dispatch sends fp8 e4m3 with per-128 scales.
+    #[inline(always)]
+    pub const fn fp8_dispatch(&self) -> bool {
+        self.flags & Self::FP8_DISPATCH != 0
+    }
+
+    /// Bytes a dispatched token occupies in its receive slot: the token's
+    /// bytes, or with fp8 dispatch `hidden` + 4 × `hidden / 128` (data, scales).
+    #[inline(always)]
+    pub const fn dispatch_bytes(&self) -> u64 {
+        if self.fp8_dispatch() {
+            self.hidden as u64 + 4 * (self.hidden as u64 / 128)
+        } else {
+            self.token_bytes()
+        }
+    }
+
+    /// The device communicator.
+    #[inline(always)]
+    pub const fn comm(&self) -> &DevComm {
+        &self.comm
+    }
+
+    /// The group's window.
+    #[inline(always)]
+    pub const fn window(&self) -> WindowDesc {
+        self.window
+    }
+
+    /// Number of experts (all ranks).
+    #[inline(always)]
+    pub const fn num_experts(&self) -> u32 {
+        self.num_experts
+    }
+
+    /// Experts per rank.
+    #[inline(always)]
+    pub const fn local_experts(&self) -> u32 {
+        self.num_experts / if self.comm.nranks == 0 { 1 } else { self.comm.nranks }
+    }
+
+    /// Elements per token.
+    #[inline(always)]
+    pub const fn hidden(&self) -> u32 {
+        self.hidden
+    }
+
+    /// Experts per token.
+    #[inline(always)]
+    pub const fn top_k(&self) -> u32 {
+        self.top_k
+    }
+
+    /// Most tokens a rank dispatches at once.
+    #[inline(always)]
+    pub const fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// Bytes per element.
+    #[inline(always)]
+    pub const fn elem_size(&self) -> u32 {
+        self.elem_size
+    }
+
+    /// Bytes of one token (`hidden * elem_size`).
+    #[inline(always)]
+    pub const fn token_bytes(&self) -> u64 {
+        self.hidden as u64 * self.elem_size as u64
+    }
+
+    /// Bytes of one slot (a token's bytes rounded up to 16).
+    #[inline(always)]
+    pub const fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    /// Offset of receive slot `(local expert, source rank, position)`.
+    #[inline(always)]
+    pub const fn recv_slot_offset(&self, local_expert: u32, src: u32, pos: u32) -> u64 {
+        self.recv_offset
+            + ((local_expert as u64 * self.comm.nranks as u64 + src as u64) * self.max_tokens as u64 + pos as u64)
+                * self.slot_bytes
+    }
+
+    /// Offset of receive count word `(local expert, source rank)`.
+    #[inline(always)]
+    pub const fn recv_count_offset(&self, local_expert: u32, src: u32) -> u64 {
+        self.recv_count_offset + (local_expert as u64 * self.comm.nranks as u64 + src as u64) * 8
+    }
+
+    /// Offset of combine slot `(global expert, position)`.
+    #[inline(always)]
+    pub const fn comb_slot_offset(&self, expert: u32, pos: u32) -> u64 {
+        self.comb_offset + (expert as u64 * self.max_tokens as u64 + pos as u64) * self.slot_bytes
+    }
+
+    /// Offset of combine flag word `expert`.
+    #[inline(always)]
+    pub const fn comb_flag_offset(&self, expert: u32) -> u64 {
+        self.comb_flag_offset + expert as u64 * 8
+    }
+}
+
+// SAFETY: #[repr(C)] plain data (two ABI structs, u32s, u64s) with the same
+// layout on both targets.
+unsafe impl crate::KernelParam for MoeContext {}
+
+/// One host-launched dispatch or combine: what the kernels of
+/// `devcomm-kernels`' `moe` module take. Addresses are device memory of
+/// the caller; shapes as `devcomm::moe` documents them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct MoeArgs {
+    /// The group.
+    pub ctx: MoeContext,
+    /// Dispatch: the tokens, `[num_tokens][hidden]`. Combine: the experts'
+    /// outputs, `[local experts][ranks * max_tokens][hidden]`.
+    pub x: u64,
+    /// Dispatch: `i32 [num_tokens][top_k]` expert ids (negative: none).
+    /// Combine: the handle's copy.
+    pub topk_idx: u64,
+    /// `f32 [num_tokens][top_k]` gate weights (dispatch: the caller's;
+    /// combine: the handle's copy).
+    pub topk_weights: u64,
+    /// Dispatch: the packed received tokens, `[local experts][ranks *
+    /// max_tokens][hidden]`. Combine: `[num_tokens][hidden]`.
+    pub out: u64,
+    /// Dispatch: `u32 [local experts]` tokens received per local expert.
+    pub counts: u64,
+    /// Fp8 dispatch: `f32 [local experts][ranks * max_tokens][hidden / 128]`,
+    /// the received tokens' scales (`out` then holds fp8 bytes); else 0.
+    pub scales: u64,
+    /// The handle's `u32 [max_tokens][top_k]` positions (dispatch writes,
+    /// combine reads).
+    pub pos: u64,
+    /// The handle's copies of `topk_idx` and `topk_weights` (dispatch writes them).
+    pub handle_idx: u64,
+    /// See `handle_idx`.
+    pub handle_weights: u64,
+    /// Where the kernel reports a failure: one `u32` error code, device memory.
+    pub errors: u64,
+    /// Tokens of this rank.
+    pub num_tokens: u32,
+    /// The dispatch's sequence number (non-zero, the same on every rank;
+    /// its combine passes the same).
+    pub seq: u32,
+}
+
+// SAFETY: #[repr(C)] plain data with the same layout on both targets.
+unsafe impl crate::KernelParam for MoeArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts() {
+        assert_eq!(size_of::<MoeContext>(), size_of::<DevComm>() + 40 + 24 + 40);
+        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 10 * 8 + 8);
+        assert_eq!(core::mem::offset_of!(MoeContext, window), size_of::<DevComm>());
+        assert_eq!(core::mem::offset_of!(MoeContext, slot_bytes), size_of::<DevComm>() + 64);
+        assert_eq!(core::mem::offset_of!(MoeArgs, errors), size_of::<MoeContext>() + 72);
+        assert_eq!(core::mem::offset_of!(MoeArgs, seq), size_of::<MoeContext>() + 84);
+    }
+
+    #[test]
+    fn areas_do_not_overlap() {
+        // SAFETY: only its layout arithmetic is used; no kernel gets it.
+        let comm = unsafe { DevComm::from_raw_parts(1, 3, WindowDesc::NONE, 0, 0, 0, crate::abi::AbortInfo::none()) };
+        // 6 experts on 3 ranks, 5 tokens, 7 f16 elements: 14 bytes -> 16 per slot.
+        // SAFETY: as above.
+        let c = unsafe { MoeContext::new(comm, WindowDesc::NONE, 6, 7, 2, 5, 2) };
+        assert_eq!(c.slot_bytes(), 16);
+        assert_eq!(c.local_experts(), 2);
+        assert_eq!(c.recv_slot_offset(1, 2, 4) + 16, c.comb_slot_offset(0, 0));
+        assert_eq!(c.comb_slot_offset(5, 4) + 16, c.recv_count_offset(0, 0));
+        assert_eq!(c.recv_count_offset(1, 2) + 8, c.comb_flag_offset(0));
+        assert_eq!(c.comb_flag_offset(5) + 8, MoeContext::window_bytes(3, 6, 5, 16).unwrap());
+    }
+}

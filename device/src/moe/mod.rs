@@ -1,0 +1,753 @@
+//! MoE expert-parallel dispatch and combine, callable from a kernel
+//! (low-latency mode, DeepEP's "low latency" kernels and NCCL EP's shape).
+//!
+//! An expert-parallel group ([`MoeContext`], made by the host:
+//! `devcomm::moe::EpGroup`) spreads `E` experts over the `N` ranks of the
+//! world, `L = E / N` per rank (expert `e` lives on rank `e / L` as local
+//! expert `e % L`). Each rank routes up to `M` tokens of `hidden` elements
+//! to `top_k` experts each.
+//!
+//! **Dispatch** sends every token to the experts its top-k names, straight
+//! into per-(local expert, source rank) slots of the expert's rank: by
+//! stores through the LSA mapping when the expert's rank is an LSA peer,
+//! by GIN puts otherwise (from a staging copy in the sender's own window).
+//! After a source's tokens for an expert, one word
+//! `(seq << 32) | tokens` follows: a release store over LSA, a put with a
+//! strong signal over GIN. The receiver waits, per local expert, for the
+//! word of every source ([`dispatch_recv_expert`]: the "hook" that starts
+//! an expert as soon as its tokens are in) and packs them, in (source
+//! rank, source token) order, into `[L][N * M][hidden]`.
+//!
+//! **Combine** sends each expert's outputs back the same way, into per-
+//! (global expert, position) slots of the token's own rank, with one flag
+//! word per expert ([`combine_send_expert`]); the token's rank waits for
+//! every expert's flag ([`combine_wait`]) and sums the gate-weighted
+//! outputs of each token's experts in top-k order with f32 arithmetic
+//! ([`combine_reduce`]), rounding once.
+//!
+//! Work split: one coop of whole warps per expert on the sending side
+//! ([`dispatch_send_expert`]; the library's kernels: a CTA); any coop per
+//! local expert on the receiving side. Every expert must be sent by
+//! exactly one coop on every rank (also with no tokens: the receivers wait
+//! for its word). A kernel whose coops wait for other ranks' coops must be
+//! launched co-resident.
+//!
+//! Ordering between calls: a dispatch's slots are reused by the next
+//! dispatch, so every dispatch is followed by its combine on every rank
+//! before the next dispatch (each rank's combine waits for every expert's
+//! flag, which its rank sends only after it has packed that dispatch's
+//! tokens). `seq` numbers the dispatches from 1, the same on every rank;
+//! a combine passes its dispatch's `seq`.
+
+pub use crate::abi::moe::{MoeArgs, MoeContext};
+
+use crate::arch::{self, lane_id, WARP_SIZE};
+use crate::atomic::{self, Scope};
+use crate::coll::{Bf16, Element, Fp8E4M3};
+use crate::coop::{Coop, ThreadCoop};
+use crate::error::{DeviceError, ErrorCode};
+use crate::gin::{Gin, GinError, LocalAction, RemoteAction};
+use crate::lsa::ops::copy_strided;
+use crate::wait::{self, Deadline, WaitError};
+
+/// The position a token's top-k entry gets when it names no expert.
+pub const NO_POS: u32 = u32::MAX;
+
+/// Why a dispatch or combine failed (the same on every thread of the coop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeError {
+    /// A top-k entry names an expert id not below the expert count.
+    BadExpert,
+    /// Count or flag words out of step across ranks.
+    OutOfStep,
+    /// Shapes the context does not hold (more tokens than the maximum).
+    BadArgument,
+    /// A wait failed (timeout, abort).
+    Wait(WaitError),
+    /// A GIN operation failed.
+    Gin(GinError),
+}
+
+impl From<WaitError> for MoeError {
+    fn from(e: WaitError) -> Self {
+        MoeError::Wait(e)
+    }
+}
+
+impl From<GinError> for MoeError {
+    fn from(e: GinError) -> Self {
+        MoeError::Gin(e)
+    }
+}
+
+impl ErrorCode for MoeError {
+    fn code(self) -> u32 {
+        match self {
+            MoeError::BadExpert => DeviceError::MoeBadExpert as u32,
+            MoeError::OutOfStep => DeviceError::MoeOutOfStep as u32,
+            MoeError::BadArgument => DeviceError::MoeBadArgument as u32,
+            MoeError::Wait(w) => w.code(),
+            MoeError::Gin(g) => g.code(),
+        }
+    }
+    fn from_code(code: u32) -> Self {
+        match DeviceError::from_code(code) {
+            Some(DeviceError::MoeBadExpert) => MoeError::BadExpert,
+            Some(DeviceError::MoeOutOfStep) => MoeError::OutOfStep,
+            Some(DeviceError::MoeBadArgument) => MoeError::BadArgument,
+            Some(DeviceError::Timeout) | Some(DeviceError::Aborted) => MoeError::Wait(WaitError::from_code(code)),
+            _ => MoeError::Gin(GinError::from_code(code)),
+        }
+    }
+}
+
+impl MoeError {
+    /// The non-zero code kernels report.
+    pub fn code(self) -> u32 {
+        ErrorCode::code(self)
+    }
+}
+
+/// The word that follows a source's tokens (or an expert's outputs).
+#[inline(always)]
+const fn word(seq: u32, count: u32) -> u64 {
+    ((seq as u64) << 32) | count as u64
+}
+
+/// Address of byte `offset` of world rank `rank`'s copy of the group's
+/// window, or null when `rank` is not an LSA peer.
+#[inline(always)]
+fn peer_ptr(ctx: &MoeContext, rank: u32, offset: u64) -> *mut u8 {
+    let c = ctx.comm();
+    ctx.window().peer_ptr::<u8>(&c.world(), &c.lsa(), c.rank(), offset, rank)
+}
+
+/// Address of byte `offset` of the caller's own copy of the window.
+#[inline(always)]
+fn local_ptr(ctx: &MoeContext, offset: u64) -> *mut u8 {
+    ctx.window().local_ptr::<u8>(offset)
+}
+
+/// Whether world rank `rank` is reached over LSA.
+#[inline(always)]
+fn is_lsa(ctx: &MoeContext, rank: u32) -> bool {
+    !peer_ptr(ctx, rank, 0).is_null()
+}
+
+/// Ranks of the world outside the caller's LSA team.
+#[inline(always)]
+fn gin_ranks(ctx: &MoeContext) -> u32 {
+    ctx.comm().nranks() - ctx.comm().lsa_size()
+}
+
+/// Inclusive prefix sum of `v` over the warp's lanes.
+#[inline(always)]
+fn warp_scan(v: u32) -> u32 {
+    let lane = lane_id();
+    let mut x = v;
+    let mut d = 1;
+    while d < WARP_SIZE {
+        let y = arch::shfl(u32::MAX, x as u64, lane.saturating_sub(d)) as u32;
+        if lane >= d {
+            x += y;
+        }
+        d *= 2;
+    }
+    x
+}
+
+/// The first step of a dispatch, by any set of threads (`t` of `nt`, e.g.
+/// a whole grid): copies `topk_idx` and `topk_weights` (`num_tokens *
+/// top_k` each) to the handle's `handle_idx`, `handle_weights`, and sets
+/// the position of every entry that names no expert (negative: masked; not
+/// below the expert count: an error) to [`NO_POS`]. The positions of the
+/// other entries are [`dispatch_send_expert`]'s. Returns
+/// `Err(MoeError::BadExpert)` to a thread that saw an id too large.
+///
+/// # Safety
+/// The pointers hold `num_tokens * top_k` elements of device memory; the
+/// `nt` threads use `t = 0..nt` once each.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_prepare(
+    t: usize,
+    nt: usize,
+    ctx: &MoeContext,
+    topk_idx: *const i32,
+    topk_weights: *const f32,
+    num_tokens: u32,
+    pos: *mut u32,
+    handle_idx: *mut i32,
+    handle_weights: *mut f32,
+) -> Result<(), MoeError> {
+    let total = num_tokens as usize * ctx.top_k() as usize;
+    let mut bad = false;
+    let mut i = t;
+    while i < total {
+        // SAFETY: `i < num_tokens * top_k`: inside every buffer (the contract);
+        // entry `i` is this thread's alone.
+        unsafe {
+            let e = *topk_idx.add(i);
+            *handle_idx.add(i) = e;
+            *handle_weights.add(i) = *topk_weights.add(i);
+            if e < 0 || e as u32 >= ctx.num_experts() {
+                *pos.add(i) = NO_POS;
+                bad |= e >= 0;
+            }
+        }
+        i += nt.max(1);
+    }
+    if bad {
+        Err(MoeError::BadExpert)
+    } else {
+        Ok(())
+    }
+}
+
+/// Sends this rank's tokens routed to global expert `expert` (every thread
+/// of `coop` calls it; the coop is whole warps: a [`Warp`](crate::coop::Warp), a
+/// [`WarpSpan`](crate::coop::WarpSpan) or a [`Cta`](crate::coop::Cta) of a
+/// multiple of 32 threads): scans `topk_idx` in token order (each warp
+/// alike), gives the `i`-th token
+/// routed there position `i` (written to `pos` for each of its top-k
+/// entries naming `expert`; a token that names an expert twice goes once),
+/// stores the tokens into the expert rank's receive slots (LSA) or stages
+/// them in this rank's combine slots of `expert` and puts them (GIN), then
+/// publishes the count word. Returns the tokens sent.
+///
+/// # Safety
+/// `ctx` live (see [`MoeContext::new`]); `x` holds `num_tokens` tokens of
+/// [`MoeContext::token_bytes`], `topk_idx` and `pos` `num_tokens * top_k`
+/// entries; `num_tokens <= max_tokens`; `expert < num_experts`; every
+/// thread of the coop calls with the same arguments; no other coop sends
+/// `expert` in this dispatch; the previous dispatch's combine is done on
+/// every rank (see the [module docs](self)).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_send_expert<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    expert: u32,
+    x: *const u8,
+    topk_idx: *const i32,
+    num_tokens: u32,
+    pos: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    let (k, m) = (ctx.top_k() as usize, ctx.max_tokens());
+    if num_tokens > m || expert >= ctx.num_experts() {
+        return Err(MoeError::BadArgument);
+    }
+    let comm = ctx.comm();
+    let (me, l) = (comm.rank(), ctx.local_experts());
+    let (Some(dest), Some(local)) = (expert.checked_div(l), expert.checked_rem(l)) else {
+        return Err(MoeError::BadArgument);
+    };
+    let lsa = is_lsa(ctx, dest);
+    let row = ctx.token_bytes() as usize;
+    let fp8 = ctx.fp8_dispatch();
+    let lane = lane_id();
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (wi, nw) = (coop.thread_rank() / WARP_SIZE, (coop.size() / WARP_SIZE).max(1));
+    let mut base = 0u32;
+    let mut c0 = 0u32;
+    while c0 < num_tokens {
+        let t = c0 + lane;
+        let mut hit = false;
+        if t < num_tokens {
+            for j in 0..k {
+                // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
+                hit |= unsafe { *topk_idx.add(t as usize * k + j) } == expert as i32;
+            }
+        }
+        let h = hit as u32;
+        let incl = warp_scan(h);
+        let p = base + incl - h;
+        if hit && wi == 0 {
+            for j in 0..k {
+                let i = t as usize * k + j;
+                // SAFETY: as above; entry `i` names `expert`, whose coop this
+                // is alone (its first warp writes).
+                unsafe {
+                    if *topk_idx.add(i) == expert as i32 {
+                        *pos.add(i) = p;
+                    }
+                }
+            }
+        }
+        // Every lane's token, by the whole coop.
+        let mut src_lane = 0;
+        while src_lane < WARP_SIZE {
+            let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
+            let pj = arch::shfl(u32::MAX, p as u64, src_lane) as u32;
+            if hj != 0 {
+                let tj = (c0 + src_lane) as usize;
+                let dst = if lsa {
+                    peer_ptr(ctx, dest, ctx.recv_slot_offset(local, me, pj))
+                } else {
+                    local_ptr(ctx, ctx.comb_slot_offset(expert, pj))
+                };
+                // SAFETY: token `tj < num_tokens` of `x`; the slot holds
+                // `slot_bytes >= dispatch_bytes` bytes (`pj < num_tokens <=
+                // max_tokens`); the slot is this coop's alone in this dispatch.
+                unsafe {
+                    if fp8 {
+                        quantize_row(ctx, dst, x.add(tj * row), wi, nw);
+                    } else {
+                        copy_strided(tr, nt, dst, x.add(tj * row), row)
+                    }
+                };
+            }
+            src_lane += 1;
+        }
+        base += arch::shfl(u32::MAX, incl as u64, WARP_SIZE - 1) as u32;
+        c0 += WARP_SIZE;
+    }
+    let w = word(seq, base);
+    if lsa {
+        // The threads' stores, then one release at system scope by the
+        // leader (cumulative over the coop's stores the barrier ordered
+        // before it).
+        coop.sync();
+        if coop.is_leader() {
+            let p = peer_ptr(ctx, dest, ctx.recv_count_offset(local, me)) as *mut u64;
+            // SAFETY: the count word of the destination's window, written
+            // only atomically.
+            unsafe { atomic::store_release(p, w, Scope::Sys) };
+        }
+        return Ok(base);
+    }
+    let r = (|| -> Result<(), MoeError> {
+        let gin = Gin::new(comm, 0)?.with_given_release(Scope::Sys);
+        coop.sync();
+        if coop.is_leader() {
+            atomic::fence_acq_rel(Scope::Sys);
+        }
+        let world = comm.world();
+        let win = ctx.window();
+        if base > 0 {
+            let bytes = base as u64 * ctx.slot_bytes();
+            let (dst, src) = (ctx.recv_slot_offset(local, me, 0), ctx.comb_slot_offset(expert, 0));
+            // SAFETY: the group's window is in the GIN window table (the
+            // context's contract); both ranges lie inside it.
+            unsafe { gin.put(coop, &world, dest, &win, dst, &win, src, bytes, RemoteAction::None, LocalAction::None) }?;
+        }
+        let r = if coop.is_leader() {
+            let action = RemoteAction::SignalInc { signal: local, strong: true };
+            let off = ctx.recv_count_offset(local, me);
+            // SAFETY: as above.
+            unsafe { gin.put_value(&world, dest, &win, off, w, action, LocalAction::None) }
+        } else {
+            Ok(())
+        };
+        coop.agree(r)?;
+        Ok(())
+    })();
+    coop.agree(r).map(|_| base)
+}
+
+/// Warp `wi` of `nw` (each whole) writes its share of bf16 token `src`
+/// (`hidden` elements) to `dst` as fp8 e4m3: for each group of 128
+/// elements `g = wi, wi + nw, ...`, `scale = max(amax, 1e-4) / 448` and `q
+/// = fp8(x / scale)` (lane `i` its 4 elements), the scales after the
+/// `hidden` data bytes (lane 0).
+///
+/// # Safety
+/// `src` holds `hidden` bf16, 8-byte aligned; `dst` holds
+/// [`MoeContext::dispatch_bytes`], 4-byte aligned; `hidden` a multiple of
+/// 128; every lane calls.
+#[inline(always)]
+unsafe fn quantize_row(ctx: &MoeContext, dst: *mut u8, src: *const u8, wi: u32, nw: u32) {
+    let h = ctx.hidden() as usize;
+    let lane = lane_id() as usize;
+    let mut g = wi as usize;
+    while g < h / 128 {
+        let at = g * 128 + lane * 4;
+        // SAFETY: elements `at..at + 4 < hidden` of `src`, 8-byte aligned.
+        let v = unsafe { arch::load_volatile(src.add(at * 2) as *const u64) };
+        let x = [0, 1, 2, 3].map(|i| Bf16((v >> (16 * i)) as u16).to_f32());
+        let amax = x.iter().fold(0.0f32, |m, v| {
+            let a = if *v < 0.0 { -*v } else { *v };
+            if a > m {
+                a
+            } else {
+                m
+            }
+        });
+        // Non-negative floats order as their bits.
+        let amax = f32::from_bits(arch::sync_warp_max(u32::MAX, amax.to_bits()));
+        let scale = (if amax > 1e-4 { amax } else { 1e-4 }) / 448.0;
+        let mut q = 0u32;
+        for (i, xi) in x.iter().enumerate() {
+            q |= (Fp8E4M3::from_f32(*xi / scale).0 as u32) << (8 * i);
+        }
+        // SAFETY: bytes `at..at + 4` of the data part, 4-byte aligned.
+        unsafe { arch::store_volatile(dst.add(at) as *mut u32, q) };
+        if lane == 0 {
+            // SAFETY: scale `g < hidden / 128` after the `hidden` data bytes.
+            unsafe { arch::store_volatile(dst.add(h + 4 * g) as *mut f32, scale) };
+        }
+        g += nw as usize;
+    }
+}
+
+/// Waits until every source's tokens for local expert `local` of this
+/// dispatch are in (the per-expert receive hook), and returns how many
+/// tokens it got (all sources). Does not pack: the tokens of source `s`
+/// lie in the receive slots `(local, s, 0..)` of the window
+/// ([`MoeContext::recv_slot_offset`]) until the next dispatch.
+///
+/// # Safety
+/// `ctx` live; every thread of `coop` calls with the same arguments.
+pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, seq: u32) -> Result<u32, MoeError> {
+    let comm = ctx.comm();
+    let n = comm.nranks();
+    if local >= ctx.local_experts() {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let r = (|| -> Result<(), MoeError> {
+        if !coop.is_leader() {
+            return Ok(());
+        }
+        let mut deadline = Deadline::new(&comm.abort());
+        for s in 0..n {
+            if is_lsa(ctx, s) {
+                let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *const u64;
+                // SAFETY: this rank's count word, written only atomically.
+                unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+            }
+        }
+        let g = gin_ranks(ctx);
+        if g > 0 {
+            Gin::new(comm, 0)?.wait_signal(&ThreadCoop, local, seq as u64 * g as u64)?;
+        }
+        Ok(())
+    })();
+    coop.agree(r)?;
+    let mut total = 0u32;
+    let mut r = Ok(());
+    for s in 0..n {
+        match recv_count(ctx, local, s, seq) {
+            Ok(c) => total += c,
+            Err(e) => r = Err(e),
+        }
+    }
+    coop.agree(r.map(|_| total))
+}
+
+/// Source `s`'s token count for local expert `local` (its word, which
+/// must carry `seq`).
+#[inline(always)]
+fn recv_count(ctx: &MoeContext, local: u32, s: u32, seq: u32) -> Result<u32, MoeError> {
+    let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *const u64;
+    // SAFETY: this rank's count word, written only atomically.
+    let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
+    if (w >> 32) as u32 != seq || (w as u32) > ctx.max_tokens() {
+        return Err(MoeError::OutOfStep);
+    }
+    Ok(w as u32)
+}
+
+/// [`dispatch_wait_expert`], then packs local expert `local`'s tokens into
+/// `out[local][..]` (rows of `hidden` elements, in source rank then source
+/// token order) and stores the total in `out_count[local]`. Returns the
+/// total. With fp8 dispatch, `out` gets rows of `hidden` fp8 bytes and
+/// `scales` the rows' `hidden / 128` f32 scales (same row numbers).
+///
+/// # Safety
+/// As for [`dispatch_wait_expert`]; `out` holds `local_experts * nranks *
+/// max_tokens` rows, `out_count` `local_experts` `u32`s, `scales` (fp8
+/// dispatch only) as many rows of scales.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_recv_expert<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    out: *mut u8,
+    scales: *mut u8,
+    out_count: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    // SAFETY: the contract.
+    let total = unsafe { dispatch_wait_expert(coop, ctx, local, seq) }?;
+    let n = ctx.comm().nranks();
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let row = ctx.token_bytes() as usize;
+    let slot = ctx.slot_bytes() as usize;
+    let mut at = local as usize * n as usize * ctx.max_tokens() as usize;
+    for s in 0..n {
+        // Checked by the wait above (the same words).
+        let c = recv_count(ctx, local, s, seq).unwrap_or(0) as usize;
+        let src = local_ptr(ctx, ctx.recv_slot_offset(local, s, 0));
+        if ctx.fp8_dispatch() {
+            let (h, sc) = (ctx.hidden() as usize, ctx.hidden() as usize / 32);
+            for i in 0..c {
+                // SAFETY: slot `i` holds `h` data bytes and `sc` bytes of
+                // scales; rows `at + i` of `out` (`h` bytes) and `scales`
+                // (`sc` bytes) are inside them (the contract).
+                unsafe {
+                    copy_strided(t, nt, out.add((at + i) * h), src.add(i * slot), h);
+                    copy_strided(t, nt, scales.add((at + i) * sc), src.add(i * slot + h), sc);
+                }
+            }
+        } else if slot == row {
+            // SAFETY: `c <= max_tokens` slots from `src` in the window, `c`
+            // rows from row `at` of `out` (`at + c <= (local + 1) * n * m`).
+            unsafe { copy_strided(t, nt, out.add(at * row), src, c * row) };
+        } else {
+            for i in 0..c {
+                // SAFETY: as above, row by row.
+                unsafe { copy_strided(t, nt, out.add((at + i) * row), src.add(i * slot), row) };
+            }
+        }
+        at += c;
+    }
+    if coop.is_leader() {
+        // SAFETY: `local < local_experts` (checked by the wait).
+        unsafe { *out_count.add(local as usize) = total };
+    }
+    coop.sync();
+    Ok(total)
+}
+
+/// Sends local expert `local`'s outputs back to their tokens' ranks: rows
+/// of `expert_out[local][..]`, laid out as the dispatch packed them, go to
+/// the combine slots of global expert `rank * L + local` on each source
+/// rank (LSA stores, or a staging copy in this rank's receive slots and a
+/// GIN put), followed by the expert's flag word on every source rank.
+///
+/// # Safety
+/// `ctx` live; `expert_out` holds `local_experts * nranks * max_tokens`
+/// tokens; dispatch `seq`'s tokens of `local` were received and packed on
+/// this rank ([`dispatch_recv_expert`]); every thread of `coop` calls with
+/// the same arguments, and no other coop sends `local`.
+pub unsafe fn combine_send_expert<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    expert_out: *const u8,
+    seq: u32,
+) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (n, me) = (comm.nranks(), comm.rank());
+    if local >= ctx.local_experts() {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let expert = me * ctx.local_experts() + local;
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let row = ctx.token_bytes() as usize;
+    let slot = ctx.slot_bytes() as usize;
+    let first_row = local as usize * n as usize * ctx.max_tokens() as usize;
+    // Source `s`'s rows follow those of the sources before it. Every count
+    // word is read before the flag to its source goes out: after that flag
+    // the source may start its next dispatch and overwrite the word. So the
+    // rows before the first source (`me + 1`) are summed first.
+    let first = (me + 1) % n;
+    let mut at = first_row;
+    let mut before = Ok(());
+    for q in 0..first {
+        match recv_count(ctx, local, q, seq) {
+            Ok(c) => at += c as usize,
+            Err(e) => before = Err(e),
+        }
+    }
+    coop.agree(before)?;
+    let mut result = Ok(());
+    for k in 0..n {
+        // Start with the next rank, so ranks do not all write to rank 0 first.
+        let s = (first + k) % n;
+        if s == 0 {
+            at = first_row;
+        }
+        let c = match coop.agree(recv_count(ctx, local, s, seq)) {
+            Ok(c) => c,
+            Err(e) => {
+                result = Err(e);
+                continue;
+            }
+        };
+        let row_at = at;
+        at += c as usize;
+        let lsa = is_lsa(ctx, s);
+        let dst = if lsa {
+            peer_ptr(ctx, s, ctx.comb_slot_offset(expert, 0))
+        } else {
+            local_ptr(ctx, ctx.recv_slot_offset(local, s, 0))
+        };
+        // SAFETY: rows `row_at..row_at + c` of `expert_out` (`c <=
+        // max_tokens`, the packing's layout); `c` slots at `dst` in the window.
+        let src = unsafe { expert_out.add(row_at * row) };
+        if slot == row {
+            // SAFETY: as above.
+            unsafe { copy_strided(t, nt, dst, src, c as usize * row) };
+        } else {
+            for i in 0..c as usize {
+                // SAFETY: as above, row by row.
+                unsafe { copy_strided(t, nt, dst.add(i * slot), src.add(i * row), row) };
+            }
+        }
+        let w = word(seq, c);
+        coop.sync();
+        if lsa {
+            if coop.is_leader() {
+                let p = peer_ptr(ctx, s, ctx.comb_flag_offset(expert)) as *mut u64;
+                // SAFETY: the flag word of `s`'s window, written only atomically.
+                unsafe { atomic::store_release(p, w, Scope::Sys) };
+            }
+            continue;
+        }
+        let r = (|| -> Result<(), MoeError> {
+            let gin = Gin::new(comm, 0)?.with_given_release(Scope::Sys);
+            if coop.is_leader() {
+                atomic::fence_acq_rel(Scope::Sys);
+            }
+            let (world, win) = (comm.world(), ctx.window());
+            if c > 0 {
+                let bytes = c as u64 * ctx.slot_bytes();
+                let (d, sr) = (ctx.comb_slot_offset(expert, 0), ctx.recv_slot_offset(local, s, 0));
+                // SAFETY: the window is in the GIN window table; both ranges inside it.
+                unsafe { gin.put(coop, &world, s, &win, d, &win, sr, bytes, RemoteAction::None, LocalAction::None) }?;
+            }
+            let r = if coop.is_leader() {
+                let action = RemoteAction::SignalInc { signal: ctx.local_experts(), strong: true };
+                // SAFETY: as above.
+                unsafe { gin.put_value(&world, s, &win, ctx.comb_flag_offset(expert), w, action, LocalAction::None) }
+            } else {
+                Ok(())
+            };
+            coop.agree(r)?;
+            Ok(())
+        })();
+        if let Err(e) = coop.agree(r) {
+            result = Err(e);
+        }
+    }
+    coop.agree(result)
+}
+
+/// Waits until every expert's outputs of dispatch `seq` are back on this
+/// rank (every expert's flag word).
+///
+/// # Safety
+/// `ctx` live; every thread of `coop` calls it.
+pub unsafe fn combine_wait<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (e_all, l) = (ctx.num_experts(), ctx.local_experts());
+    let (t, nt) = (coop.thread_rank(), coop.size());
+    let r = (|| -> Result<(), MoeError> {
+        let mut deadline = Deadline::new(&comm.abort());
+        let mut e = t;
+        while e < e_all {
+            if is_lsa(ctx, e.checked_div(l).unwrap_or(u32::MAX)) {
+                let p = local_ptr(ctx, ctx.comb_flag_offset(e)) as *const u64;
+                // SAFETY: this rank's flag word, written only atomically.
+                unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+            }
+            e += nt;
+        }
+        let g = gin_ranks(ctx);
+        if g > 0 && coop.is_leader() {
+            Gin::new(comm, 0)?.wait_signal(&ThreadCoop, l, seq as u64 * (g * l) as u64)?;
+        }
+        Ok(())
+    })();
+    coop.agree(r)?;
+    let mut r = Ok(());
+    let mut e = t;
+    while e < e_all {
+        let p = local_ptr(ctx, ctx.comb_flag_offset(e)) as *const u64;
+        // SAFETY: as above.
+        let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
+        if (w >> 32) as u32 != seq || w as u32 > ctx.max_tokens() {
+            r = Err(MoeError::OutOfStep);
+        }
+        e += nt;
+    }
+    coop.agree(r)
+}
+
+/// `out[t][h] = sum over j < top_k of weights[t][j] * y_j[h]`, where
+/// `y_j` is the output of expert `topk_idx[t][j]` for token `t` (entries
+/// with [`NO_POS`] add nothing), accumulated in f32 in top-k order and
+/// rounded once; by any set of threads (`t` of `nt`) over the tokens'
+/// 16-byte vectors (when a token is a whole number of them and `out` is
+/// 16-byte aligned; else over single elements, with the same result). Call
+/// after [`combine_wait`] (by every thread that reads).
+///
+/// # Safety
+/// `ctx` live; `topk_idx`, `topk_weights` and `pos` are the dispatch's
+/// (`num_tokens * top_k` each, `pos` filled by the dispatch), `out` holds
+/// `num_tokens * hidden` elements of `T`, whose size is the context's
+/// element size; the `nt` threads use `t = 0..nt` once each.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
+    t: usize,
+    nt: usize,
+    ctx: &MoeContext,
+    topk_idx: *const i32,
+    topk_weights: *const f32,
+    pos: *const u32,
+    num_tokens: u32,
+    out: *mut T,
+) {
+    let (k, h) = (ctx.top_k() as usize, ctx.hidden() as usize);
+    let size = core::mem::size_of::<T>();
+    // The expert and slot of entry `at` (None: it adds nothing).
+    let entry = |at: usize| -> Option<(*const u8, f32)> {
+        // SAFETY: `at < num_tokens * top_k` (callers): inside the buffers.
+        let (e, p, w) = unsafe { (*topk_idx.add(at), *pos.add(at), *topk_weights.add(at)) };
+        if p == NO_POS || e < 0 || e as u32 >= ctx.num_experts() || p >= ctx.max_tokens() {
+            return None;
+        }
+        Some((local_ptr(ctx, ctx.comb_slot_offset(e as u32, p)) as *const u8, w))
+    };
+    let row = h * size;
+    if size <= 16 && 16 % size == 0 && row % 16 == 0 && (out as usize) % 16 == 0 {
+        let per = 16 / size;
+        let vecs = row / 16;
+        let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
+        let total = num_tokens as usize * vecs;
+        let mut i = t;
+        while i < total {
+            let (Some(tok), Some(v)) = (i.checked_div(vecs), i.checked_rem(vecs)) else {
+                return;
+            };
+            let mut acc = [0.0f32; 16];
+            for j in 0..k {
+                let Some((slot, w)) = entry(tok * k + j) else { continue };
+                // SAFETY: vector `v` of a combine slot (slots are 16-byte
+                // aligned, a token is `vecs` whole vectors).
+                let bits = unsafe { arch::load16(slot.add(v * 16)) };
+                for (q, a) in acc.iter_mut().enumerate().take(per) {
+                    let b = q * size;
+                    let x = (bits[b / 4] >> ((b % 4) * 8)) & mask;
+                    *a += w * T::from_bits64(x as u64).to_acc();
+                }
+            }
+            let mut o = [0u32; 4];
+            for (q, a) in acc.iter().enumerate().take(per) {
+                let b = q * size;
+                o[b / 4] |= ((T::from_acc(*a).to_bits64() as u32) & mask) << ((b % 4) * 8);
+            }
+            // SAFETY: vector `v` of token `tok < num_tokens` of `out`, 16-byte aligned.
+            unsafe { arch::store16((out as *mut u8).add(tok * row + v * 16), o) };
+            i += nt.max(1);
+        }
+        return;
+    }
+    let total = num_tokens as usize * h;
+    let mut i = t;
+    while i < total {
+        let (Some(tok), Some(el)) = (i.checked_div(h), i.checked_rem(h)) else {
+            return;
+        };
+        let mut acc = 0.0f32;
+        for j in 0..k {
+            let Some((slot, w)) = entry(tok * k + j) else { continue };
+            // SAFETY: element `el < hidden` of a combine slot of the window.
+            let y = unsafe { arch::load_volatile((slot as *const T).add(el)) };
+            acc += w * y.to_acc();
+        }
+        // SAFETY: `i < num_tokens * hidden`: inside `out`.
+        unsafe { *out.add(i) = T::from_acc(acc) };
+        i += nt.max(1);
+    }
+}

@@ -1,0 +1,824 @@
+//! MoE expert-parallel dispatch and combine (DeepEP's low-latency mode,
+//! NCCL EP's API shape): an [`EpGroup`] made once from a communicator and
+//! an [`EpConfig`] sends each rank's tokens to the experts its router
+//! picked and brings the experts' outputs back, gate-weighted and summed,
+//! with one kernel each way and no host synchronisation.
+//!
+//! ```
+//! use devcomm::moe::{EpConfig, EpGroup};
+//! use devcomm::prelude::*;
+//!
+//! let comms = Communicator::init_all_count(RuntimeSelection::Emulated, 2)?;
+//! std::thread::scope(|s| {
+//!     for comm in &comms {
+//!         s.spawn(move || -> devcomm::Result<()> {
+//!             // 4 experts (2 per rank), tokens of 8 f32, top-2, at most 3 tokens per rank.
+//!             let ep = EpGroup::new(comm, &EpConfig::new(4, 8, 2, 3))?;
+//!             let (dev, stream) = (comm.device(), comm.device().stream());
+//!             let x = dev.alloc_from(&[1.0f32; 2 * 8])?; // 2 tokens
+//!             let idx = dev.alloc_from(&[0i32, 3, 1, 2])?; // token 0 -> experts 0, 3; token 1 -> 1, 2
+//!             let w = dev.alloc_from(&[0.5f32, 0.25, 1.0, 2.0])?;
+//!             let d = ep.dispatch(&x, &idx, &w, stream)?;
+//!             // ... each local expert's tokens: d.recv_x rows, d.recv_count of them ...
+//!             let y = ep.combine(&d.recv_x, &d.handle, stream)?; // identity experts
+//!             assert_eq!(stream.read_vec(&y)?, [[0.75f32; 8], [3.0; 8]].concat());
+//!             ep.synchronize(stream)
+//!         });
+//!     }
+//! });
+//! # Ok::<(), devcomm::Error>(())
+//! ```
+//!
+//! Shapes, with `N` ranks, `E` experts, `L = E / N` local experts (expert
+//! `e` lives on rank `e / L`), `M` the most tokens per rank, `H` hidden,
+//! `K` top-k:
+//!
+//! * `dispatch(x [T; t × H], topk_idx [i32; t × K], topk_weights [f32; t
+//!   × K])`, `t <= M` tokens (every rank calls it, with its own `t`, maybe
+//!   0); a negative expert id is "no expert" (DeepEP's -1);
+//! * it returns [`Dispatched`]: `recv_x [T; L × N·M × H]`, local expert
+//!   `l`'s tokens in rows `l·N·M ..` (`recv_count[l]` of them, from source
+//!   rank 0's first token to the last rank's last, each source's in token
+//!   order), and the [`Handle`] combine needs;
+//! * `combine(expert_out [T; L × N·M × H], &handle)` returns `y [T; t × H]`
+//!   on each rank: `y[i] = Σ_j w[i][j] · out_{e_ij}(token i)` over the
+//!   token's top-k experts in order, in f32, rounded once.
+//!
+//! Tokens travel by NVLink stores to LSA peers and by GIN puts to the
+//! others (ranks in other LSA teams; `DEVCOMM_LSA_SIZE=1` makes every
+//! peer one). Every dispatch must be followed by its combine before the
+//! next dispatch (the slots are reused); calls are stream-ordered and
+//! return once queued; a failure on the device (a timeout, a bad expert
+//! id) is kept and returned by the next call and [`EpGroup::synchronize`].
+//! The device side ([`devcomm_device::moe`]) is callable from a user's
+//! kernel with [`EpGroup::context`], to fuse dispatch, the experts and
+//! combine, and to start each expert as soon as its tokens are in.
+//!
+//! Fp8 dispatch ([`EpConfig::fp8_dispatch`], [`EpGroup::dispatch_fp8`]):
+//! bf16 tokens travel as fp8 e4m3 with one f32 scale per 128 elements
+//! (DeepEP's low-latency fp8 format); combine stays bf16.
+//!
+//! Not built yet: the high-throughput mode (a layout step and bulk,
+//! per-rank deduplicated transfers); [`EpMode`] has the low-latency mode
+//! only.
+
+use crate::coll::{CollType, DataType, Fp8E4M3};
+use crate::comm::Communicator;
+use crate::dev_comm::{DevCommHandle, DevCommRequirements};
+use crate::error::{Error, Result};
+use crate::gin::GinConnectionType;
+use crate::memory::SymmetricMemory;
+use crate::runtime::{DeviceBuffer, HostMappedWord, LaunchConfig, RuntimeKind, Stream};
+use crate::window::{Window, WindowFlags};
+use devcomm_device::moe::{MoeArgs, MoeContext};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+pub use devcomm_device::moe::NO_POS;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A token element type of an expert-parallel group: `f32`, `half::bf16`,
+/// `half::f16`.
+pub trait MoeType: CollType + sealed::Sealed {}
+impl sealed::Sealed for f32 {}
+impl MoeType for f32 {}
+impl sealed::Sealed for half::bf16 {}
+impl MoeType for half::bf16 {}
+impl sealed::Sealed for half::f16 {}
+impl MoeType for half::f16 {}
+
+/// How tokens travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EpMode {
+    /// DeepEP's low-latency mode: one kernel each way, fixed shapes, tokens
+    /// straight into per-(expert, source rank) slots.
+    #[doc(alias = "low_latency_dispatch")]
+    #[default]
+    LowLatency,
+}
+
+/// How an [`EpGroup`] is built.
+#[doc(alias = "ncclEpGroupConfig")]
+#[derive(Clone, Debug)]
+pub struct EpConfig {
+    /// Experts in all (a multiple of the rank count).
+    pub num_experts: usize,
+    /// Elements per token.
+    pub hidden: usize,
+    /// Experts per token (1 to 32).
+    pub top_k: usize,
+    /// Most tokens one rank dispatches at once (DeepEP's
+    /// `num_max_dispatch_tokens_per_rank`).
+    #[doc(alias = "num_max_dispatch_tokens_per_rank")]
+    pub max_tokens_per_rank: usize,
+    /// Token element type: `F32`, `Bf16` or `F16`.
+    pub dtype: DataType,
+    /// The mode.
+    pub mode: EpMode,
+    /// Dispatch bf16 tokens as fp8 e4m3 with one f32 scale per 128
+    /// elements (DeepEP's `use_fp8`; [`EpGroup::dispatch_fp8`]); needs
+    /// `dtype` `Bf16` and `hidden` a multiple of 128. Combine stays bf16.
+    #[doc(alias = "use_fp8")]
+    pub fp8_dispatch: bool,
+    /// CTAs per kernel: each sends whole experts and receives whole local
+    /// experts (0: one per expert up to one per SM and 128 on GPUs, 2 on
+    /// the emulated runtime). All must fit on the GPU at once.
+    pub ctas: u32,
+    /// Threads per CTA, a multiple of 32 (0: 256 on GPUs, 64 on the emulated runtime).
+    pub threads: u32,
+}
+
+impl EpConfig {
+    /// `num_experts` experts, tokens of `hidden` f32 elements, `top_k`
+    /// experts each, at most `max_tokens_per_rank` per rank, low-latency.
+    pub fn new(num_experts: usize, hidden: usize, top_k: usize, max_tokens_per_rank: usize) -> Self {
+        EpConfig {
+            num_experts,
+            hidden,
+            top_k,
+            max_tokens_per_rank,
+            dtype: DataType::F32,
+            mode: EpMode::LowLatency,
+            fp8_dispatch: false,
+            ctas: 0,
+            threads: 0,
+        }
+    }
+
+    /// The same with element type `dtype`.
+    pub fn with_dtype(mut self, dtype: DataType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The same with fp8 dispatch of bf16 tokens (sets `dtype` to `Bf16`).
+    pub fn with_fp8_dispatch(mut self) -> Self {
+        self.dtype = DataType::Bf16;
+        self.fp8_dispatch = true;
+        self
+    }
+}
+
+/// What [`EpGroup::combine`] needs from its dispatch: where each token's
+/// top-k entries went, and the routing (copied by the dispatch kernel).
+#[doc(alias = "ncclEpHandle")]
+pub struct Handle {
+    group: u64,
+    seq: u32,
+    num_tokens: usize,
+    pos: DeviceBuffer<u32>,
+    idx: DeviceBuffer<i32>,
+    weights: DeviceBuffer<f32>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle").field("seq", &self.seq).field("num_tokens", &self.num_tokens).finish()
+    }
+}
+
+impl Handle {
+    /// Tokens of the dispatch on this rank.
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+
+    /// The dispatch's sequence number (the `seq` the device functions take).
+    pub fn seq(&self) -> u32 {
+        self.seq
+    }
+
+    /// `u32 [max_tokens][top_k]`: the position of each top-k entry in its
+    /// expert's combine slots ([`NO_POS`] for none), for device code.
+    pub fn positions(&self) -> &DeviceBuffer<u32> {
+        &self.pos
+    }
+
+    /// The dispatch's `topk_idx`, copied.
+    pub fn topk_idx(&self) -> &DeviceBuffer<i32> {
+        &self.idx
+    }
+
+    /// The dispatch's `topk_weights`, copied.
+    pub fn topk_weights(&self) -> &DeviceBuffer<f32> {
+        &self.weights
+    }
+}
+
+/// What a dispatch returns (see the [module docs](self) for shapes).
+#[derive(Debug)]
+pub struct Dispatched<T: MoeType> {
+    /// The received tokens, packed per local expert: `[L][N·M][hidden]`.
+    #[doc(alias = "packed_recv_x")]
+    pub recv_x: DeviceBuffer<T>,
+    /// Tokens received per local expert: `[L]`.
+    #[doc(alias = "packed_recv_count")]
+    pub recv_count: DeviceBuffer<u32>,
+    /// For [`EpGroup::combine`].
+    pub handle: Handle,
+}
+
+/// What an fp8 dispatch returns ([`EpGroup::dispatch_fp8`]): as
+/// [`Dispatched`], the tokens as fp8 e4m3 with their scales
+/// (`x ≈ recv_x[r][i] * recv_scales[r][i / 128]`).
+#[derive(Debug)]
+pub struct DispatchedFp8 {
+    /// The received tokens, fp8 e4m3, packed per local expert: `[L][N·M][hidden]`.
+    #[doc(alias = "packed_recv_x")]
+    pub recv_x: DeviceBuffer<Fp8E4M3>,
+    /// Each received token's scales, one per 128 elements: `[L][N·M][hidden / 128]`.
+    pub recv_scales: DeviceBuffer<f32>,
+    /// Tokens received per local expert: `[L]`.
+    #[doc(alias = "packed_recv_count")]
+    pub recv_count: DeviceBuffer<u32>,
+    /// For [`EpGroup::combine`] (bf16 expert outputs).
+    pub handle: Handle,
+}
+
+static NEXT_GROUP: AtomicU64 = AtomicU64::new(1);
+
+struct State {
+    /// Dispatches so far.
+    seq: u32,
+    /// The dispatch whose combine has not been queued yet.
+    pending: Option<u32>,
+}
+
+/// An expert-parallel group (see the [module docs](self)).
+#[doc(alias = "ncclEpGroup")]
+#[doc(alias = "Buffer")]
+pub struct EpGroup<'c> {
+    comm: &'c Communicator,
+    // Dropped in this order: the device communicator, the window, its memory.
+    handle: DevCommHandle<'c>,
+    window: Window<'c>,
+    _mem: SymmetricMemory,
+    ctx: MoeContext,
+    config: EpConfig,
+    ctas: u32,
+    threads: u32,
+    id: u64,
+    state: Mutex<State>,
+    error: HostMappedWord,
+}
+
+impl std::fmt::Debug for EpGroup<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpGroup").field("rank", &self.comm.rank()).field("config", &self.config).finish()
+    }
+}
+
+impl<'c> EpGroup<'c> {
+    /// Makes the group: a window for the slots and counts (allocated once)
+    /// and a device communicator (with GIN when some ranks are outside
+    /// this rank's LSA team). Collective: every rank calls it with the
+    /// same config.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a config out of range (zero
+    /// sizes, experts not a multiple of the rank count, top-k above 32, a
+    /// datatype other than f32/bf16/f16, a window too large); those of
+    /// [`Communicator::create_dev_comm`] and
+    /// [`Communicator::register_window`].
+    #[doc(alias = "ncclEpCreateGroup")]
+    pub fn new(comm: &'c Communicator, config: &EpConfig) -> Result<EpGroup<'c>> {
+        let n = comm.count();
+        let c = config;
+        if c.num_experts == 0 || c.hidden == 0 || c.top_k == 0 || c.max_tokens_per_rank == 0 {
+            return Err(Error::invalid_argument(format!(
+                "EpConfig: num_experts {}, hidden {}, top_k {} and max_tokens_per_rank {} must all be non-zero",
+                c.num_experts, c.hidden, c.top_k, c.max_tokens_per_rank
+            )));
+        }
+        if c.num_experts % n != 0 {
+            return Err(Error::invalid_argument(format!(
+                "EpConfig: {} experts do not spread evenly over {n} ranks (use a multiple of {n})",
+                c.num_experts
+            )));
+        }
+        if c.top_k > 32 {
+            return Err(Error::invalid_argument(format!("EpConfig: top_k {} above 32", c.top_k)));
+        }
+        if !matches!(c.dtype, DataType::F32 | DataType::Bf16 | DataType::F16) {
+            return Err(Error::invalid_argument(format!(
+                "EpConfig: dtype {:?}; the low-latency mode takes F32, Bf16 or F16 tokens",
+                c.dtype
+            )));
+        }
+        if c.fp8_dispatch && (c.dtype != DataType::Bf16 || c.hidden % 128 != 0) {
+            return Err(Error::invalid_argument(format!(
+                "EpConfig: fp8 dispatch takes bf16 tokens of a multiple of 128 elements (here {:?}, hidden {})",
+                c.dtype, c.hidden
+            )));
+        }
+        let to_u32 = |v: usize, what: &str| {
+            u32::try_from(v).map_err(|_| Error::invalid_argument(format!("EpConfig: {what} {v} above u32::MAX")))
+        };
+        let (e, h, k, m) = (
+            to_u32(c.num_experts, "num_experts")?,
+            to_u32(c.hidden, "hidden")?,
+            to_u32(c.top_k, "top_k")?,
+            to_u32(c.max_tokens_per_rank, "max_tokens_per_rank")?,
+        );
+        if c.threads > 1024 || c.threads % 32 != 0 {
+            return Err(Error::invalid_argument(format!(
+                "EpConfig: threads {} not a multiple of 32 up to 1024",
+                c.threads
+            )));
+        }
+        if c.ctas > 1024 {
+            return Err(Error::invalid_argument(format!("EpConfig: ctas {} above 1024", c.ctas)));
+        }
+        let esize = c.dtype.size() as u64;
+        let slot = (h as u64 * esize).div_ceil(16) * 16;
+        let bytes = MoeContext::window_bytes(n as u32, e, m, slot)
+            .filter(|&b| b <= (1u64 << 40))
+            .ok_or_else(|| Error::invalid_argument("EpConfig: the group's window would exceed 1 TiB"))?;
+        let mem = comm.mem_alloc(bytes as usize)?;
+        let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC)?;
+        let lsa = comm.lsa_size()?;
+        let mut req = DevCommRequirements::new();
+        if lsa < n {
+            req.gin_connection_type = GinConnectionType::Full;
+            req.gin_signal_count = e / n as u32 + 1;
+            req.use_window(&window);
+        }
+        let handle = comm.create_dev_comm(&req)?;
+        // SAFETY: the device communicator is this group's own (GIN with
+        // `L + 1` signals, the window in its table, when some rank is
+        // outside the LSA team); the window was registered over `bytes` =
+        // `window_bytes` bytes on every rank, used by nothing else, and its
+        // words are zeroed below on every rank before the barrier that
+        // precedes any use; `num_experts` a non-zero multiple of the rank
+        // count, `top_k <= 32`, element size 2 or 4 (all checked above).
+        let ctx = unsafe { MoeContext::new(handle.dev_comm(), window.desc(), e, h, k, m, esize as u32) };
+        // SAFETY: bf16 tokens of a multiple of 128 elements (checked above),
+        // the same config on every rank (the collective contract).
+        let ctx = if c.fp8_dispatch { unsafe { ctx.with_fp8_dispatch() } } else { ctx };
+        // The slots need no zeroing; the count and flag words do (a stale
+        // word could carry the next sequence number).
+        let words = ctx.recv_count_offset(0, 0) as usize;
+        let stream = comm.device().stream();
+        window.write(stream, words, &vec![0u8; bytes as usize - words])?;
+        stream.synchronize()?;
+        comm.bootstrap_barrier()?;
+        let (ctas, threads) = match comm.device().kind() {
+            // A CTA per expert (up to one per SM: the launch is co-resident).
+            RuntimeKind::Cuda => (
+                if c.ctas == 0 { e.min(comm.device().multiprocessor_count()).clamp(1, 128) } else { c.ctas },
+                if c.threads == 0 { 256 } else { c.threads },
+            ),
+            RuntimeKind::Emulated => {
+                (if c.ctas == 0 { 2 } else { c.ctas }, if c.threads == 0 { 64 } else { c.threads })
+            }
+        };
+        let error = HostMappedWord::new(comm.device())?;
+        Ok(EpGroup {
+            comm,
+            handle,
+            window,
+            _mem: mem,
+            ctx,
+            config: c.clone(),
+            ctas,
+            threads,
+            id: NEXT_GROUP.fetch_add(1, Ordering::Relaxed),
+            state: Mutex::new(State { seq: 0, pending: None }),
+            error,
+        })
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &'c Communicator {
+        self.comm
+    }
+
+    /// The config.
+    pub fn config(&self) -> &EpConfig {
+        &self.config
+    }
+
+    /// Experts on each rank (`L`).
+    pub fn local_experts(&self) -> usize {
+        self.config.num_experts / self.comm.count()
+    }
+
+    /// The context kernels of your own pass to [`devcomm_device::moe`]'s
+    /// functions. It shares the window with this group's host calls: do
+    /// not run both at once, and number your dispatches with
+    /// [`EpGroup::reserve_seq`].
+    pub fn context(&self) -> MoeContext {
+        self.ctx
+    }
+
+    /// The device communicator behind the context.
+    pub fn dev_comm(&self) -> &DevCommHandle<'c> {
+        &self.handle
+    }
+
+    /// The group's window (slots and count words, see [`MoeContext`]).
+    pub fn window(&self) -> &Window<'c> {
+        &self.window
+    }
+
+    /// A sequence number for a dispatch (and its combine) that a kernel of
+    /// your own runs with [`EpGroup::context`]: every rank gets the same
+    /// numbers when it makes the same calls.
+    ///
+    /// Errors: [`Error::InvalidUsage`] when a host dispatch's combine is
+    /// still to come, or after `u32::MAX` dispatches.
+    pub fn reserve_seq(&self) -> Result<u32> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = st.pending {
+            return Err(Error::invalid_usage(format!(
+                "dispatch {s}'s combine has not been queued: each dispatch needs its combine before the next"
+            )));
+        }
+        st.seq = st
+            .seq
+            .checked_add(1)
+            .ok_or_else(|| Error::invalid_usage("u32::MAX dispatches on one EpGroup: make a new group"))?;
+        Ok(st.seq)
+    }
+
+    /// The failure a kernel of this group reported, if any (kept until the
+    /// group is dropped: the slots' state is unknown after it).
+    pub fn error(&self) -> Option<Error> {
+        Error::from_device_code(self.error.get(), "an MoE dispatch/combine")
+    }
+
+    /// Waits for `stream`, then returns the first failure a kernel reported.
+    pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+        stream.synchronize()?;
+        self.error().map_or(Ok(()), Err)
+    }
+
+    /// Buffers for [`EpGroup::dispatch_into`], reusable across dispatches.
+    pub fn alloc_output<T: MoeType>(&self) -> Result<Dispatched<T>> {
+        self.check_type::<T>()?;
+        let dev = self.comm.device();
+        let (l, n, m) = (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank);
+        Ok(Dispatched {
+            recv_x: dev.alloc::<T>(l * n * m * self.config.hidden)?,
+            recv_count: dev.alloc::<u32>(l)?,
+            handle: self.alloc_handle()?,
+        })
+    }
+
+    /// Buffers for [`EpGroup::dispatch_fp8_into`], reusable across dispatches.
+    pub fn alloc_output_fp8(&self) -> Result<DispatchedFp8> {
+        let dev = self.comm.device();
+        let rows = self.local_experts() * self.comm.count() * self.config.max_tokens_per_rank;
+        Ok(DispatchedFp8 {
+            recv_x: dev.alloc::<Fp8E4M3>(rows * self.config.hidden)?,
+            recv_scales: dev.alloc::<f32>(rows * (self.config.hidden / 128))?,
+            recv_count: dev.alloc::<u32>(self.local_experts())?,
+            handle: self.alloc_handle()?,
+        })
+    }
+
+    fn alloc_handle(&self) -> Result<Handle> {
+        let dev = self.comm.device();
+        let mk = self.config.max_tokens_per_rank * self.config.top_k;
+        Ok(Handle {
+            group: self.id,
+            seq: 0,
+            num_tokens: 0,
+            pos: dev.alloc::<u32>(mk)?,
+            idx: dev.alloc::<i32>(mk)?,
+            weights: dev.alloc::<f32>(mk)?,
+        })
+    }
+
+    /// Sends each token of `x` to its top-k experts (see the [module
+    /// docs](self)); returns the received tokens packed per local expert,
+    /// their counts, and the handle for [`EpGroup::combine`]. Collective:
+    /// every rank calls it (with its own token count, maybe 0).
+    ///
+    /// Errors ([`Error::InvalidArgument`], before anything is sent): more
+    /// tokens than `max_tokens_per_rank`, `x` not a whole number of
+    /// tokens, `topk_idx`/`topk_weights` not `tokens × top_k`, a type
+    /// other than the config's, buffers on another device;
+    /// [`Error::InvalidUsage`] when the previous dispatch's combine has
+    /// not been queued; a failure an earlier kernel reported. An expert id
+    /// not below `num_experts` is reported by the kernel (that entry is
+    /// not sent) and returned by the next call.
+    #[doc(alias = "low_latency_dispatch")]
+    #[doc(alias = "ncclEpDispatch")]
+    pub fn dispatch<T: MoeType>(
+        &self,
+        x: &DeviceBuffer<T>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+        stream: &Stream,
+    ) -> Result<Dispatched<T>> {
+        self.check_dispatch(x, topk_idx, topk_weights)?;
+        let mut out = self.alloc_output::<T>()?;
+        self.dispatch_into(x, topk_idx, topk_weights, &mut out, stream)?;
+        Ok(out)
+    }
+
+    /// [`EpGroup::dispatch`] into buffers of [`EpGroup::alloc_output`]
+    /// (no allocation: the fixed-shape path for benchmarks and layers run again and again).
+    ///
+    /// Errors as [`EpGroup::dispatch`], and [`Error::InvalidArgument`] for
+    /// outputs of another group or shape.
+    pub fn dispatch_into<T: MoeType>(
+        &self,
+        x: &DeviceBuffer<T>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+        out: &mut Dispatched<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        if self.config.fp8_dispatch {
+            return Err(Error::invalid_usage("this group dispatches fp8 (EpConfig::fp8_dispatch): use dispatch_fp8"));
+        }
+        let tokens = self.check_dispatch(x, topk_idx, topk_weights)?;
+        let rows = self.local_experts() * self.comm.count() * self.config.max_tokens_per_rank;
+        if out.recv_x.len() != rows * self.config.hidden || out.recv_count.len() != self.local_experts() {
+            return Err(Error::invalid_argument("dispatch_into: the output was not made by this group's alloc_output"));
+        }
+        self.check_device("dispatch_into recv_x", out.recv_x.device().ordinal())?;
+        self.check_device("dispatch_into recv_count", out.recv_count.device().ordinal())?;
+        let (o, c) = (out.recv_x.device_addr(), out.recv_count.device_addr());
+        self.launch_dispatch(x.device_addr(), tokens, topk_idx, topk_weights, o, 0, c, &mut out.handle, stream)
+    }
+
+    /// Sends each bf16 token of `x` to its top-k experts as fp8 e4m3 with
+    /// one f32 scale per 128 elements (`scale = max(amax, 1e-4) / 448`,
+    /// `q = fp8(x / scale)`), on a group made with
+    /// [`EpConfig::fp8_dispatch`]; otherwise as [`EpGroup::dispatch`].
+    /// Combine takes bf16 outputs, as without fp8.
+    ///
+    /// Errors as [`EpGroup::dispatch`]; [`Error::InvalidUsage`] on a group
+    /// without fp8 dispatch.
+    #[doc(alias = "low_latency_dispatch")]
+    pub fn dispatch_fp8(
+        &self,
+        x: &DeviceBuffer<half::bf16>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+        stream: &Stream,
+    ) -> Result<DispatchedFp8> {
+        if !self.config.fp8_dispatch {
+            return Err(Error::invalid_usage("dispatch_fp8 on a group made without EpConfig::fp8_dispatch"));
+        }
+        self.check_dispatch(x, topk_idx, topk_weights)?;
+        let mut out = self.alloc_output_fp8()?;
+        self.dispatch_fp8_into(x, topk_idx, topk_weights, &mut out, stream)?;
+        Ok(out)
+    }
+
+    /// [`EpGroup::dispatch_fp8`] into buffers of [`EpGroup::alloc_output_fp8`].
+    ///
+    /// Errors as [`EpGroup::dispatch_fp8`], and [`Error::InvalidArgument`]
+    /// for outputs of another group or shape.
+    pub fn dispatch_fp8_into(
+        &self,
+        x: &DeviceBuffer<half::bf16>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+        out: &mut DispatchedFp8,
+        stream: &Stream,
+    ) -> Result<()> {
+        if !self.config.fp8_dispatch {
+            return Err(Error::invalid_usage("dispatch_fp8 on a group made without EpConfig::fp8_dispatch"));
+        }
+        let tokens = self.check_dispatch(x, topk_idx, topk_weights)?;
+        let rows = self.local_experts() * self.comm.count() * self.config.max_tokens_per_rank;
+        if out.recv_x.len() != rows * self.config.hidden
+            || out.recv_scales.len() != rows * (self.config.hidden / 128)
+            || out.recv_count.len() != self.local_experts()
+        {
+            return Err(Error::invalid_argument(
+                "dispatch_fp8_into: the output was not made by this group's alloc_output_fp8",
+            ));
+        }
+        self.check_device("dispatch_fp8_into recv_x", out.recv_x.device().ordinal())?;
+        self.check_device("dispatch_fp8_into recv_scales", out.recv_scales.device().ordinal())?;
+        self.check_device("dispatch_fp8_into recv_count", out.recv_count.device().ordinal())?;
+        let (o, sc, c) = (out.recv_x.device_addr(), out.recv_scales.device_addr(), out.recv_count.device_addr());
+        self.launch_dispatch(x.device_addr(), tokens, topk_idx, topk_weights, o, sc, c, &mut out.handle, stream)
+    }
+
+    /// Queues the dispatch kernel (inputs checked by the callers).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_dispatch(
+        &self,
+        x: u64,
+        tokens: usize,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+        out: u64,
+        scales: u64,
+        counts: u64,
+        handle: &mut Handle,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mk = self.config.max_tokens_per_rank * self.config.top_k;
+        if handle.group != self.id || handle.pos.len() != mk || handle.idx.len() != mk || handle.weights.len() != mk {
+            return Err(Error::invalid_argument("dispatch: the output's handle was not made by this group"));
+        }
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        let seq = self.reserve_seq()?;
+        let args = MoeArgs {
+            ctx: self.ctx,
+            x,
+            topk_idx: topk_idx.device_addr(),
+            topk_weights: topk_weights.device_addr(),
+            out,
+            counts,
+            scales,
+            pos: handle.pos.device_addr(),
+            handle_idx: handle.idx.device_addr(),
+            handle_weights: handle.weights.device_addr(),
+            errors: self.error.device_addr(),
+            num_tokens: tokens as u32,
+            seq,
+        };
+        let cfg = LaunchConfig::new(self.ctas, self.threads).co_resident();
+        // SAFETY: `args` holds this group's live context and buffers of the
+        // sizes the kernel needs (checked by the callers: `x` of `tokens <=
+        // M` tokens, routing of `tokens * K`, outputs of the group's shapes,
+        // scales with fp8 dispatch, the handle's buffers of `M * K`), kept
+        // alive by the callers' borrows while queued (freeing device memory
+        // waits for the device); the same dispatch on every rank (the
+        // collective contract); co-resident, threads a multiple of 32.
+        unsafe { stream.launch::<devcomm_kernels::moe::moe_dispatch>(cfg, (args,)) }?;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.pending = Some(seq);
+        drop(st);
+        handle.seq = seq;
+        handle.num_tokens = tokens;
+        Ok(())
+    }
+
+    /// Brings the experts' outputs back: `expert_out` holds, for each local
+    /// expert, one output row per received token, laid out as
+    /// [`Dispatched::recv_x`]; returns `y [tokens × hidden]` on each rank
+    /// (see the [module docs](self)). Collective.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for `expert_out` of another
+    /// shape or type, a handle of another group or not of the latest
+    /// dispatch; [`Error::InvalidUsage`] for a dispatch already combined;
+    /// a failure an earlier kernel reported.
+    #[doc(alias = "low_latency_combine")]
+    #[doc(alias = "ncclEpCombine")]
+    pub fn combine<T: MoeType>(
+        &self,
+        expert_out: &DeviceBuffer<T>,
+        handle: &Handle,
+        stream: &Stream,
+    ) -> Result<DeviceBuffer<T>> {
+        let mut y = self.comm.device().alloc::<T>(handle.num_tokens * self.config.hidden)?;
+        self.combine_into(expert_out, handle, &mut y, stream)?;
+        Ok(y)
+    }
+
+    /// [`EpGroup::combine`] into `y` (`tokens × hidden` elements).
+    ///
+    /// Errors as [`EpGroup::combine`], and [`Error::InvalidArgument`] for
+    /// `y` of another length.
+    pub fn combine_into<T: MoeType>(
+        &self,
+        expert_out: &DeviceBuffer<T>,
+        handle: &Handle,
+        y: &mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_type::<T>()?;
+        let (l, n, m, h) =
+            (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.hidden);
+        if expert_out.len() != l * n * m * h {
+            return Err(Error::invalid_argument(format!(
+                "combine: expert_out holds {} elements, the group's layout {l} local experts × {n} ranks × {m} tokens × {h} = {}",
+                expert_out.len(),
+                l * n * m * h
+            )));
+        }
+        if y.len() != handle.num_tokens * h {
+            return Err(Error::invalid_argument(format!(
+                "combine: the output holds {} elements, the dispatch's {} tokens × {h} = {}",
+                y.len(),
+                handle.num_tokens,
+                handle.num_tokens * h
+            )));
+        }
+        self.check_device("combine expert_out", expert_out.device().ordinal())?;
+        self.check_device("combine output", y.device().ordinal())?;
+        if handle.group != self.id {
+            return Err(Error::invalid_argument("combine: the handle comes from another EpGroup"));
+        }
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            match st.pending {
+                Some(s) if s == handle.seq => st.pending = None,
+                Some(s) => {
+                    return Err(Error::invalid_argument(format!(
+                        "combine: the handle is of dispatch {}, the latest dispatch is {s}",
+                        handle.seq
+                    )))
+                }
+                None => {
+                    return Err(Error::invalid_usage(format!(
+                        "combine: dispatch {} was combined already (or never ran)",
+                        handle.seq
+                    )))
+                }
+            }
+        }
+        let args = MoeArgs {
+            ctx: self.ctx,
+            x: expert_out.device_addr(),
+            topk_idx: handle.idx.device_addr(),
+            topk_weights: handle.weights.device_addr(),
+            out: y.device_addr(),
+            counts: 0,
+            scales: 0,
+            pos: handle.pos.device_addr(),
+            handle_idx: 0,
+            handle_weights: 0,
+            errors: self.error.device_addr(),
+            num_tokens: handle.num_tokens as u32,
+            seq: handle.seq,
+        };
+        let cfg = LaunchConfig::new(self.ctas, self.threads).co_resident();
+        use devcomm_kernels::moe as k;
+        // SAFETY: as in `dispatch_into`: live context, `expert_out` and `y`
+        // of the checked shapes, the handle of this group's latest dispatch
+        // (its buffers written by that dispatch's kernel, earlier on the
+        // stream), the same combine on every rank; `T` matches the kernel.
+        unsafe {
+            match T::DTYPE {
+                DataType::F32 => stream.launch::<k::moe_combine_f32>(cfg, (args,)),
+                DataType::Bf16 => stream.launch::<k::moe_combine_bf16>(cfg, (args,)),
+                _ => stream.launch::<k::moe_combine_f16>(cfg, (args,)),
+            }
+        }
+    }
+
+    fn check_type<T: MoeType>(&self) -> Result<()> {
+        if T::DTYPE != self.config.dtype {
+            return Err(Error::invalid_argument(format!(
+                "tokens of {:?}, the group was made for {:?}",
+                T::DTYPE,
+                self.config.dtype
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_device(&self, what: &str, ordinal: usize) -> Result<()> {
+        if ordinal != self.comm.device().ordinal() {
+            return Err(Error::invalid_argument(format!(
+                "{what}: the buffer is on device {ordinal}, the group on device {}",
+                self.comm.device().ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a dispatch's inputs; returns the token count.
+    fn check_dispatch<T: MoeType>(
+        &self,
+        x: &DeviceBuffer<T>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+    ) -> Result<usize> {
+        self.check_type::<T>()?;
+        let (h, k, m) = (self.config.hidden, self.config.top_k, self.config.max_tokens_per_rank);
+        if x.len() % h != 0 {
+            return Err(Error::invalid_argument(format!(
+                "dispatch: x holds {} elements, not a whole number of tokens of {h}",
+                x.len()
+            )));
+        }
+        let tokens = x.len() / h;
+        if tokens > m {
+            return Err(Error::invalid_argument(format!(
+                "dispatch: {tokens} tokens, more than the group's max_tokens_per_rank {m} (nothing was sent)"
+            )));
+        }
+        if topk_idx.len() != tokens * k || topk_weights.len() != tokens * k {
+            return Err(Error::invalid_argument(format!(
+                "dispatch: topk_idx holds {} and topk_weights {} entries; {tokens} tokens × top_k {k} = {}",
+                topk_idx.len(),
+                topk_weights.len(),
+                tokens * k
+            )));
+        }
+        self.check_device("dispatch x", x.device().ordinal())?;
+        self.check_device("dispatch topk_idx", topk_idx.device().ordinal())?;
+        self.check_device("dispatch topk_weights", topk_weights.device().ordinal())?;
+        Ok(tokens)
+    }
+}

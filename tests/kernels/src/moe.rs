@@ -1,0 +1,110 @@
+//! A whole MoE layer in one kernel, on the device API of
+//! [`devcomm_device::moe`]: dispatch, each local expert started as soon as
+//! its own tokens are in (the per-expert receive wait), its output sent
+//! back at once, then combine: what `tests/moe.rs` checks the fused path
+//! and the receive hook with.
+
+use devcomm_device::arch::{block_dim, block_idx, global_thread_x, grid_dim, grid_threads_x, warp_id, WARP_SIZE};
+use devcomm_device::atomic::{self, Order, Scope};
+use devcomm_device::coop::{Coop, Cta, Warp};
+use devcomm_device::kernel;
+use devcomm_device::moe::{self, MoeArgs, MoeError};
+
+/// Records the first error in `errors[0]`.
+///
+/// # Safety
+/// `errors` is a valid device `u32`.
+unsafe fn report<T>(errors: u64, r: Result<T, MoeError>) {
+    if let Err(e) = r {
+        // SAFETY: the contract.
+        unsafe { atomic::compare_exchange(errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys) };
+    }
+}
+
+kernel! {
+    /// One MoE layer on f32 tokens: dispatch (as the library's kernel),
+    /// then warp `w` of the grid, for local experts `L - 1 - w, L - 1 - w -
+    /// W, ...` (the last first), waits for that expert's tokens alone,
+    /// packs them into `args.out`, computes the expert, `y = x * (e + 1) +
+    /// 0.5` with `e` the global expert id, into `expert_out` (same layout),
+    /// records the expert's count in `order[l]` together with its rank in
+    /// the warp's order (`count | (k << 24)`), and sends the outputs back;
+    /// then every CTA waits for every expert's outputs and the grid
+    /// combines into `y` (`args.topk_idx`/`topk_weights` are the
+    /// handle's copies made by the dispatch step).
+    ///
+    /// # Safety
+    /// `args` as `devcomm::moe::EpGroup::dispatch_into` fills it (f32
+    /// group), `expert_out` of `args.out`'s size, `y` of `num_tokens *
+    /// hidden` f32, `order` of `L` `u32`s; launched co-resident, block size
+    /// a multiple of 32; the same `seq` on every rank.
+    pub unsafe fn moe_fused_layer_f32(args: MoeArgs, expert_out: *mut f32, y: *mut f32, order: *mut u32) {
+        let ctx = &args.ctx;
+        let num_tokens = args.num_tokens;
+        let pos = args.pos as *mut u32;
+        let r = moe::dispatch_prepare(
+            global_thread_x() as usize, grid_threads_x() as usize, ctx, args.topk_idx as *const i32,
+            args.topk_weights as *const f32, num_tokens, pos, args.handle_idx as *mut i32,
+            args.handle_weights as *mut f32,
+        );
+        report(args.errors, r);
+        let warp = Warp::new();
+        let per_block = block_dim().x / WARP_SIZE;
+        let (w, nw) = (block_idx().x * per_block + warp_id(), grid_dim().x * per_block);
+        let mut e = w;
+        while e < ctx.num_experts() {
+            let r = moe::dispatch_send_expert(&warp, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq);
+            if warp.is_leader() {
+                report(args.errors, r);
+            }
+            e += nw;
+        }
+        let l_all = ctx.local_experts();
+        let (n, m, h) = (ctx.comm().nranks() as usize, ctx.max_tokens() as usize, ctx.hidden() as usize);
+        let mut k = 0u32;
+        let mut i = w;
+        while i < l_all {
+            let l = l_all - 1 - i;
+            let r = moe::dispatch_recv_expert(&warp, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq);
+            let count = match r {
+                Ok(c) => c as usize,
+                Err(e) => {
+                    if warp.is_leader() {
+                        report(args.errors, Err::<(), _>(e));
+                    }
+                    0
+                }
+            };
+            let expert = (ctx.comm().rank() * l_all + l) as f32;
+            let base = l as usize * n * m * h;
+            let mut j = warp.thread_rank() as usize;
+            while j < count * h {
+                let xin = *(args.out as *const f32).add(base + j);
+                *expert_out.add(base + j) = xin * (expert + 1.0) + 0.5;
+                j += WARP_SIZE as usize;
+            }
+            if warp.is_leader() {
+                *order.add(l as usize) = count as u32 | (k << 24);
+            }
+            warp.sync();
+            let r = moe::combine_send_expert(&warp, ctx, l, expert_out as *const u8, args.seq);
+            if warp.is_leader() {
+                report(args.errors, r);
+            }
+            k += 1;
+            i += nw;
+        }
+        let cta = Cta::new();
+        let r = moe::combine_wait(&cta, ctx, args.seq);
+        if r.is_err() {
+            if cta.is_leader() {
+                report(args.errors, r);
+            }
+            return;
+        }
+        moe::combine_reduce::<f32>(
+            global_thread_x() as usize, grid_threads_x() as usize, ctx, args.handle_idx as *const i32,
+            args.handle_weights as *const f32, pos, num_tokens, y,
+        );
+    }
+}
