@@ -13,6 +13,6 @@
 devcomm_device::kernel_crate!();
 
 pub mod coll;
-pub mod rma;
 pub mod moe;
+pub mod rma;
 pub mod util;

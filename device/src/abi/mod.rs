@@ -20,8 +20,8 @@
 pub mod coll;
 pub mod error;
 pub mod gin;
-pub mod rma;
 pub mod moe;
+pub mod rma;
 
 use crate::team::Team;
 
