@@ -14,7 +14,7 @@
 //! (the context's point-to-point area), a flag and a length word per slot
 //! beside them, and one credit word per slot in the **sender's** scratch.
 //! A message travels as chunks numbered `first_seq, first_seq + 1, …`
-//! ([`P2pOp::first_seq`]), chunk `s` in slot `s % p2p_slots`:
+//! ([`P2pOp::first_seq`]), chunk `s` in slot `(s - 1) % p2p_slots`:
 //!
 //! * the sender waits until the slot's credit reads `s - p2p_slots` (the
 //!   receiver is done with the slot's previous chunk), pushes the chunk
@@ -66,11 +66,38 @@ fn route(ctx: &CollContext, op: &P2pOp) -> Result<Route, CollError> {
     }
 }
 
-/// (slot, how many times the slot was used before) of chunk `s` (>= 1).
+/// One chunk of a message on its channel.
+#[derive(Clone, Copy)]
+struct Chunk {
+    /// Sequence number on the channel (from 1).
+    seq: u64,
+    /// Slot: `(seq - 1) % p2p_slots`.
+    slot: u32,
+    /// How many chunks used the slot before this one.
+    used: u64,
+    /// Offset in the message.
+    begin: u64,
+    /// Bytes.
+    len: usize,
+}
+
+/// The chunks of `op` that `part` moves, in order: chunk `i` of the
+/// message for every `i ≡ part.index (mod part.count)`.
 #[inline(always)]
-fn slot_use(s: u64, slots: u64) -> (u32, u64) {
-    let z = s.wrapping_sub(1);
-    ((z % slots) as u32, z / slots)
+fn chunks_of(ctx: &CollContext, part: Part, op: &P2pOp) -> impl Iterator<Item = Chunk> {
+    let (chunk, slots, bytes, first) = (ctx.p2p_chunk(), ctx.p2p_slots().max(1) as u64, op.bytes, op.first_seq);
+    (part.index as u64..p2p_chunks(ctx, bytes)).step_by(part.count.max(1) as usize).map(move |i| {
+        let seq = first.wrapping_add(i);
+        let z = seq.wrapping_sub(1);
+        let begin = i * chunk;
+        Chunk {
+            seq,
+            slot: (z % slots) as u32,
+            used: z / slots,
+            begin,
+            len: bytes.saturating_sub(begin).min(chunk) as usize,
+        }
+    })
 }
 
 /// Chunks of a `bytes`-byte message on `ctx`'s channels (at least one).
@@ -122,13 +149,9 @@ pub unsafe fn send<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
 unsafe fn send_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp, peer: u32) -> Result<(), CollError> {
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let me = ctx.scratch().lsa_rank();
-    let (chunk, slots) = (ctx.p2p_chunk(), ctx.p2p_slots() as u64);
-    let chunks = p2p_chunks(ctx, op.bytes);
+    let slots = ctx.p2p_slots() as u64;
     let mut deadline = Deadline::new(&ctx.comm().abort());
-    let mut i = part.index as u64;
-    while i < chunks {
-        let s = op.first_seq.wrapping_add(i);
-        let slot = (s % slots) as u32;
+    for Chunk { seq: s, slot, begin, len: m, .. } in chunks_of(ctx, part, op) {
         let mut r = Ok(());
         if coop.is_leader() {
             let credit = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(2, peer, slot), me);
@@ -141,8 +164,6 @@ unsafe fn send_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp,
         }
         // Everyone starts writing the slot after the leader saw it free.
         coop.agree(r)?;
-        let begin = i * chunk;
-        let m = op.bytes.saturating_sub(begin).min(chunk) as usize;
         let data = ctx.scratch().lsa_ptr::<u8>(ctx.p2p_data_offset(me, slot), peer);
         // SAFETY: slot `[me][slot]` of the peer's area holds `chunk >= m`
         // bytes, free (the credit above); the source holds `begin + m <=
@@ -163,7 +184,6 @@ unsafe fn send_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp,
             // stores (ordered before it by the join above).
             unsafe { atomic::store_release(flag, s, Scope::Sys) };
         }
-        i += part.count as u64;
     }
     Ok(())
 }
@@ -192,13 +212,8 @@ pub unsafe fn recv<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
 unsafe fn recv_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp, peer: u32) -> Result<(), CollError> {
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let me = ctx.scratch().lsa_rank();
-    let (chunk, slots) = (ctx.p2p_chunk(), ctx.p2p_slots() as u64);
-    let chunks = p2p_chunks(ctx, op.bytes);
     let mut deadline = Deadline::new(&ctx.comm().abort());
-    let mut i = part.index as u64;
-    while i < chunks {
-        let s = op.first_seq.wrapping_add(i);
-        let slot = (s % slots) as u32;
+    for Chunk { seq: s, slot, begin, len: m, .. } in chunks_of(ctx, part, op) {
         let mut r = Ok(());
         if coop.is_leader() {
             let flag = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(0, peer, slot), me);
@@ -220,8 +235,6 @@ unsafe fn recv_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp,
         }
         // Everyone reads the slot after the leader acquired its flag.
         coop.agree(r)?;
-        let begin = i * chunk;
-        let m = op.bytes.saturating_sub(begin).min(chunk) as usize;
         let data = ctx.scratch().lsa_ptr::<u8>(ctx.p2p_data_offset(peer, slot), me);
         // SAFETY: the caller's slot `[peer][slot]` holds the chunk's `m`
         // bytes (published by the flag acquired above); the destination
@@ -236,7 +249,6 @@ unsafe fn recv_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp,
             // next writes.
             unsafe { atomic::store_release(credit, s, Scope::Sys) };
         }
-        i += part.count as u64;
     }
     Ok(())
 }
@@ -251,18 +263,13 @@ unsafe fn send_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
     let world = ctx.comm().world();
     let win = ctx.gin_scratch();
     let gin = coop.agree(Gin::new(ctx.comm(), ctx.gin_context()).map_err(CollError::from))?;
-    let (chunk, slots) = (ctx.p2p_chunk(), ctx.p2p_slots() as u64);
-    let chunks = p2p_chunks(ctx, op.bytes);
-    let mut i = part.index as u64;
-    while i < chunks {
-        let (slot, used) = slot_use(op.first_seq.wrapping_add(i), slots);
+    for Chunk { slot, used, begin, len, .. } in chunks_of(ctx, part, op) {
+        let m = len as u64;
         if used > 0 {
             // The receiver consumed the slot's previous chunk (so its put
             // also finished reading the outbox slot).
             gin.wait_signal(coop, ctx.p2p_gin_signal(op.peer, slot, true), used)?;
         }
-        let begin = i * chunk;
-        let m = op.bytes.saturating_sub(begin).min(chunk);
         let outbox = ctx.p2p_gin_offset(op.peer, slot, 1);
         // SAFETY: outbox slot `[peer][slot]` of the caller's GIN window
         // holds `chunk >= m` bytes, free (above); the source holds `begin +
@@ -320,7 +327,6 @@ unsafe fn send_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
                 )
             }?;
         }
-        i += part.count as u64;
     }
     Ok(())
 }
@@ -335,11 +341,7 @@ unsafe fn recv_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
     let world = ctx.comm().world();
     let win = ctx.gin_scratch();
     let gin = coop.agree(Gin::new(ctx.comm(), ctx.gin_context()).map_err(CollError::from))?;
-    let (chunk, slots) = (ctx.p2p_chunk(), ctx.p2p_slots() as u64);
-    let chunks = p2p_chunks(ctx, op.bytes);
-    let mut i = part.index as u64;
-    while i < chunks {
-        let (slot, used) = slot_use(op.first_seq.wrapping_add(i), slots);
+    for Chunk { slot, used, begin, len: m, .. } in chunks_of(ctx, part, op) {
         gin.wait_signal(coop, ctx.p2p_gin_signal(op.peer, slot, false), used + 1)?;
         let mut r = Ok(());
         if coop.is_leader() {
@@ -352,8 +354,6 @@ unsafe fn recv_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
             }
         }
         coop.agree(r)?;
-        let begin = i * chunk;
-        let m = op.bytes.saturating_sub(begin).min(chunk) as usize;
         // SAFETY: inbox slot `[peer][slot]` holds the chunk's `m` bytes
         // (landed before the signal); the destination holds `begin + m`.
         unsafe {
@@ -374,7 +374,6 @@ unsafe fn recv_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
             r = unsafe { gin.signal(&world, op.peer, credit) };
         }
         coop.agree(r.map_err(CollError::from))?;
-        i += part.count as u64;
     }
     Ok(())
 }
