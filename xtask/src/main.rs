@@ -325,7 +325,48 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
         total as f64 / (1024.0 * 1024.0)
     );
     if total > BUNDLE_LIMIT {
-        return Err(format!("{} is {total} bytes, over the 64 MiB the device machine takes", dir.display()));
+        pack(&dir)?;
+    }
+    Ok(())
+}
+
+/// Packs a bundle over [`BUNDLE_LIMIT`] into `bundle.tar.xz` inside it (the
+/// binaries embed the same PTX and compress well: 174 MiB became 14 MiB);
+/// `benches/gpu/common.sh` unpacks it on the device machine.
+fn pack(dir: &Path) -> Result<(), String> {
+    let packed = dir.with_extension("tar.xz.tmp");
+    let out = std::fs::File::create(&packed).map_err(|e| format!("creating {}: {e}", packed.display()))?;
+    let tar = Command::new("tar")
+        .args(["-cf", "-", "-C"])
+        .arg(dir)
+        .arg(".")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running tar: {e}"))?;
+    let xz = Command::new("xz")
+        .args(["-T0", "-6"])
+        .stdin(tar.stdout.ok_or("tar has no stdout")?)
+        .stdout(out)
+        .status()
+        .map_err(|e| format!("running xz (install xz-utils): {e}"))?;
+    if !xz.success() {
+        return Err(format!("xz failed packing {}", dir.display()));
+    }
+    std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let target = dir.join("bundle.tar.xz");
+    std::fs::rename(&packed, &target).map_err(|e| format!("moving {}: {e}", packed.display()))?;
+    let size = std::fs::metadata(&target).map_err(|e| e.to_string())?.len();
+    println!(
+        "{}: over 64 MiB, packed into bundle.tar.xz ({:.1} MiB; benches/gpu/common.sh unpacks it)",
+        dir.display(),
+        size as f64 / (1024.0 * 1024.0)
+    );
+    if size > BUNDLE_LIMIT {
+        return Err(format!(
+            "{} is {size} bytes even packed, over the 64 MiB the device machine takes",
+            target.display()
+        ));
     }
     Ok(())
 }
@@ -496,6 +537,25 @@ fn dir_size(dir: &Path) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversized_bundle_is_packed_and_unpacks_to_the_same_files() {
+        let dir = std::env::temp_dir().join(format!("xtask-pack-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("tests")).unwrap();
+        let body: Vec<u8> = (0..100_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
+        std::fs::write(dir.join("tests/a"), &body).unwrap();
+        std::fs::write(dir.join("k.ptx"), b"// ptx").unwrap();
+        pack(&dir).unwrap();
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("bundle.tar.xz")]);
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let ok = Command::new("tar").arg("-xJf").arg(dir.join("bundle.tar.xz")).arg("-C").arg(&out).status().unwrap();
+        assert!(ok.success());
+        assert_eq!(std::fs::read(out.join("tests/a")).unwrap(), body);
+        assert_eq!(std::fs::read(out.join("k.ptx")).unwrap(), b"// ptx");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn bundling_refuses_binaries_with_other_or_no_kernels() {
