@@ -56,10 +56,10 @@
 
 pub mod element;
 mod ll;
-mod ll_a2a;
+pub mod ll_a2a;
 mod movement;
 pub mod op;
-mod p2p;
+pub mod p2p;
 mod pack;
 mod reduce;
 mod staging;

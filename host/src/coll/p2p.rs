@@ -165,7 +165,7 @@ impl<'c> Collectives<'c> {
     }
 
     /// Sends `buf` to `peer` (`ncclSend`), a group of one: it completes
-    /// without the receive only when eager (see the [module docs](self));
+    /// without the receive only when eager (see [`Group`]);
     /// exchanges of long messages go in one [`Collectives::group`].
     #[doc(alias = "ncclSend")]
     pub fn send<'a, T: CollType>(&self, buf: impl Into<Operand<'a, T>>, peer: usize, stream: &Stream) -> Result<()> {
