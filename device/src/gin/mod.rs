@@ -403,6 +403,41 @@ impl<'a> Gin<'a> {
         coop.agree(r)
     }
 
+    /// The world rank of member `peer` of `team` and the descriptor of a
+    /// `bytes`-byte transfer (`op`: put or get) between `src` at
+    /// `src_offset` and `dst` at `dst_offset`, both ranges checked against
+    /// their windows.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn transfer(
+        &self,
+        op: GinOp,
+        team: &Team,
+        peer: u32,
+        dst: &WindowDesc,
+        dst_offset: u64,
+        src: &WindowDesc,
+        src_offset: u64,
+        bytes: u64,
+    ) -> Result<(u32, GinDescriptor), GinError> {
+        let w = self.world_peer(team, peer)?;
+        let end = |off: u64, win: &WindowDesc| off.checked_add(bytes).is_some_and(|e| e <= win.size);
+        if !end(dst_offset, dst) || !end(src_offset, src) {
+            return Err(GinError::OutOfWindow);
+        }
+        let d = GinDescriptor {
+            op: op as u8,
+            peer: w,
+            src_window: src.id,
+            dst_window: dst.id,
+            src_offset,
+            dst_offset,
+            bytes,
+            ..Default::default()
+        };
+        Ok((w, d))
+    }
+
     /// The part of [`Gin::put`] the coop's leader does.
     ///
     /// # Safety
@@ -422,21 +457,7 @@ impl<'a> Gin<'a> {
         remote: RemoteAction,
         local: LocalAction,
     ) -> Result<(), GinError> {
-        let w = self.world_peer(team, peer)?;
-        let end = |off: u64, win: &WindowDesc| off.checked_add(bytes).is_some_and(|e| e <= win.size);
-        if !end(dst_offset, dst) || !end(src_offset, src) {
-            return Err(GinError::OutOfWindow);
-        }
-        let mut d = GinDescriptor {
-            op: GinOp::Put as u8,
-            peer: w,
-            src_window: src.id,
-            dst_window: dst.id,
-            src_offset,
-            dst_offset,
-            bytes,
-            ..Default::default()
-        };
+        let (w, mut d) = self.transfer(GinOp::Put, team, peer, dst, dst_offset, src, src_offset, bytes)?;
         if bytes != 0 && bytes <= INLINE_PUT_BYTES {
             // Small puts travel inline: this thread reads the source now (a
             // put's source may be read any time before the put is locally
@@ -513,21 +534,7 @@ impl<'a> Gin<'a> {
     ) -> Result<(), GinError> {
         let r = if coop.is_leader() {
             (|| {
-                let w = self.world_peer(team, peer)?;
-                let end = |off: u64, win: &WindowDesc| off.checked_add(bytes).is_some_and(|e| e <= win.size);
-                if !end(dst_offset, dst) || !end(src_offset, src) {
-                    return Err(GinError::OutOfWindow);
-                }
-                let mut d = GinDescriptor {
-                    op: GinOp::Get as u8,
-                    peer: w,
-                    src_window: src.id,
-                    dst_window: dst.id,
-                    src_offset,
-                    dst_offset,
-                    bytes,
-                    ..Default::default()
-                };
+                let (w, mut d) = self.transfer(GinOp::Get, team, peer, dst, dst_offset, src, src_offset, bytes)?;
                 self.actions(&mut d, RemoteAction::None, local)?;
                 self.post(w, &d)
             })()
