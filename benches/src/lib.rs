@@ -4,6 +4,8 @@
 //! `src/bin` share.
 #![warn(missing_docs)]
 
+pub mod nccl;
+
 use devcomm::env::LaunchEnv;
 use devcomm::launch::LaunchOptions;
 use devcomm::{Error, Result};

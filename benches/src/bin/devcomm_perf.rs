@@ -351,41 +351,20 @@ impl<T: CollType> Bench<'_, T> {
 
 mod nccl {
     use super::Kind;
-    use cudarc::nccl::{result, sys};
     use devcomm::coll::DataType;
     use devcomm::comm::Communicator;
     use devcomm::runtime::Stream;
-    use devcomm::{Error, Result};
+    use devcomm::Result;
+    use devcomm_benches::nccl::{cuda_stream, err, result, sys, NcclComm};
 
     /// An NCCL communicator over the same ranks and devices.
     pub struct Nccl {
-        comm: sys::ncclComm_t,
-    }
-
-    fn err(what: &str, e: impl std::fmt::Debug) -> Error {
-        Error::system(format!("NCCL {what}"), std::io::Error::other(format!("{e:?}")))
+        comm: NcclComm,
     }
 
     impl Nccl {
         pub fn new(comm: &Communicator, stream: &Stream) -> Result<Nccl> {
-            stream.cu_stream()?.ok_or_else(|| Error::invalid_usage("--nccl needs the CUDA runtime"))?;
-            let id = if comm.rank() == 0 {
-                result::get_uniqueid().map_err(|e| err("get_uniqueid", e))?
-            } else {
-                sys::ncclUniqueId { internal: [0; 128] }
-            };
-            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-            let bytes = comm.bootstrap_broadcast(0, &bytes)?;
-            let mut id = sys::ncclUniqueId { internal: [0; 128] };
-            for (d, s) in id.internal.iter_mut().zip(&bytes) {
-                *d = *s as _;
-            }
-            let mut c = std::mem::MaybeUninit::uninit();
-            // SAFETY: a valid out-pointer; the id is rank 0's, every rank calls.
-            unsafe { result::comm_init_rank(c.as_mut_ptr(), comm.count() as i32, id, comm.rank() as i32) }
-                .map_err(|e| err("comm_init_rank", e))?;
-            // SAFETY: initialised by the successful call above.
-            Ok(Nccl { comm: unsafe { c.assume_init() } })
+            Ok(Nccl { comm: NcclComm::over(comm, stream)? })
         }
 
         fn dtype(d: DataType) -> sys::ncclDataType_t {
@@ -410,20 +389,20 @@ mod nccl {
             rlen: usize,
             stream: &Stream,
         ) -> Result<()> {
-            let s = stream.cu_stream()?.unwrap_or(0) as sys::cudaStream_t;
-            let (dt, sum) = (Self::dtype(d), sys::ncclRedOp_t::ncclSum);
+            let s = cuda_stream(stream)?;
+            let (dt, sum, comm) = (Self::dtype(d), sys::ncclRedOp_t::ncclSum, self.comm.raw());
             let (sp, rp) = (send as *const std::ffi::c_void, recv as *mut std::ffi::c_void);
             // SAFETY: `send`/`recv` are live device buffers of `slen`/`rlen`
             // elements on this rank's device; the stream is bound (above).
             let r = unsafe {
                 match kind {
-                    Kind::AllReduce => result::all_reduce(sp, rp, slen, dt, sum, self.comm, s),
-                    Kind::AllGather => result::all_gather(sp, rp, slen, dt, self.comm, s),
-                    Kind::ReduceScatter => result::reduce_scatter(sp, rp, rlen, dt, sum, self.comm, s),
-                    Kind::Broadcast => result::broadcast(sp, rp, slen, dt, 0, self.comm, s),
-                    Kind::Reduce => result::reduce(sp, rp, slen, dt, sum, 0, self.comm, s),
+                    Kind::AllReduce => result::all_reduce(sp, rp, slen, dt, sum, comm, s),
+                    Kind::AllGather => result::all_gather(sp, rp, slen, dt, comm, s),
+                    Kind::ReduceScatter => result::reduce_scatter(sp, rp, rlen, dt, sum, comm, s),
+                    Kind::Broadcast => result::broadcast(sp, rp, slen, dt, 0, comm, s),
+                    Kind::Reduce => result::reduce(sp, rp, slen, dt, sum, 0, comm, s),
                     Kind::AllToAll => {
-                        let n = result::comm_count(self.comm).map_err(|e| err("comm_count", e))? as usize;
+                        let n = result::comm_count(comm).map_err(|e| err("comm_count", e))? as usize;
                         let c = slen / n;
                         let size = match d {
                             DataType::F16 | DataType::Bf16 => 2,
@@ -433,31 +412,24 @@ mod nccl {
                         result::group_start().map_err(|e| err("group_start", e))?;
                         for p in 0..n {
                             let off = (p * c * size) as u64;
-                            result::send((send + off) as *const _, c, dt, p as i32, self.comm, s)
+                            result::send((send + off) as *const _, c, dt, p as i32, comm, s)
                                 .map_err(|e| err("send", e))?;
-                            result::recv((recv + off) as *mut _, c, dt, p as i32, self.comm, s)
+                            result::recv((recv + off) as *mut _, c, dt, p as i32, comm, s)
                                 .map_err(|e| err("recv", e))?;
                         }
                         result::group_end()
                     }
                     Kind::SendRecv => {
-                        let n = result::comm_count(self.comm).map_err(|e| err("comm_count", e))?;
-                        let me = result::comm_user_rank(self.comm).map_err(|e| err("comm_user_rank", e))?;
+                        let n = result::comm_count(comm).map_err(|e| err("comm_count", e))?;
+                        let me = result::comm_user_rank(comm).map_err(|e| err("comm_user_rank", e))?;
                         result::group_start().map_err(|e| err("group_start", e))?;
-                        result::send(sp, slen, dt, (me + 1) % n, self.comm, s).map_err(|e| err("send", e))?;
-                        result::recv(rp, rlen, dt, (me + n - 1) % n, self.comm, s).map_err(|e| err("recv", e))?;
+                        result::send(sp, slen, dt, (me + 1) % n, comm, s).map_err(|e| err("send", e))?;
+                        result::recv(rp, rlen, dt, (me + n - 1) % n, comm, s).map_err(|e| err("recv", e))?;
                         result::group_end()
                     }
                 }
             };
             r.map(|_| ()).map_err(|e| err("collective", e))
-        }
-    }
-
-    impl Drop for Nccl {
-        fn drop(&mut self) {
-            // SAFETY: the communicator is ours, destroyed once.
-            let _ = unsafe { result::comm_destroy(self.comm) };
         }
     }
 }

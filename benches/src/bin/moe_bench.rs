@@ -358,40 +358,19 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
 }
 
 mod nccl {
-    use cudarc::nccl::{result, sys};
     use devcomm::comm::Communicator;
     use devcomm::runtime::Stream;
-    use devcomm::{Error, Result};
+    use devcomm::Result;
+    use devcomm_benches::nccl::{cuda_stream, err, result, sys, NcclComm};
 
     /// An NCCL communicator over the same ranks and devices.
     pub struct Nccl {
-        comm: sys::ncclComm_t,
-    }
-
-    fn err(what: &str, e: impl std::fmt::Debug) -> Error {
-        Error::system(format!("NCCL {what}"), std::io::Error::other(format!("{e:?}")))
+        comm: NcclComm,
     }
 
     impl Nccl {
         pub fn new(comm: &Communicator, stream: &Stream) -> Result<Nccl> {
-            stream.cu_stream()?.ok_or_else(|| Error::invalid_usage("--nccl needs the CUDA runtime"))?;
-            let id = if comm.rank() == 0 {
-                result::get_uniqueid().map_err(|e| err("get_uniqueid", e))?
-            } else {
-                sys::ncclUniqueId { internal: [0; 128] }
-            };
-            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-            let bytes = comm.bootstrap_broadcast(0, &bytes)?;
-            let mut id = sys::ncclUniqueId { internal: [0; 128] };
-            for (d, s) in id.internal.iter_mut().zip(&bytes) {
-                *d = *s as _;
-            }
-            let mut c = std::mem::MaybeUninit::uninit();
-            // SAFETY: a valid out-pointer; the id is rank 0's, every rank calls.
-            unsafe { result::comm_init_rank(c.as_mut_ptr(), comm.count() as i32, id, comm.rank() as i32) }
-                .map_err(|e| err("comm_init_rank", e))?;
-            // SAFETY: initialised by the successful call above.
-            Ok(Nccl { comm: unsafe { c.assume_init() } })
+            Ok(Nccl { comm: NcclComm::over(comm, stream)? })
         }
 
         /// `send_bytes[p]` bytes from `send + sum of earlier send_bytes` to
@@ -405,29 +384,22 @@ mod nccl {
             recv_bytes: &[usize],
             stream: &Stream,
         ) -> Result<()> {
-            let s = stream.cu_stream()?.unwrap_or(0) as sys::cudaStream_t;
+            let (s, comm) = (cuda_stream(stream)?, self.comm.raw());
             let u8t = sys::ncclDataType_t::ncclUint8;
             result::group_start().map_err(|e| err("group_start", e))?;
             let (mut so, mut ro) = (0u64, 0u64);
             for p in 0..send_bytes.len() {
                 // SAFETY: the caller's buffers hold the sums of the byte counts.
                 unsafe {
-                    result::send((send + so) as *const _, send_bytes[p], u8t, p as i32, self.comm, s)
+                    result::send((send + so) as *const _, send_bytes[p], u8t, p as i32, comm, s)
                         .map_err(|e| err("send", e))?;
-                    result::recv((recv + ro) as *mut _, recv_bytes[p], u8t, p as i32, self.comm, s)
+                    result::recv((recv + ro) as *mut _, recv_bytes[p], u8t, p as i32, comm, s)
                         .map_err(|e| err("recv", e))?;
                 }
                 so += send_bytes[p] as u64;
                 ro += recv_bytes[p] as u64;
             }
             result::group_end().map(|_| ()).map_err(|e| err("group_end", e))
-        }
-    }
-
-    impl Drop for Nccl {
-        fn drop(&mut self) {
-            // SAFETY: the communicator is ours, destroyed once.
-            let _ = unsafe { result::comm_destroy(self.comm) };
         }
     }
 }

@@ -585,22 +585,14 @@ fn plain_tcp(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize) -> Resul
 }
 
 mod nccl {
-    use cudarc::nccl::{result, sys};
     use devcomm::runtime::{Device, RuntimeKind, Stream};
     use devcomm::{Error, Result};
-
-    fn err(what: &str, e: impl std::fmt::Debug) -> Error {
-        Error::system(format!("NCCL {what}"), std::io::Error::other(format!("{e:?}")))
-    }
-
-    pub fn unique_id() -> Result<Vec<u8>> {
-        let id = result::get_uniqueid().map_err(|e| err("get_uniqueid", e))?;
-        Ok(id.internal.iter().map(|&c| c as u8).collect())
-    }
+    pub use devcomm_benches::nccl::unique_id;
+    use devcomm_benches::nccl::{cuda_stream, err, result, sys, NcclComm};
 
     /// A two-rank NCCL communicator between the client (rank 0) and the server.
     pub struct Nccl {
-        comm: sys::ncclComm_t,
+        comm: NcclComm,
         stream: Stream,
     }
 
@@ -610,27 +602,19 @@ mod nccl {
                 return Err(Error::invalid_usage("--nccl needs the CUDA runtime"));
             }
             let stream = dev.new_stream()?;
-            stream.cu_stream()?;
-            let mut uid = sys::ncclUniqueId { internal: [0; 128] };
-            for (d, s) in uid.internal.iter_mut().zip(&id) {
-                *d = *s as _;
-            }
-            let mut c = std::mem::MaybeUninit::uninit();
-            // SAFETY: a valid out-pointer; both ranks call with the client's id.
-            unsafe { result::comm_init_rank(c.as_mut_ptr(), 2, uid, rank) }.map_err(|e| err("comm_init_rank", e))?;
-            // SAFETY: initialised by the successful call above.
-            Ok(Nccl { comm: unsafe { c.assume_init() }, stream })
+            cuda_stream(&stream)?;
+            Ok(Nccl { comm: NcclComm::init(&id, 2, rank)?, stream })
         }
 
         fn s(&self) -> Result<sys::cudaStream_t> {
-            Ok(self.stream.cu_stream()?.unwrap_or(0) as sys::cudaStream_t)
+            cuda_stream(&self.stream)
         }
 
         pub fn send(&self, buf: u64, n: usize, peer: i32) -> Result<()> {
             let s = self.s()?;
             // SAFETY: `buf` is a live device buffer of at least `n` bytes on
             // this rank's device; the context is bound (cu_stream binds it).
-            unsafe { result::send(buf as *const _, n, sys::ncclDataType_t::ncclUint8, peer, self.comm, s) }
+            unsafe { result::send(buf as *const _, n, sys::ncclDataType_t::ncclUint8, peer, self.comm.raw(), s) }
                 .map_err(|e| err("send", e))
                 .map(|_| ())
         }
@@ -638,20 +622,13 @@ mod nccl {
         pub fn recv(&self, buf: u64, n: usize, peer: i32) -> Result<()> {
             let s = self.s()?;
             // SAFETY: as in `send`.
-            unsafe { result::recv(buf as *mut _, n, sys::ncclDataType_t::ncclUint8, peer, self.comm, s) }
+            unsafe { result::recv(buf as *mut _, n, sys::ncclDataType_t::ncclUint8, peer, self.comm.raw(), s) }
                 .map_err(|e| err("recv", e))
                 .map(|_| ())
         }
 
         pub fn sync(&self) -> Result<()> {
             self.stream.synchronize()
-        }
-    }
-
-    impl Drop for Nccl {
-        fn drop(&mut self) {
-            // SAFETY: our communicator, destroyed once.
-            let _ = unsafe { result::comm_destroy(self.comm) };
         }
     }
 }
