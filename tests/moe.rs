@@ -400,6 +400,13 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
     inv(ep.dispatch(&xb, &idx1, &w1, stream).map(|_| ()), "bf16 tokens on an f32 group");
     // Nothing was sent: the group runs a normal round.
     round::<f32>(&c, &ep, Routing::Random, 77, None);
+    // What a timeout's message would show: every wait met.
+    let state = ep.wait_state(stream).unwrap();
+    assert!(state.starts_with(&format!("rank {} at dispatch 1:", comm.rank())), "{state}");
+    if comm.lsa_size().unwrap() < s.n {
+        assert!(state.contains("GIN ring (0, "), "{state}");
+        assert!(!state.contains("unpublished") && !state.contains("failed"), "{state}");
+    }
     // A dispatch needs its combine before the next.
     let x3 = dev.alloc_from(&vec![0.25f32; s.h]).unwrap();
     let d = ep.dispatch(&x3, &idx1, &w1, stream).unwrap();
@@ -555,8 +562,8 @@ fn child_moe() {
 }
 
 /// Runs `child_moe` in `n` processes on the parent's runtime with `extra`
-/// set, and asserts every rank succeeded. Device waits get 60 s and the
-/// job 300 s: many emulated ranks on a loaded 2-core machine are slow.
+/// set, and asserts every rank succeeded. Device waits get 60 s (unless
+/// `DEVCOMM_OP_TIMEOUT_MS` is set) and the job 300 s: many emulated ranks on a loaded 2-core machine are slow.
 fn run_moe(n: usize, extra: &[(&'static str, &str)]) {
     let rt = common::runtime();
     if rt == "cuda" {
@@ -565,7 +572,7 @@ fn run_moe(n: usize, extra: &[(&'static str, &str)]) {
     }
     let mut opts = common::child_job("child_moe", n)
         .env("DEVCOMM_RUNTIME", rt)
-        .env("DEVCOMM_OP_TIMEOUT_MS", "60000")
+        .env("DEVCOMM_OP_TIMEOUT_MS", std::env::var("DEVCOMM_OP_TIMEOUT_MS").unwrap_or_else(|_| "60000".into()))
         .timeout(Some(std::time::Duration::from_secs(300)));
     for (k, v) in extra {
         opts = opts.env(*k, *v);

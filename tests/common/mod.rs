@@ -18,7 +18,13 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether this process was spawned to run child test `name`.
 pub fn is_child(name: &str) -> bool {
-    std::env::var(ROLE_ENV).is_ok_and(|v| v == name)
+    let me = std::env::var(ROLE_ENV).is_ok_and(|v| v == name);
+    if me {
+        // The library's warnings (a refused driver call, a failed peer)
+        // reach the rank's stderr, which the parent prints.
+        let _ = tracing_subscriber::fmt().with_max_level(tracing::Level::WARN).with_writer(std::io::stderr).try_init();
+    }
+    me
 }
 
 /// Launch options that run child test `child` in `n` processes (emulated

@@ -350,6 +350,13 @@ impl<'c> DevCommHandle<'c> {
         self.gin.as_ref().and_then(|g| g.error())
     }
 
+    /// Where this device communicator's GIN rings stand (see
+    /// `GinResources::progress`), for diagnosing a stalled kernel; `None`
+    /// without GIN.
+    pub(crate) fn gin_progress(&self) -> Option<Result<String>> {
+        self.gin.as_ref().map(|g| g.progress(self.comm.device()))
+    }
+
     fn release_windows(&mut self) {
         for w in self.windows.drain(..) {
             w.users.fetch_sub(1, Ordering::SeqCst);

@@ -418,6 +418,44 @@ impl GinResources {
         self.proxy.as_ref().and_then(|p| p.error()).map(from_gin)
     }
 
+    /// Where each ring with traffic stands: `ring (context, peer): posted
+    /// P, completed C` (tickets taken by the device, tickets the proxy
+    /// completed), `failed` for a failed ring, and whether the next ticket's
+    /// descriptor is published (`next ready`) or not yet (`next unpublished`:
+    /// the proxy waits for its producer). For diagnosing a stalled kernel;
+    /// reads the device's ticket counters on the device's stream.
+    pub(crate) fn progress(&self, dev: &crate::Device) -> Result<String> {
+        let rings = self.mem.contexts as usize * self.mem.nranks as usize;
+        // The device words start with the ticket counters (`GinStateParts::heads`).
+        let mut words = vec![0u64; self._dev.len()];
+        dev.stream().read(&self._dev, &mut words)?;
+        let heads = &words[..rings];
+        // SAFETY: `mem` names this rank's live GIN memory (owned by `self`);
+        // `Rings` only loads its shared words atomically here.
+        let view = unsafe { devcomm_gin::ring::Rings::new(self.mem) }.map_err(from_gin)?;
+        let mut out = Vec::new();
+        for (q, &posted) in heads.iter().enumerate() {
+            let done = view.completed(q);
+            if posted == 0 && done == 0 {
+                continue;
+            }
+            let (c, p) = (q / self.mem.nranks as usize, view.peer_of(q));
+            let state = if view.is_failed(q) {
+                " failed"
+            } else if posted > done {
+                if view.poll_at(q, done).is_some() {
+                    " next ready"
+                } else {
+                    " next unpublished"
+                }
+            } else {
+                ""
+            };
+            out.push(format!("ring ({c}, {p}): posted {posted}, completed {done}{state}"));
+        }
+        Ok(if out.is_empty() { "no GIN traffic".into() } else { out.join("; ") })
+    }
+
     /// Stops the proxy after it has drained its rings; reports its error.
     pub(crate) fn stop(&mut self) -> Result<()> {
         match self.proxy.take() {

@@ -210,7 +210,12 @@ impl StreamCopyQueue {
             let again: Vec<_> = batch.iter().map(|&(a, v, _)| (a, v, true)).collect();
             // SAFETY: as above.
             if unsafe { self.stream.write_values(&again) }.is_ok() {
-                tracing::warn!("GIN copy queue: unordered stream writes refused ({refused}); ordered ones taken");
+                // Every queue of this driver meets it (known of driver 580):
+                // said once per process.
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    tracing::warn!("GIN copy queue: unordered stream writes refused ({refused}); ordered ones taken")
+                });
                 return Ok(());
             }
         }

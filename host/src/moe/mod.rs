@@ -451,9 +451,67 @@ impl<'c> EpGroup<'c> {
     }
 
     /// Waits for `stream`, then returns the first failure a kernel reported.
+    /// A timeout's message says which of this rank's waits fell short (see
+    /// [`EpGroup::wait_state`]).
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
         stream.synchronize()?;
-        self.error().map_or(Ok(()), Err)
+        self.reported(stream)
+    }
+
+    /// [`EpGroup::error`] as a result; a timeout or an abort with
+    /// [`EpGroup::wait_state`] in its message (read on `stream`).
+    fn reported(&self, stream: &Stream) -> Result<()> {
+        match self.error() {
+            None => Ok(()),
+            Some(Error::Timeout(m)) => Err(Error::Timeout(self.with_wait_state(m, stream))),
+            Some(Error::RemoteError(m)) => Err(Error::RemoteError(self.with_wait_state(m, stream))),
+            Some(e) => Err(e),
+        }
+    }
+
+    fn with_wait_state(&self, m: String, stream: &Stream) -> String {
+        match self.wait_state(stream) {
+            Ok(state) => format!("{m}; {state}"),
+            Err(e) => format!("{m} (its wait state could not be read: {e})"),
+        }
+    }
+
+    /// What this rank's dispatch and combine waits see now, for the last
+    /// dispatch `seq`: per local expert, each source's count word (`seq:count`,
+    /// written by the source's dispatch) and, over GIN, the expert's signal
+    /// against the `seq × (ranks outside the LSA team)` its wait needs; per
+    /// expert, its combine flag word, and over GIN the combine signal
+    /// against `seq × outside ranks × local experts`; and where the GIN
+    /// rings stand (tickets posted and completed). Reads device memory on
+    /// `stream` (after the kernels queued on it): meant for a stalled or
+    /// timed-out group.
+    pub fn wait_state(&self, stream: &Stream) -> Result<String> {
+        use std::fmt::Write;
+        let seq = self.state.lock().unwrap_or_else(|p| p.into_inner()).seq as u64;
+        let (n, l) = (self.comm.count(), self.local_experts());
+        let e = self.config.num_experts;
+        let mut words = vec![0u64; l * n + e];
+        self.window.read(stream, self.ctx.recv_count_offset(0, 0) as usize, &mut words)?;
+        let word = |w: u64| format!("{}:{}", w >> 32, w as u32);
+        let outside = (n - self.comm.lsa_size()?) as u64;
+        let mut s = format!("rank {} at dispatch {seq}:", self.comm.rank());
+        for x in 0..l {
+            let counts: Vec<String> = words[x * n..(x + 1) * n].iter().map(|&w| word(w)).collect();
+            let _ = write!(s, " expert {x} counts [{}]", counts.join(" "));
+            if outside > 0 {
+                let _ = write!(s, " signal {}/{}", self.handle.read_gin_signal(x as u32)?, seq * outside);
+            }
+            s.push(';');
+        }
+        let flags: Vec<String> = words[l * n..].iter().map(|&w| word(w)).collect();
+        let _ = write!(s, " combine flags [{}]", flags.join(" "));
+        if outside > 0 {
+            let _ = write!(s, " signal {}/{}", self.handle.read_gin_signal(l as u32)?, seq * outside * l as u64);
+        }
+        if let Some(p) = self.handle.gin_progress() {
+            let _ = write!(s, "; GIN {}", p?);
+        }
+        Ok(s)
     }
 
     /// Buffers for [`EpGroup::dispatch_into`], reusable across dispatches.
@@ -623,9 +681,7 @@ impl<'c> EpGroup<'c> {
         if handle.group != self.id || handle.pos.len() != mk || handle.idx.len() != mk || handle.weights.len() != mk {
             return Err(Error::invalid_argument("dispatch: the output's handle was not made by this group"));
         }
-        if let Some(e) = self.error() {
-            return Err(e);
-        }
+        self.reported(stream)?;
         let seq = self.reserve_seq()?;
         let args = MoeArgs {
             ctx: self.ctx,
@@ -715,9 +771,7 @@ impl<'c> EpGroup<'c> {
         if handle.group != self.id {
             return Err(Error::invalid_argument("combine: the handle comes from another EpGroup"));
         }
-        if let Some(e) = self.error() {
-            return Err(e);
-        }
+        self.reported(stream)?;
         {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             match st.pending {
