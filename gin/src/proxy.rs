@@ -19,7 +19,10 @@
 //! costs little CPU.
 //!
 //! Failures never hang producers: a malformed descriptor fails its ring; a
-//! failed peer fails every ring toward it (all contexts). Failed rings have
+//! failed peer fails every ring toward it (all contexts); a ticket a
+//! producer took and gave up without posting (its credit wait timed out
+//! or was aborted: [`crate::QueueTail::abandoned`]) fails its ring when the
+//! proxy reaches it. Failed rings have
 //! `error = 1` in their tail and are no longer served; the first error is
 //! kept for [`Proxy::error`].
 
@@ -381,13 +384,43 @@ impl Worker {
         let mut did = 0;
         for q in 0..self.rings.count() {
             for _ in 0..BATCH {
-                let Some(d) = self.rings.poll_at(q, self.served[q]) else { break };
+                let Some(d) = self.rings.poll_at(q, self.served[q]) else {
+                    self.check_abandoned(q);
+                    break;
+                };
                 self.served[q] += 1;
                 self.serve(q, &d);
                 did += 1;
             }
         }
         did
+    }
+
+    /// Ring `q`'s next slot is empty: if a producer gave up a ticket it
+    /// took (see [`QueueTail::abandoned`](crate::QueueTail)), the proxy can
+    /// never serve past that hole in ticket order, so the ring fails now —
+    /// its waiters get an error instead of a timeout.
+    fn check_abandoned(&mut self, q: usize) {
+        let Some((ticket, cause)) = self.rings.abandoned(q) else { return };
+        if self.rings.is_failed(q) {
+            return;
+        }
+        use devcomm_device::abi::gin::{ABANDON_ABORTED, ABANDON_TIMEOUT};
+        let why = match cause {
+            ABANDON_TIMEOUT => "its wait for ring credit timed out",
+            ABANDON_ABORTED => "its wait for ring credit was aborted",
+            _ => "it found the ring failed while waiting for credit",
+        };
+        let msg = format!(
+            "ring {q} (peer {}): a device producer gave up ticket {ticket} without posting it ({why}); the \
+             ring's later operations cannot be served in ticket order",
+            self.rings.peer_of(q)
+        );
+        let e = match cause {
+            ABANDON_TIMEOUT => GinHostError::Timeout(msg),
+            _ => GinHostError::Remote(msg),
+        };
+        self.fail_ring(q, e);
     }
 
     fn serve(&mut self, q: usize, d: &GinDescriptor) {
