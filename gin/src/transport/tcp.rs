@@ -35,7 +35,14 @@
 //! fence reports; a fence that does not pass within [`DRAIN_TIMEOUT`])
 //! fails that peer — the complete frames before the failure are landed,
 //! the signals of a batch that failed are not: [`Transport::progress`]
-//! reports it and [`Transport::put`] to it returns `Remote`.
+//! reports it and [`Transport::put`] to it returns the reason. The sender
+//! is told too: the receiving rank's proxy thread sends an error frame
+//! (kind 6: the error's class, its message) and half-closes the
+//! connection, while the receiver drains what still arrives; the sender's
+//! receiver fails the peer with "rank N rejected what this rank sent it:
+//! ...", so the sender's rings to it fail with that reason (the device sees
+//! `RingFailed` at its next flush or wait, `gin_error()` says why) — never
+//! a wait for signals that will not come.
 
 use super::copy_engine::DRAIN_TIMEOUT;
 use super::{GetSource, Landing, PeerFailure, PutTarget, Transport};
@@ -67,6 +74,12 @@ const KIND_GET: u32 = 4;
 /// piece's offset within the get, its bytes, the request id in the
 /// increment field; the payload follows.
 const KIND_GET_DATA: u32 = 5;
+/// This side rejected what the peer sent, or could not land it, and
+/// closes the connection: the error's class ([`error_class`]) in the window
+/// field, the message (UTF-8, at most [`MAX_ERROR_BYTES`]) as the payload.
+const KIND_ERROR: u32 = 6;
+/// Longest message of an error frame.
+const MAX_ERROR_BYTES: usize = 4096;
 /// Sender buffer per peer.
 const SEND_BUFFER: usize = 256 << 10;
 /// Payloads land in pieces of at most this size.
@@ -148,6 +161,11 @@ struct Shared {
     /// Peers' get requests for the proxy thread to serve: (peer, window,
     /// offset, bytes, id).
     get_requests: Mutex<Vec<GetRequest>>,
+    /// Why each failed peer failed (the first reason).
+    reasons: Mutex<Vec<Option<GinHostError>>>,
+    /// What receivers rejected (or could not land), for the proxy thread to
+    /// tell the sender in an error frame before it closes the connection.
+    rejections: Mutex<Vec<(usize, GinHostError)>>,
 }
 
 /// A peer's get request: (peer, window, offset, bytes, id).
@@ -155,10 +173,17 @@ type GetRequest = (usize, u32, u64, u64, u64);
 
 impl Shared {
     fn fail(&self, peer: usize, error: GinHostError) {
+        let mut reasons = self.reasons.lock().unwrap_or_else(|e| e.into_inner());
         if self.state[peer].swap(PEER_FAILED, Ordering::SeqCst) != PEER_FAILED {
             tracing::warn!(peer, %error, "GIN TCP: peer failed");
+            reasons[peer] = Some(error.clone());
             self.failures.lock().unwrap_or_else(|e| e.into_inner()).push(PeerFailure { peer, error });
         }
+    }
+
+    /// Why `peer` failed, if it did and a reason was recorded.
+    fn reason(&self, peer: usize) -> Option<GinHostError> {
+        self.reasons.lock().unwrap_or_else(|e| e.into_inner()).get(peer).cloned().flatten()
     }
 }
 
@@ -210,6 +235,28 @@ fn get_header(kind: u32, field: u32, offset: u64, bytes: u64, id: u64) -> [u8; H
     let mut h = header(kind, field, offset, bytes, None);
     h[32..40].copy_from_slice(&id.to_le_bytes());
     h
+}
+
+/// An error as an error frame carries it: its class and message.
+fn error_parts(e: &GinHostError) -> (u32, &str) {
+    match e {
+        GinHostError::Invalid(m) => (1, m),
+        GinHostError::Remote(m) => (2, m),
+        GinHostError::System(m) => (3, m),
+        GinHostError::Timeout(m) => (4, m),
+        GinHostError::Unavailable(m) => (5, m),
+    }
+}
+
+/// The error of class `class` ([`error_parts`]) with message `m`.
+fn error_class(class: u32, m: String) -> GinHostError {
+    match class {
+        1 => GinHostError::Invalid(m),
+        3 => GinHostError::System(m),
+        4 => GinHostError::Timeout(m),
+        5 => GinHostError::Unavailable(m),
+        _ => GinHostError::Remote(m),
+    }
 }
 
 fn u32_at(h: &[u8], at: usize) -> u32 {
@@ -303,6 +350,8 @@ impl TcpTransport {
             gets: Mutex::new(HashMap::new()),
             gets_landed: Mutex::new(Vec::new()),
             get_requests: Mutex::new(Vec::new()),
+            reasons: Mutex::new(vec![None; nranks]),
+            rejections: Mutex::new(Vec::new()),
         });
         let mut conns = Vec::with_capacity(nranks);
         let mut receivers = Vec::new();
@@ -354,7 +403,10 @@ impl TcpTransport {
         match self.shared.state[peer].load(Ordering::SeqCst) {
             PEER_UP => Ok(()),
             PEER_LEFT => Err(GinHostError::Remote(format!("rank {peer} has closed its GIN transport"))),
-            _ => Err(GinHostError::Remote(format!("connection to rank {peer} failed"))),
+            _ => Err(self
+                .shared
+                .reason(peer)
+                .unwrap_or_else(|| GinHostError::Remote(format!("connection to rank {peer} failed")))),
         }
     }
 
@@ -373,13 +425,43 @@ impl TcpTransport {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
         self.shared.fail(peer, err.clone());
-        err
+        // The first reason (a rejection the peer reported, say) beats the broken pipe.
+        self.shared.reason(peer).unwrap_or(err)
+    }
+
+    /// Tells each peer whose frames a receiver rejected (or could not land)
+    /// why, in an error frame, and half-closes the connection: the peer's
+    /// receiver fails this rank with that reason, so the operations it sent
+    /// here fail there (its rings to this rank, `gin_error()`) instead of
+    /// waiting for signals that never come. Best effort: a connection that
+    /// is already broken is left as it is.
+    fn tell_rejections(&mut self) {
+        let list = std::mem::take(&mut *self.shared.rejections.lock().unwrap_or_else(|e| e.into_inner()));
+        if self.closed {
+            return;
+        }
+        for (peer, e) in list {
+            let Some(c) = self.conns.get_mut(peer).and_then(|c| c.as_mut()) else { continue };
+            let (class, msg) = error_parts(&e);
+            let mut end = msg.len().min(MAX_ERROR_BYTES);
+            while !msg.is_char_boundary(end) {
+                end -= 1;
+            }
+            let head = header(KIND_ERROR, class, 0, end as u64, None);
+            let r = c.writer.write_all(&head).and_then(|()| c.writer.write_all(&msg.as_bytes()[..end]));
+            if let Err(err) = r.and_then(|()| c.writer.flush()) {
+                tracing::debug!(peer, %err, "GIN TCP: could not send the error frame");
+            }
+            // The peer reads the frame, then the end of the stream.
+            let _ = c.stream.shutdown(Shutdown::Write);
+        }
     }
 
     /// Answers the get requests peers sent: reads the window here in pieces
     /// of at most [`crate::proxy::PUT_CHUNK`] bytes and sends them back. A
     /// request this rank cannot serve (a bad window range, a device fault)
-    /// fails the connection: the requester's rings to this rank fail.
+    /// fails the connection, after an error frame saying why: the
+    /// requester's rings to this rank fail with that reason.
     fn serve_gets(&mut self) {
         let requests = std::mem::take(&mut *self.shared.get_requests.lock().unwrap_or_else(|e| e.into_inner()));
         if requests.is_empty() || self.closed {
@@ -407,10 +489,9 @@ impl TcpTransport {
             })();
             if let Err(e) = r {
                 let e = GinHostError::Remote(format!("serving a get of rank {peer}: {e}"));
-                if let Some(c) = &self.conns[peer] {
-                    let _ = c.stream.shutdown(Shutdown::Both);
-                }
-                self.shared.fail(peer, e);
+                self.shared.fail(peer, e.clone());
+                // Told in an error frame (`tell_rejections`, next), which closes the connection.
+                self.shared.rejections.lock().unwrap_or_else(|e| e.into_inner()).push((peer, e));
             }
         }
         self.buf = buf;
@@ -536,6 +617,9 @@ struct Lander<'a> {
     /// Writes queued since the last fence, and their bytes.
     ops: u32,
     bytes: u64,
+    /// The peer sent an error frame (it rejected what this rank sent):
+    /// nothing to tell it back.
+    told: bool,
 }
 
 impl<'a> Lander<'a> {
@@ -708,15 +792,35 @@ fn landing_queue(landing: &Landing, peer: usize) -> Option<Box<dyn CopyQueue>> {
 /// a copy queue of its own (see the module docs), or synchronously where
 /// the rank's memory has none.
 fn receive(s: TcpStream, peer: usize, sh: &Shared, queue: Option<Box<dyn CopyQueue>>) {
-    let mut l = Lander { sh, peer, queue, guard: None, signals: Vec::new(), gets: Vec::new(), ops: 0, bytes: 0 };
+    let mut l = Lander {
+        sh,
+        peer,
+        queue,
+        guard: None,
+        signals: Vec::new(),
+        gets: Vec::new(),
+        ops: 0,
+        bytes: 0,
+        told: false,
+    };
     let mut r = Reader { s, buf: vec![0; READ_BUFFER], pos: 0, end: 0 };
     let end = frames(&mut r, &mut l);
     // The complete frames before the end are valid: land them.
     let last = l.flush();
+    let told = l.told;
     drop(l);
     if let Err(e) = end.and(last) {
         if !*sh.closed.read().unwrap_or_else(|e| e.into_inner()) {
-            sh.fail(peer, e);
+            sh.fail(peer, e.clone());
+            if !told {
+                // The sender must learn why (an error frame from the proxy
+                // thread, which owns the writing side); until it has read
+                // it and closed, drain what it still sends, so that it
+                // never blocks writing to us.
+                sh.rejections.lock().unwrap_or_else(|e| e.into_inner()).push((peer, e));
+                let mut sink = vec![0u8; 64 << 10];
+                while matches!((&r.s).read(&mut sink), Ok(n) if n > 0) {}
+            }
         }
         let _ = r.s.shutdown(Shutdown::Both);
     }
@@ -810,6 +914,19 @@ fn frames(r: &mut Reader, l: &mut Lander<'_>) -> GinResult<()> {
                 l.sh.state[peer].compare_exchange(PEER_UP, PEER_LEFT, Ordering::SeqCst, Ordering::SeqCst).ok();
                 continue;
             }
+            KIND_ERROR => {
+                if bytes > MAX_ERROR_BYTES as u64 {
+                    return Err(GinHostError::Invalid(format!("rank {peer} sent an error frame of {bytes} bytes")));
+                }
+                let mut msg = vec![0u8; bytes as usize];
+                r.read_exact(&mut msg, l)?;
+                l.told = true;
+                let msg = String::from_utf8_lossy(&msg);
+                return Err(error_class(
+                    window,
+                    format!("rank {peer} rejected what this rank sent it, and closed the connection: {msg}"),
+                ));
+            }
             k => return Err(GinHostError::Invalid(format!("rank {peer} sent unknown frame kind {k}"))),
         }
         match signal {
@@ -882,6 +999,7 @@ impl Transport for TcpTransport {
 
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()> {
         self.serve_gets();
+        self.tell_rejections();
         let mut f = self.shared.failures.lock().unwrap_or_else(|e| e.into_inner());
         failed.append(&mut f);
         Ok(())
@@ -1218,8 +1336,15 @@ mod tests {
         assert!(matches!(&f.error, GinHostError::Remote(m) if m.contains("model device fault")), "{f:?}");
         assert_eq!(load(&signals[1], 0), 0, "signal applied without its data");
         assert!(matches!(ts[1].put(PutTarget::new(0, 0, 0, None), &[1]), Err(GinHostError::Remote(_))));
-        // Rank 0 sees the connection cut.
-        assert_eq!(wait_failure(&mut ts[0]).peer, 1);
+        // Rank 0, the sender, learns why (an error frame), not only that the connection was cut.
+        let f = wait_failure(&mut ts[0]);
+        assert_eq!(f.peer, 1);
+        assert!(
+            matches!(&f.error, GinHostError::Remote(m) if m.contains("rank 1 rejected") && m.contains("model device fault")),
+            "{f:?}"
+        );
+        let again = ts[0].put(PutTarget::new(1, 0, 0, None), &[1]);
+        assert!(matches!(&again, Err(GinHostError::Remote(m)) if m.contains("model device fault")), "{again:?}");
         drop(ts);
     }
 
@@ -1238,6 +1363,15 @@ mod tests {
             assert_eq!(load(&signals[1], 0), 1, "queues: {queues}");
             assert_eq!(devs[1].mem.lock().unwrap()[8..16], 5u64.to_le_bytes());
             assert_eq!(devs[1].fences.load(Ordering::SeqCst), queues as u64);
+            // The sender is told why, with the rejection's class.
+            let f = wait_failure(&mut ts[0]);
+            assert_eq!(f.peer, 1);
+            assert!(
+                matches!(&f.error, GinHostError::Invalid(m) if m.contains("rank 1 rejected") && m.contains("put from rank 0")),
+                "queues: {queues}: {f:?}"
+            );
+            let again = ts[0].signal(1, 0, 1);
+            assert!(matches!(&again, Err(GinHostError::Invalid(m)) if m.contains("8 bytes at 60")), "{again:?}");
             drop(ts);
         }
     }
