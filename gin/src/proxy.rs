@@ -118,6 +118,7 @@ impl Proxy {
             served,
             unpublished,
             stats: stats_enabled().then(TurnStats::default),
+            dead: false,
         };
         let thread = std::thread::Builder::new()
             .name(format!("gin-proxy{rank}"))
@@ -190,6 +191,8 @@ struct Worker {
     unpublished: Vec<u64>,
     /// Counts for `DEVCOMM_GIN_STATS=1` (logged when the thread ends).
     stats: Option<TurnStats>,
+    /// The transport failed as a whole and was closed: nothing is asked of it any more.
+    dead: bool,
 }
 
 /// What the proxy thread did, logged at `info` when it ends if
@@ -284,7 +287,7 @@ impl Worker {
                 st.most_in_turn = st.most_in_turn.max(did);
                 st.waiting_turns += (did == 0 && !self.pending.is_empty()) as u64;
             }
-            if did > 0 {
+            if did > 0 && !self.dead {
                 if let Err(e) = self.transport.flush() {
                     self.transport_failed(e);
                 }
@@ -358,6 +361,9 @@ impl Worker {
     /// At `stop`: flushes the transport and waits (bounded) until every
     /// pending ticket has retired.
     fn drain(&mut self) {
+        if self.dead {
+            return;
+        }
         if let Err(e) = self.transport.flush() {
             self.transport_failed(e);
         }
@@ -479,6 +485,9 @@ impl Worker {
     }
 
     fn progress(&mut self) {
+        if self.dead {
+            return;
+        }
         if let Err(e) = self.transport.progress(&mut self.failed) {
             self.transport_failed(e);
         }
@@ -501,6 +510,12 @@ impl Worker {
         self.shared.record(e);
     }
 
+    /// The transport failed as a whole (a device fault, fences that never
+    /// pass, work that did not retire at `stop`): every ring fails, and the
+    /// transport is closed at once as if this rank had died, so that peers
+    /// learn it too — their waits for this rank's signals (whose data may
+    /// never have landed) end with their rings to this rank failed instead
+    /// of a timeout.
     fn transport_failed(&mut self, e: GinHostError) {
         tracing::error!(error = %e, "GIN proxy: transport failed");
         for q in 0..self.rings.count() {
@@ -508,6 +523,9 @@ impl Worker {
         }
         self.pending.clear();
         self.shared.record(e);
+        if !std::mem::replace(&mut self.dead, true) {
+            self.transport.close(false);
+        }
     }
 }
 

@@ -103,3 +103,70 @@ fn an_abandoned_ticket_fails_the_ring_instead_of_stalling_it() {
     let stopped = proxy.stop();
     assert!(matches!(stopped, Err(GinHostError::Timeout(_))), "{stopped:?}");
 }
+
+/// How the test sees a transport that fails as a whole.
+#[derive(Default)]
+struct Faulty {
+    /// `close` calls: their `graceful` argument.
+    closes: Mutex<Vec<bool>>,
+}
+
+/// Takes work, then reports a device fault when asked how far it retired
+/// (as the copy-engine transport does when its queue faults or its fences
+/// stop passing).
+struct FaultyTransport(Arc<Faulty>, u64);
+
+impl Transport for FaultyTransport {
+    fn put(&mut self, _to: PutTarget, _data: &[u8]) -> GinResult<()> {
+        self.1 += 1;
+        Ok(())
+    }
+    fn signal(&mut self, _peer: usize, _signal: u32, _value: u64) -> GinResult<()> {
+        self.1 += 1;
+        Ok(())
+    }
+    fn progress(&mut self, _failed: &mut Vec<PeerFailure>) -> GinResult<()> {
+        Ok(())
+    }
+    fn flush(&mut self) -> GinResult<()> {
+        Ok(())
+    }
+    fn issued(&self) -> u64 {
+        self.1
+    }
+    fn retired(&mut self) -> GinResult<u64> {
+        Err(GinHostError::System("device fault while copying".into()))
+    }
+    fn close(&mut self, graceful: bool) {
+        self.0.closes.lock().unwrap().push(graceful);
+    }
+}
+
+/// A transport that fails as a whole fails every ring and is closed at
+/// once, not gracefully — its peers learn of it (their connections are
+/// cut) while this rank's communicator still lives, instead of waiting for
+/// signals whose data never landed.
+#[test]
+fn a_failed_transport_fails_every_ring_and_is_cut_at_once() {
+    let gin = HostGin::new(2, 3, 4, 1, 1);
+    let log = Arc::new(Faulty::default());
+    let local = Arc::new(FakeMemory::new(&[64]));
+    // SAFETY: `gin` outlives the proxy; producers access shared words atomically.
+    let proxy = unsafe { Proxy::start(gin.mem(), local, Box::new(FaultyTransport(log.clone(), 0)), 0) }.unwrap();
+    let ring = gin.ring(1, 1);
+    gin.post(ring, &put_value(0x0dd_ba11)).unwrap();
+    assert_eq!(gin.flush(ring), Err(common::RingFailed));
+    let start = Instant::now();
+    while log.closes.lock().unwrap().is_empty() {
+        assert!(start.elapsed() < PATIENCE, "the failed transport was not closed");
+        std::thread::yield_now();
+    }
+    assert_eq!(*log.closes.lock().unwrap(), vec![false], "cut at once, as if this rank had died");
+    for q in 0..6 {
+        assert!(gin.failed(q), "ring {q} not failed");
+    }
+    let e = proxy.error().expect("the proxy's error");
+    assert!(matches!(&e, GinHostError::System(m) if m.contains("device fault")), "{e:?}");
+    assert!(matches!(proxy.stop(), Err(GinHostError::System(_))));
+    assert_eq!(log.closes.lock().unwrap()[0], false);
+}

@@ -183,6 +183,14 @@ fn agree_transport(comm: &Communicator, dev: &Device) -> Result<TransportChoice>
     decide_transport(&pairs)
 }
 
+/// How long the copy-engine transport's fences may stay in flight without
+/// one passing before it fails: the communicator's op timeout, within
+/// 10 s (a loaded emulator's stream threads may pause for seconds) and
+/// `DRAIN_TIMEOUT`.
+fn fence_timeout(op_timeout: std::time::Duration) -> std::time::Duration {
+    op_timeout.clamp(std::time::Duration::from_secs(10), devcomm_gin::transport::copy_engine::DRAIN_TIMEOUT)
+}
+
 /// What this process mapped of its same-host peers (kept alive with the transport).
 struct PeerMappings {
     _signals: Vec<SharedHostMapping>,
@@ -382,8 +390,11 @@ impl GinResources {
                     let (peers, maps) = map_same_host_peers(comm, req, &shared, total_signals as u32)?;
                     // SAFETY: the mappings live in `maps`, kept in GinResources
                     // until after the proxy (and so the transport) is gone.
-                    let ce = unsafe { CopyEngineTransport::new(local.clone(), peers, Box::new(tcp_transport)) }
+                    let mut ce = unsafe { CopyEngineTransport::new(local.clone(), peers, Box::new(tcp_transport)) }
                         .map_err(from_gin)?;
+                    // Copies that never complete fail the transport (every
+                    // ring, peers told) within about the op timeout, not never.
+                    ce.set_fence_timeout(fence_timeout(comm.config().op_timeout));
                     (Box::new(ce), Some(maps))
                 }
                 #[cfg(feature = "verbs")]
