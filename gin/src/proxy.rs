@@ -134,6 +134,13 @@ impl Proxy {
         self.shared.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// A handle that reports this proxy's [`Proxy::error`] from elsewhere
+    /// (a communicator's asynchronous error), also after the proxy has
+    /// stopped.
+    pub fn monitor(&self) -> ProxyMonitor {
+        ProxyMonitor(self.shared.clone())
+    }
+
     /// Whether the progress thread still runs.
     pub fn is_running(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
@@ -170,6 +177,23 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.finish(STOP);
+    }
+}
+
+/// Reports a [`Proxy`]'s first error ([`Proxy::monitor`]).
+#[derive(Clone)]
+pub struct ProxyMonitor(Arc<Shared>);
+
+impl ProxyMonitor {
+    /// The first error the proxy met, as [`Proxy::error`] (also after it stopped).
+    pub fn error(&self) -> Option<GinHostError> {
+        self.0.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl std::fmt::Debug for ProxyMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyMonitor").field("error", &self.error()).finish()
     }
 }
 

@@ -209,17 +209,23 @@ pub unsafe fn post(
 #[cold]
 #[inline(never)]
 unsafe fn abandon(g: &GinState, ring: u64, ticket: u64, cause: u64, cache: *mut u64) {
-    let tail = tail_of(g, ring) as *mut QueueTail;
-    // SAFETY: ring `ring`'s live, aligned `QueueTail` (the caller's
-    // contract); its `abandoned` word is written only by producers and read
-    // by the proxy, all atomically. `addr_of_mut!` makes no reference.
-    unsafe {
-        atomic::store_relaxed(
-            core::ptr::addr_of_mut!((*tail).abandoned),
-            crate::abi::gin::abandon_word(ticket, cause),
-            Scope::Sys,
-        )
-    };
+    // A failed ring was failed by the proxy (which serves it no more) or by
+    // an earlier producer's abandon (recorded already): the first record,
+    // which names the lowest hole, stays. (A load, then a store: host memory
+    // may not take system-scope atomics from the device; two producers
+    // timing out together may both write, and either record fails the ring.)
+    if cause != QueueError::RingFailed.code() {
+        let tail = tail_of(g, ring) as *mut QueueTail;
+        // SAFETY: ring `ring`'s live, aligned `QueueTail` (the caller's
+        // contract); its `abandoned` word is written only by producers and
+        // read by the proxy, all atomically. `addr_of_mut!` makes no reference.
+        let word = unsafe { core::ptr::addr_of_mut!((*tail).abandoned) };
+        // SAFETY: as above.
+        if unsafe { atomic::load_relaxed(word, Scope::Sys) } == 0 {
+            // SAFETY: as above.
+            unsafe { atomic::store_relaxed(word, crate::abi::gin::abandon_word(ticket, cause), Scope::Sys) };
+        }
+    }
     // SAFETY: the stamp word of `ring`'s tail-cache pair (the caller's
     // contract), device memory accessed only atomically.
     unsafe { atomic::store_relaxed(cache.add(1), READ_FAILED, Scope::Gpu) };

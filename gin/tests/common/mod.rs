@@ -267,7 +267,7 @@ impl HostGin {
     /// took is then recorded as abandoned in the ring's tail
     /// (`QueueTail::abandoned`), as `post` does on the GPU.
     pub fn post_within(&self, ring: usize, body: &GinDescriptor, limit: Duration) -> Result<u64, PostError> {
-        use devcomm_device::abi::gin::{abandon_word, ABANDON_RING_FAILED, ABANDON_TIMEOUT};
+        use devcomm_device::abi::gin::{abandon_word, ABANDON_TIMEOUT};
         let depth = self.depth as u64;
         let ticket = self.heads[ring].fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
@@ -275,14 +275,16 @@ impl HostGin {
             let t = self.tails.ptr.wrapping_add(ring);
             // SAFETY: ring `ring`'s live, aligned tail; the word is accessed atomically.
             let w = unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*t).abandoned)) };
-            w.store(abandon_word(ticket, cause), Ordering::Relaxed);
+            // As on the GPU: a load, then a store; the first record stays.
+            if w.load(Ordering::Relaxed) == 0 {
+                w.store(abandon_word(ticket, cause), Ordering::Relaxed);
+            }
         };
         loop {
             match self.completed(ring) {
-                Err(RingFailed) => {
-                    abandon(ABANDON_RING_FAILED);
-                    return Err(PostError::RingFailed);
-                }
+                // As on the GPU: a failed ring needs no record (the proxy
+                // failed it, or an earlier record did).
+                Err(RingFailed) => return Err(PostError::RingFailed),
                 Ok(done) if ticket < done + depth => break,
                 Ok(_) if start.elapsed() > limit => {
                     abandon(ABANDON_TIMEOUT);

@@ -292,6 +292,42 @@ fn host_layout(rings: usize, depth: usize, counters: usize) -> HostLayout {
     HostLayout { rings: r, tails: t, counters: c, len: page(c + counters.max(1) * 8) }
 }
 
+/// The GIN errors of a communicator's device communicators, for its
+/// `get_async_error`: the proxies of live ones (by id), and the first error
+/// a proxy stopped with when nobody received it (a dropped handle).
+#[derive(Default)]
+pub(crate) struct GinErrors {
+    next: std::sync::atomic::AtomicU64,
+    live: Mutex<Vec<(u64, devcomm_gin::proxy::ProxyMonitor)>>,
+    unclaimed: Mutex<Option<Error>>,
+}
+
+impl GinErrors {
+    fn register(&self, m: devcomm_gin::proxy::ProxyMonitor) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).push((id, m));
+        id
+    }
+
+    fn deregister(&self, id: u64) {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).retain(|(i, _)| *i != id);
+    }
+
+    fn unclaimed(&self, e: Error) {
+        self.unclaimed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+    }
+
+    /// The first error of a live proxy, else the unclaimed one.
+    pub(crate) fn first(&self) -> Option<Error> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = live.iter().find_map(|(_, m)| m.error()) {
+            return Some(from_gin(e));
+        }
+        drop(live);
+        self.unclaimed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// GIN memory and the running proxy of one device communicator.
 pub(crate) struct GinResources {
     pub(crate) state: GinState,
@@ -299,6 +335,8 @@ pub(crate) struct GinResources {
     /// Host view of the memory the proxy serves (signals, counters).
     pub(crate) mem: GinHostMemory,
     proxy: Option<devcomm_gin::proxy::Proxy>,
+    /// The communicator's record of GIN errors, and this proxy's id there.
+    errors: (Arc<crate::window::CommExt>, u64),
     // Dropped after the proxy (field order): the proxy reads this memory.
     _peers: Option<PeerMappings>,
     _signals: SharedHostBuffer,
@@ -411,11 +449,13 @@ impl GinResources {
         // `devcomm_device::gin::proxy::post`, which accesses shared words atomically.
         let proxy =
             unsafe { devcomm_gin::proxy::Proxy::start(mem, local, transport, comm.rank()) }.map_err(from_gin)?;
+        let id = comm.ext.gin_errors.register(proxy.monitor());
         Ok(GinResources {
             state,
             backend,
             mem,
             proxy: Some(proxy),
+            errors: (comm.ext.clone(), id),
             _peers: peer_maps,
             _signals: shared,
             _host: host,
@@ -429,19 +469,25 @@ impl GinResources {
         self.proxy.as_ref().and_then(|p| p.error()).map(from_gin)
     }
 
-    /// Stops the proxy after it has drained its rings; reports its error.
+    /// Stops the proxy after it has drained its rings; returns its error
+    /// (the caller's now: the communicator no longer reports it).
     pub(crate) fn stop(&mut self) -> Result<()> {
-        match self.proxy.take() {
+        let r = match self.proxy.take() {
             Some(p) => p.stop().map_err(from_gin),
             None => Ok(()),
-        }
+        };
+        self.errors.0.gin_errors.deregister(self.errors.1);
+        r
     }
 }
 
 impl Drop for GinResources {
     fn drop(&mut self) {
+        // Dropped without `destroy`: nobody receives the proxy's error, so
+        // the communicator keeps it for `get_async_error`.
         if let Err(e) = self.stop() {
             tracing::warn!("GIN proxy stopped with an error: {e}");
+            self.errors.0.gin_errors.unclaimed(e);
         }
     }
 }
