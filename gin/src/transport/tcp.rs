@@ -792,17 +792,8 @@ fn landing_queue(landing: &Landing, peer: usize) -> Option<Box<dyn CopyQueue>> {
 /// a copy queue of its own (see the module docs), or synchronously where
 /// the rank's memory has none.
 fn receive(s: TcpStream, peer: usize, sh: &Shared, queue: Option<Box<dyn CopyQueue>>) {
-    let mut l = Lander {
-        sh,
-        peer,
-        queue,
-        guard: None,
-        signals: Vec::new(),
-        gets: Vec::new(),
-        ops: 0,
-        bytes: 0,
-        told: false,
-    };
+    let mut l =
+        Lander { sh, peer, queue, guard: None, signals: Vec::new(), gets: Vec::new(), ops: 0, bytes: 0, told: false };
     let mut r = Reader { s, buf: vec![0; READ_BUFFER], pos: 0, end: 0 };
     let end = frames(&mut r, &mut l);
     // The complete frames before the end are valid: land them.
