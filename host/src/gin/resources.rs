@@ -313,7 +313,8 @@ impl GinErrors {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).retain(|(i, _)| *i != id);
     }
 
-    fn unclaimed(&self, e: Error) {
+    /// Keeps `e` (the first such) for `get_async_error`: a proxy's stop error nobody received.
+    pub(crate) fn unclaimed(&self, e: Error) {
         self.unclaimed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
     }
 
