@@ -59,6 +59,10 @@ pub(crate) struct CommMemory {
     device: Device,
     stream: Stream,
     table: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
+    /// Longest wait for one synchronous copy (the proxy thread and the TCP
+    /// receivers make them): a device that never runs it fails the
+    /// operation (`Timeout`) instead of hanging them.
+    copy_limit: std::time::Duration,
 }
 
 impl LocalMemory for CommMemory {
@@ -76,15 +80,26 @@ impl LocalMemory for CommMemory {
     }
 
     fn write_device(&self, addr: u64, data: &[u8]) -> GinResult<()> {
-        self.stream.write_raw(addr, data).map_err(|e| GinHostError::System(e.to_string()))
+        // `data` is the proxy's or a receiver's own heap buffer (pageable),
+        // as `write_raw_within` requires.
+        self.stream.write_raw_within(addr, data, self.copy_limit).map_err(copy_err)
     }
 
     fn read_device(&self, addr: u64, out: &mut [u8]) -> GinResult<()> {
-        self.stream.read_raw(addr, out).map_err(|e| GinHostError::System(e.to_string()))
+        // As above: `out` is a heap buffer of the proxy's.
+        self.stream.read_raw_within(addr, out, self.copy_limit).map_err(copy_err)
     }
 
     fn copy_queue(&self) -> GinResult<Box<dyn CopyQueue>> {
         Ok(Box::new(StreamCopyQueue::new(&self.device)?))
+    }
+}
+
+/// A synchronous copy's error as the proxy reports it (`Timeout` kept).
+fn copy_err(e: Error) -> GinHostError {
+    match e {
+        Error::Timeout(m) => GinHostError::Timeout(format!("a device copy of the GIN proxy: {m}")),
+        e => GinHostError::System(e.to_string()),
     }
 }
 
@@ -412,6 +427,7 @@ impl GinResources {
             device: dev.clone(),
             stream: dev.new_stream()?,
             table: comm.ext.window_table.clone(),
+            copy_limit: fence_timeout(comm.config().op_timeout),
         });
         let boot = CommBootstrap(comm);
         // SAFETY: the signals region holds `total_signals` u64s of the host
