@@ -173,11 +173,17 @@ type GetRequest = (usize, u32, u64, u64, u64);
 
 impl Shared {
     fn fail(&self, peer: usize, error: GinHostError) {
+        // Serialised by the `reasons` lock. The failure is queued for the
+        // proxy *before* the peer reads as failed: `retired` retires gets
+        // from a failed peer unlanded, and the proxy must have failed the
+        // rings toward it by then (it takes failures before it retires), or
+        // it would complete such a get's ticket as if its data had landed.
         let mut reasons = self.reasons.lock().unwrap_or_else(|e| e.into_inner());
-        if self.state[peer].swap(PEER_FAILED, Ordering::SeqCst) != PEER_FAILED {
+        if self.state[peer].load(Ordering::SeqCst) != PEER_FAILED {
             tracing::warn!(peer, %error, "GIN TCP: peer failed");
             reasons[peer] = Some(error.clone());
             self.failures.lock().unwrap_or_else(|e| e.into_inner()).push(PeerFailure { peer, error });
+            self.state[peer].store(PEER_FAILED, Ordering::SeqCst);
         }
     }
 
@@ -205,6 +211,10 @@ pub struct TcpTransport {
     gets_retired: u64,
     /// Ids past `gets_retired` that have retired.
     retired_ids: BTreeSet<u64>,
+    /// Per peer: its failure has been handed to the proxy ([`Transport::progress`]),
+    /// which has failed the rings toward it — only then do gets from it
+    /// retire unlanded (their tickets are then not completed).
+    reported: Vec<bool>,
     /// Staging for gets served to peers and gets from oneself.
     buf: Vec<u8>,
 }
@@ -384,6 +394,7 @@ impl TcpTransport {
             gets_issued: 0,
             gets_retired: 0,
             retired_ids: BTreeSet::new(),
+            reported: vec![false; nranks],
             buf: Vec::new(),
         })
     }
@@ -992,6 +1003,9 @@ impl Transport for TcpTransport {
         self.serve_gets();
         self.tell_rejections();
         let mut f = self.shared.failures.lock().unwrap_or_else(|e| e.into_inner());
+        for p in f.iter() {
+            self.reported[p.peer] = true;
+        }
         failed.append(&mut f);
         Ok(())
     }
@@ -1000,22 +1014,39 @@ impl Transport for TcpTransport {
         self.gets_issued
     }
 
-    /// Gets retire in id order once landed; those to a peer that failed or
-    /// left retire unlanded (their rings are failed, nobody reads them).
+    /// Gets retire in id order once landed; those to a peer that failed
+    /// retire unlanded once its failure has been reported to the proxy (so
+    /// their rings are failed and their tickets not completed as if the
+    /// data had landed); a peer that left with gets unanswered is failed
+    /// for it.
     fn retired(&mut self) -> GinResult<u64> {
         if self.gets_retired == self.gets_issued {
             return Ok(self.gets_retired);
         }
         self.retired_ids.extend(self.shared.gets_landed.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
         let state = &self.shared.state;
-        let ids = &mut self.retired_ids;
+        let (ids, reported) = (&mut self.retired_ids, &self.reported);
+        let mut left = Vec::new();
         self.shared.gets.lock().unwrap_or_else(|e| e.into_inner()).retain(|&id, &mut (peer, _, _)| {
-            let up = state[peer].load(Ordering::SeqCst) == PEER_UP;
-            if !up {
-                ids.insert(id);
+            match state[peer].load(Ordering::SeqCst) {
+                PEER_UP => true,
+                _ if reported[peer] => {
+                    ids.insert(id);
+                    false
+                }
+                PEER_LEFT => {
+                    left.push(peer);
+                    true
+                }
+                _ => true,
             }
-            up
         });
+        for peer in left {
+            self.shared.fail(
+                peer,
+                GinHostError::Remote(format!("rank {peer} closed its GIN transport with gets of this rank unanswered")),
+            );
+        }
         while self.retired_ids.remove(&(self.gets_retired + 1)) {
             self.gets_retired += 1;
         }
