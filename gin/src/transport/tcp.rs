@@ -1399,6 +1399,36 @@ mod tests {
     }
 
     #[test]
+    fn a_get_never_retires_unlanded_before_its_peers_failure_is_reported() {
+        let devs = [device(64, true), device(64, true)];
+        let mut signals = [vec![0u64; 1], vec![0u64; 1]];
+        let mut ts = pair(&devs, &mut signals);
+        ts[0].get(GetSource { peer: 1, src_window: 0, src_offset: 8 }, BASE + 16, 8).unwrap();
+        ts[0].flush().unwrap();
+        assert_eq!(ts[0].issued(), 1);
+        // Rank 1 leaves without ever serving the request (its proxy never ran `progress`).
+        ts[1].close(true);
+        let start = Instant::now();
+        let mut failed = Vec::new();
+        loop {
+            let r = ts[0].retired().unwrap();
+            if failed.is_empty() {
+                // The proxy would complete the get's ticket as if its data had landed.
+                assert_eq!(r, 0, "the get retired before the proxy heard of its peer's failure");
+            } else if r == 1 {
+                break;
+            }
+            ts[0].progress(&mut failed).unwrap();
+            assert!(start.elapsed() < Duration::from_secs(20), "the get never retired: {failed:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(failed[0].peer, 1);
+        assert!(matches!(&failed[0].error, GinHostError::Remote(m) if m.contains("unanswered")), "{failed:?}");
+        assert_eq!(devs[0].mem.lock().unwrap()[16..24], [0u8; 8], "nothing landed");
+        drop(ts);
+    }
+
+    #[test]
     fn closing_waits_for_a_batch_in_flight() {
         const PUTS: u64 = 2000;
         let devs = [device(8, true), device(PUTS as usize * 8, true)];
