@@ -435,7 +435,8 @@ fn gin_bad_input() {
 /// Child: rank 0 puts from and to a window the device communicator was not
 /// given (`use_window`): the proxy cannot carry it out, and says so — the
 /// flush and a later signal wait end with `RingFailed` (code 3) at once, not
-/// with a timeout, and `gin_error()` names the cause.
+/// with a timeout, and `gin_error()` names the cause, as does the
+/// communicator's `get_async_error()` (also after the handle was dropped).
 #[test]
 #[ignore = "a rank of a multi-rank test: its parent runs it"]
 fn child_gin_unusable_window() {
@@ -455,6 +456,7 @@ fn child_gin_unusable_window() {
     req.use_window(&window); // not `unused`
     let handle = comm.create_dev_comm(&req).unwrap();
     comm.bootstrap_barrier().unwrap();
+    let mut why = None;
     if comm.rank() == 0 {
         let codes = dev.alloc_from(&[u32::MAX; 2]).unwrap();
         let t = Instant::now();
@@ -472,11 +474,17 @@ fn child_gin_unusable_window() {
         let failed = devcomm_device::error::DeviceError::RingFailed.code();
         assert_eq!(got, vec![failed, failed], "flush and wait (proxy: {:?})", handle.gin_error());
         assert!(t.elapsed() < Duration::from_secs(20), "took {:?}: a timeout, not the ring's failure", t.elapsed());
-        let why = handle.gin_error().expect("the proxy's error");
-        eprintln!("gin_error: {why}");
+        let e = handle.gin_error().expect("the proxy's error");
+        eprintln!("gin_error: {e}");
+        // The communicator reports it as its asynchronous error too.
+        assert_eq!(comm.get_async_error(), Err(e.clone()));
+        why = Some(e);
     }
     comm.bootstrap_barrier().unwrap();
+    // Dropped, not destroyed: nobody received the proxy's error from a
+    // `destroy`, so the communicator keeps reporting it (rank 1's proxy met none).
     drop(handle);
+    assert_eq!(comm.get_async_error(), why.map_or(Ok(()), Err));
     comm.finalize().unwrap();
 }
 

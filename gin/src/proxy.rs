@@ -19,7 +19,10 @@
 //! costs little CPU.
 //!
 //! Failures never hang producers: a malformed descriptor fails its ring; a
-//! failed peer fails every ring toward it (all contexts). Failed rings have
+//! failed peer fails every ring toward it (all contexts); a ticket a
+//! producer took and gave up without posting (its credit wait timed out
+//! or was aborted: [`crate::QueueTail::abandoned`]) fails its ring when the
+//! proxy reaches it. Failed rings have
 //! `error = 1` in their tail and are no longer served; the first error is
 //! kept for [`Proxy::error`].
 
@@ -115,6 +118,7 @@ impl Proxy {
             served,
             unpublished,
             stats: stats_enabled().then(TurnStats::default),
+            dead: false,
         };
         let thread = std::thread::Builder::new()
             .name(format!("gin-proxy{rank}"))
@@ -128,6 +132,13 @@ impl Proxy {
     /// proxy goes on serving the others.
     pub fn error(&self) -> Option<GinHostError> {
         self.shared.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A handle that reports this proxy's [`Proxy::error`] from elsewhere
+    /// (a communicator's asynchronous error), also after the proxy has
+    /// stopped.
+    pub fn monitor(&self) -> ProxyMonitor {
+        ProxyMonitor(self.shared.clone())
     }
 
     /// Whether the progress thread still runs.
@@ -169,6 +180,23 @@ impl Drop for Proxy {
     }
 }
 
+/// Reports a [`Proxy`]'s first error ([`Proxy::monitor`]).
+#[derive(Clone)]
+pub struct ProxyMonitor(Arc<Shared>);
+
+impl ProxyMonitor {
+    /// The first error the proxy met, as [`Proxy::error`] (also after it stopped).
+    pub fn error(&self) -> Option<GinHostError> {
+        self.0.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl std::fmt::Debug for ProxyMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyMonitor").field("error", &self.error()).finish()
+    }
+}
+
 struct Worker {
     rings: Rings,
     limits: Limits,
@@ -187,6 +215,8 @@ struct Worker {
     unpublished: Vec<u64>,
     /// Counts for `DEVCOMM_GIN_STATS=1` (logged when the thread ends).
     stats: Option<TurnStats>,
+    /// The transport failed as a whole and was closed: nothing is asked of it any more.
+    dead: bool,
 }
 
 /// What the proxy thread did, logged at `info` when it ends if
@@ -281,7 +311,7 @@ impl Worker {
                 st.most_in_turn = st.most_in_turn.max(did);
                 st.waiting_turns += (did == 0 && !self.pending.is_empty()) as u64;
             }
-            if did > 0 {
+            if did > 0 && !self.dead {
                 if let Err(e) = self.transport.flush() {
                     self.transport_failed(e);
                 }
@@ -355,6 +385,9 @@ impl Worker {
     /// At `stop`: flushes the transport and waits (bounded) until every
     /// pending ticket has retired.
     fn drain(&mut self) {
+        if self.dead {
+            return;
+        }
         if let Err(e) = self.transport.flush() {
             self.transport_failed(e);
         }
@@ -381,13 +414,43 @@ impl Worker {
         let mut did = 0;
         for q in 0..self.rings.count() {
             for _ in 0..BATCH {
-                let Some(d) = self.rings.poll_at(q, self.served[q]) else { break };
+                let Some(d) = self.rings.poll_at(q, self.served[q]) else {
+                    self.check_abandoned(q);
+                    break;
+                };
                 self.served[q] += 1;
                 self.serve(q, &d);
                 did += 1;
             }
         }
         did
+    }
+
+    /// Ring `q`'s next slot is empty: if a producer gave up a ticket it
+    /// took (see [`QueueTail::abandoned`](crate::QueueTail)), the proxy can
+    /// never serve past that hole in ticket order, so the ring fails now —
+    /// its waiters get an error instead of a timeout.
+    fn check_abandoned(&mut self, q: usize) {
+        let Some((ticket, cause)) = self.rings.abandoned(q) else { return };
+        if self.rings.is_failed(q) {
+            return;
+        }
+        use devcomm_device::abi::gin::{ABANDON_ABORTED, ABANDON_TIMEOUT};
+        let why = match cause {
+            ABANDON_TIMEOUT => "its wait for ring credit timed out",
+            ABANDON_ABORTED => "its wait for ring credit was aborted",
+            _ => "it found the ring failed while waiting for credit",
+        };
+        let msg = format!(
+            "ring {q} (peer {}): a device producer gave up ticket {ticket} without posting it ({why}); the \
+             ring's later operations cannot be served in ticket order",
+            self.rings.peer_of(q)
+        );
+        let e = match cause {
+            ABANDON_TIMEOUT => GinHostError::Timeout(msg),
+            _ => GinHostError::Remote(msg),
+        };
+        self.fail_ring(q, e);
     }
 
     fn serve(&mut self, q: usize, d: &GinDescriptor) {
@@ -446,6 +509,9 @@ impl Worker {
     }
 
     fn progress(&mut self) {
+        if self.dead {
+            return;
+        }
         if let Err(e) = self.transport.progress(&mut self.failed) {
             self.transport_failed(e);
         }
@@ -468,6 +534,12 @@ impl Worker {
         self.shared.record(e);
     }
 
+    /// The transport failed as a whole (a device fault, fences that never
+    /// pass, work that did not retire at `stop`): every ring fails, and the
+    /// transport is closed at once as if this rank had died, so that peers
+    /// learn it too — their waits for this rank's signals (whose data may
+    /// never have landed) end with their rings to this rank failed instead
+    /// of a timeout.
     fn transport_failed(&mut self, e: GinHostError) {
         tracing::error!(error = %e, "GIN proxy: transport failed");
         for q in 0..self.rings.count() {
@@ -475,6 +547,9 @@ impl Worker {
         }
         self.pending.clear();
         self.shared.record(e);
+        if !std::mem::replace(&mut self.dead, true) {
+            self.transport.close(false);
+        }
     }
 }
 

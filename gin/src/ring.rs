@@ -88,6 +88,18 @@ impl Rings {
         unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.tail(q)).error)) }
     }
 
+    fn abandoned_word(&self, q: usize) -> &AtomicU64 {
+        // SAFETY: as above.
+        unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.tail(q)).abandoned)) }
+    }
+
+    /// The ticket a producer of ring `q` gave up without writing its slot,
+    /// and why (`ABANDON_*` of `devcomm_device::abi::gin`), if one did (see
+    /// [`QueueTail::abandoned`]; with several, the last one's).
+    pub fn abandoned(&self, q: usize) -> Option<(u64, u64)> {
+        devcomm_device::abi::gin::abandoned_ticket(self.abandoned_word(q).load(Ordering::Relaxed))
+    }
+
     /// Tickets completed on ring `q`.
     pub fn completed(&self, q: usize) -> u64 {
         self.completed_word(q).load(Ordering::Acquire)

@@ -8,7 +8,7 @@
 //! | what | where | written by | read by |
 //! |---|---|---|---|
 //! | rings: `[context][peer][depth]` × [`GinSlot`] | host memory mapped into the GPU | GPU producers | proxy |
-//! | tails: `[context][peer]` × [`QueueTail`] | host memory mapped into the GPU | proxy | GPU (credit, flush) |
+//! | tails: `[context][peer]` × [`QueueTail`] | host memory mapped into the GPU | proxy (`abandoned`: GPU, on failure only) | GPU (credit, flush); proxy (`abandoned`) |
 //! | heads: `[context][peer]` × `u64` tickets | device memory | GPU (atomic add) | GPU |
 //! | tail cache: `[context][peer]` × (`u64` tail, `u64` read stamp) | device memory | GPU | GPU |
 //! | signals: `[signal_count]` × `u64` | host memory mapped into the GPU (shared between the processes of a host) | proxies (atomic add) | GPU |
@@ -24,7 +24,12 @@
 //!    the tail cache in device memory; one waiter at a time (elected by the
 //!    read stamp, at most every [`crate::gin::proxy::TAIL_READ_INTERVAL_NS`])
 //!    reads the tail itself and refreshes the cache; everyone backs off and
-//!    watches the abort flag. Nothing is dropped.
+//!    watches the abort flag. Nothing is dropped. A producer whose credit
+//!    wait fails (timeout, abort, failed ring) holds a ticket it cannot
+//!    write: it records it in [`QueueTail::abandoned`] and marks the tail
+//!    cache failed, so that the proxy fails the ring when it reaches the
+//!    hole (instead of waiting for it forever) and every later wait or
+//!    flush on the ring ends with an error at once.
 //! 3. It writes the slot: the descriptor's 56 bytes spread over eight
 //!    8-byte words, each word's high byte a *tag* naming the ring's lap
 //!    ([`slot_tag`]), with plain relaxed system-scope stores — no fence
@@ -267,6 +272,40 @@ pub struct QueueTail {
     /// Non-zero once the proxy has failed this ring (peer dead, transport
     /// error): producers and flushes give up instead of waiting for credit.
     pub error: u64,
+    /// Written by a GPU producer, never by the proxy: non-zero
+    /// ([`abandon_word`]) once a producer took a ticket and then gave up
+    /// before writing its slot (its wait for credit timed out, was aborted
+    /// or found the ring failed). The proxy serves tickets in order, so it
+    /// can never get past that hole: when it finds the next slot empty and
+    /// this word set, it fails the ring (and reports why) instead of
+    /// waiting for a descriptor that never comes.
+    pub abandoned: u64,
+}
+
+/// Cause of an abandoned ticket ([`QueueTail::abandoned`]): the credit wait timed out.
+pub const ABANDON_TIMEOUT: u64 = 1;
+/// Cause of an abandoned ticket: the credit wait saw the abort flag.
+pub const ABANDON_ABORTED: u64 = 2;
+/// Cause of an abandoned ticket: the credit wait found the ring failed.
+pub const ABANDON_RING_FAILED: u64 = 3;
+
+/// The [`QueueTail::abandoned`] word of ticket `ticket` given up for
+/// `cause` (`ABANDON_*`): `(ticket + 1) << 2 | cause`, never 0.
+#[inline(always)]
+pub const fn abandon_word(ticket: u64, cause: u64) -> u64 {
+    (ticket.wrapping_add(1) << 2) | (cause & 3)
+}
+
+/// The (ticket, cause) an [`abandon_word`] names; `None` for 0 (nothing
+/// abandoned). With several producers giving up, the word holds the last
+/// one's ticket, not necessarily the lowest.
+#[inline(always)]
+pub const fn abandoned_ticket(word: u64) -> Option<(u64, u64)> {
+    if word == 0 {
+        None
+    } else {
+        Some(((word >> 2).wrapping_sub(1), word & 3))
+    }
 }
 
 /// The GIN backend a device communicator has.
@@ -499,6 +538,11 @@ mod layout {
     fn tail_and_state_layout() {
         assert_eq!(size_of::<QueueTail>(), TAIL_STRIDE);
         assert_eq!(offset_of!(QueueTail, error), 8);
+        assert_eq!(offset_of!(QueueTail, abandoned), 16);
+        assert_eq!(abandoned_ticket(abandon_word(0, ABANDON_TIMEOUT)), Some((0, ABANDON_TIMEOUT)));
+        assert_eq!(abandoned_ticket(abandon_word(77, ABANDON_ABORTED)), Some((77, ABANDON_ABORTED)));
+        assert_ne!(abandon_word(0, ABANDON_RING_FAILED), 0);
+        assert_eq!(abandoned_ticket(0), None);
         assert_eq!(size_of::<GinState>(), 88);
         assert_eq!(offset_of!(GinState, rings), 32);
         assert_eq!(offset_of!(GinState, shadows), 80);

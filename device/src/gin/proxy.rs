@@ -99,6 +99,13 @@ impl QueueError {
 /// [`flush_ring`]); until then a post to it is accepted and will not be
 /// carried out — as with NCCL, errors surface at the next flush or wait.
 ///
+/// A wait for credit that fails (timeout, abort, failed ring) leaves the
+/// tickets taken for it unwritten; they are recorded as abandoned in the
+/// ring's tail (see [`crate::abi::gin::QueueTail::abandoned`]), so the
+/// proxy fails the ring when it reaches them and every later flush or
+/// credit wait on the ring returns [`QueueError::RingFailed`] instead of
+/// stalling behind the hole.
+///
 /// # Safety
 /// `g` describes live GIN memory, `ring < contexts * nranks`, and `abort`
 /// belongs to the same device communicator.
@@ -160,6 +167,12 @@ pub unsafe fn post(
                 // of the same communicator) and `cache` is `ring`'s tail-cache pair.
                 if let Err(e) = unsafe { wait_completed(g, abort, ring, last + 1 - depth, cache) } {
                     code = e.code();
+                    // Tickets `first + start ..` are ours and will never be
+                    // written: say so, or the proxy (serving in ticket
+                    // order) and every later post on the ring wait forever.
+                    // SAFETY: our own contract (live `g`, `ring` in range)
+                    // and `cache` is `ring`'s tail-cache pair.
+                    unsafe { abandon(g, ring, first + start, code, cache) };
                 }
             }
         }
@@ -180,6 +193,42 @@ pub unsafe fn post(
         start = end;
     }
     Ok(first + rank)
+}
+
+/// Records that this producer gave up ticket `ticket` of `ring` (and the
+/// tickets after it that it holds) for `cause` (a [`QueueError`] code,
+/// which are the `ABANDON_*` causes): the tail's
+/// [`abandoned`](crate::abi::gin::QueueTail::abandoned) word, which the proxy
+/// reads when it finds the slot empty (it then fails the ring), and the
+/// failed stamp of the tail cache, so that every waiter for credit and
+/// every flush of this ring on this device ends at once with
+/// [`QueueError::RingFailed`] — none of them could succeed past the hole.
+///
+/// # Safety
+/// As for [`post`]; `cache` is `ring`'s tail-cache pair.
+#[cold]
+#[inline(never)]
+unsafe fn abandon(g: &GinState, ring: u64, ticket: u64, cause: u64, cache: *mut u64) {
+    // A failed ring was failed by the proxy (which serves it no more) or by
+    // an earlier producer's abandon (recorded already): the first record,
+    // which names the lowest hole, stays. (A load, then a store: host memory
+    // may not take system-scope atomics from the device; two producers
+    // timing out together may both write, and either record fails the ring.)
+    if cause != QueueError::RingFailed.code() {
+        let tail = tail_of(g, ring) as *mut QueueTail;
+        // SAFETY: ring `ring`'s live, aligned `QueueTail` (the caller's
+        // contract); its `abandoned` word is written only by producers and
+        // read by the proxy, all atomically. `addr_of_mut!` makes no reference.
+        let word = unsafe { core::ptr::addr_of_mut!((*tail).abandoned) };
+        // SAFETY: as above.
+        if unsafe { atomic::load_relaxed(word, Scope::Sys) } == 0 {
+            // SAFETY: as above.
+            unsafe { atomic::store_relaxed(word, crate::abi::gin::abandon_word(ticket, cause), Scope::Sys) };
+        }
+    }
+    // SAFETY: the stamp word of `ring`'s tail-cache pair (the caller's
+    // contract), device memory accessed only atomically.
+    unsafe { atomic::store_relaxed(cache.add(1), READ_FAILED, Scope::Gpu) };
 }
 
 /// Writes `body` as ticket `ticket`'s slot of `ring`: eight tagged words

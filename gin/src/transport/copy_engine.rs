@@ -64,7 +64,19 @@ pub struct CopyEngineTransport {
     /// transport's mark for them, the fallback's mark). [`Transport::retired`]
     /// stays below the first one's mark until the fallback retires it.
     holds: VecDeque<(u64, u64)>,
+    /// Longest time fences may stay in flight without one passing before
+    /// the transport fails ([`CopyEngineTransport::set_fence_timeout`]).
+    fence_timeout: std::time::Duration,
+    /// Since when fences have been in flight without one passing.
+    stalled_since: Option<std::time::Instant>,
+    /// Polls without progress since the clock was last read.
+    stalled_polls: u32,
+    /// `close` ran.
+    closed: bool,
 }
+
+/// Polls of a fence in flight without progress between two looks at the clock.
+const STALL_CHECK_EVERY: u32 = 256;
 
 /// Operations queued behind a fence in flight before another fence is
 /// queued anyway (see [`Transport::flush`] of this transport).
@@ -100,7 +112,51 @@ impl CopyEngineTransport {
             fallback_peers,
             fallback_polled: std::time::Instant::now(),
             holds: VecDeque::new(),
+            fence_timeout: DRAIN_TIMEOUT,
+            stalled_since: None,
+            stalled_polls: 0,
+            closed: false,
         })
+    }
+
+    /// Fails the transport ([`Transport::retired`] returns `Timeout`) once
+    /// fences have been in flight for `t` without one passing — copies that
+    /// never complete (a wedged copy engine, a peer mapping that stopped
+    /// answering) then surface as an error (every ring fails, peers are
+    /// told) instead of tickets that never complete. Default
+    /// [`DRAIN_TIMEOUT`]; a healthy device passes a fence within
+    /// milliseconds of its copies.
+    pub fn set_fence_timeout(&mut self, t: std::time::Duration) {
+        self.fence_timeout = t;
+    }
+
+    /// Reads how far the queue's fences have passed; `Timeout` once they
+    /// have been stuck for longer than the fence timeout.
+    fn poll_fences(&mut self) -> GinResult<()> {
+        let passed = self.queue.passed()?;
+        if passed > self.passed {
+            self.passed = passed;
+            self.stalled_since = None;
+            self.stalled_polls = 0;
+        }
+        if self.passed >= self.fenced {
+            return Ok(());
+        }
+        self.stalled_polls += 1;
+        if self.stalled_since.is_none() || self.stalled_polls >= STALL_CHECK_EVERY {
+            self.stalled_polls = 0;
+            let since = *self.stalled_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > self.fence_timeout {
+                return Err(GinHostError::Timeout(format!(
+                    "copy-engine fence {} has not passed within {:?} (fences passed up to {}): the device copies \
+                     do not complete",
+                    self.passed + 1,
+                    self.fence_timeout,
+                    self.passed
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Number of peers reached through the copy engine.
@@ -316,7 +372,7 @@ impl Transport for CopyEngineTransport {
 
     fn retired(&mut self) -> GinResult<u64> {
         if self.passed < self.fenced {
-            self.passed = self.queue.passed()?;
+            self.poll_fences()?;
         }
         while let Some(&(mark, peer, signal)) = self.waiting.front() {
             if mark > self.passed {
@@ -338,6 +394,9 @@ impl Transport for CopyEngineTransport {
     }
 
     fn close(&mut self, graceful: bool) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
         if graceful {
             if let Err(e) = self.drain() {
                 tracing::error!(error = %e, "GIN copy-engine transport: work in flight failed while closing");
@@ -492,6 +551,46 @@ mod tests {
         let fence2 = ops.iter().position(|o| o == "fence 2").unwrap();
         assert_eq!(ops[..fence2].iter().filter(|o| o.starts_with("copy")).count(), FENCE_EVERY as usize - 1);
         assert_eq!(ops.last().map(String::as_str), Some("fence 3"));
+    }
+
+    #[test]
+    fn fences_that_never_pass_fail_the_transport_with_a_timeout() {
+        let mut signals = vec![0u64; 4];
+        let (mut t, log) = transport(&mut signals);
+        t.set_fence_timeout(std::time::Duration::from_millis(150));
+        let mut failed = Vec::new();
+        t.put(PutTarget::new(1, 0, 8, Some((1, 1))), &0x5eedu64.to_le_bytes()).unwrap();
+        t.flush().unwrap();
+        t.put(PutTarget::new(1, 0, 16, Some((1, 1))), &0x5eedu64.to_le_bytes()).unwrap();
+        t.flush().unwrap();
+        // Fence 1 passes, fence 2 never does (a copy that never completes).
+        pass(&log, 1);
+        let start = std::time::Instant::now();
+        let e = loop {
+            match t.progress(&mut failed).and_then(|()| t.retired()) {
+                Ok(r) => assert!(r <= 1, "retired {r} with fence 2 stuck"),
+                Err(e) => break e,
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(20), "the stuck fence was never reported");
+            std::thread::yield_now();
+        };
+        assert!(start.elapsed() >= std::time::Duration::from_millis(150));
+        assert!(matches!(&e, GinHostError::Timeout(m) if m.contains("fence 2")), "{e:?}");
+        assert_eq!(signals[1], 1, "the signal behind fence 1 landed, the one behind fence 2 did not");
+        // Progress resets the clock: a fence that passes late but passes is no failure.
+        let (mut t, log) = transport(&mut signals);
+        t.set_fence_timeout(std::time::Duration::from_millis(150));
+        for round in 1..=4u64 {
+            t.put(PutTarget::new(1, 0, 8, None), &round.to_le_bytes()).unwrap();
+            t.flush().unwrap();
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(100) {
+                assert_eq!(t.retired().unwrap(), round - 1);
+                std::thread::yield_now();
+            }
+            pass(&log, round);
+            assert_eq!(t.retired().unwrap(), round);
+        }
     }
 
     #[test]

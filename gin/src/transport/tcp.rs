@@ -35,7 +35,14 @@
 //! fence reports; a fence that does not pass within [`DRAIN_TIMEOUT`])
 //! fails that peer — the complete frames before the failure are landed,
 //! the signals of a batch that failed are not: [`Transport::progress`]
-//! reports it and [`Transport::put`] to it returns `Remote`.
+//! reports it and [`Transport::put`] to it returns the reason. The sender
+//! is told too: the receiving rank's proxy thread sends an error frame
+//! (kind 6: the error's class, its message) and half-closes the
+//! connection, while the receiver drains what still arrives; the sender's
+//! receiver fails the peer with "rank N rejected what this rank sent it:
+//! ...", so the sender's rings to it fail with that reason (the device sees
+//! `RingFailed` at its next flush or wait, `gin_error()` says why) — never
+//! a wait for signals that will not come.
 
 use super::copy_engine::DRAIN_TIMEOUT;
 use super::{GetSource, Landing, PeerFailure, PutTarget, Transport};
@@ -67,6 +74,12 @@ const KIND_GET: u32 = 4;
 /// piece's offset within the get, its bytes, the request id in the
 /// increment field; the payload follows.
 const KIND_GET_DATA: u32 = 5;
+/// This side rejected what the peer sent, or could not land it, and
+/// closes the connection: the error's class ([`error_class`]) in the window
+/// field, the message (UTF-8, at most [`MAX_ERROR_BYTES`]) as the payload.
+const KIND_ERROR: u32 = 6;
+/// Longest message of an error frame.
+const MAX_ERROR_BYTES: usize = 4096;
 /// Sender buffer per peer.
 const SEND_BUFFER: usize = 256 << 10;
 /// Payloads land in pieces of at most this size.
@@ -148,6 +161,11 @@ struct Shared {
     /// Peers' get requests for the proxy thread to serve: (peer, window,
     /// offset, bytes, id).
     get_requests: Mutex<Vec<GetRequest>>,
+    /// Why each failed peer failed (the first reason).
+    reasons: Mutex<Vec<Option<GinHostError>>>,
+    /// What receivers rejected (or could not land), for the proxy thread to
+    /// tell the sender in an error frame before it closes the connection.
+    rejections: Mutex<Vec<(usize, GinHostError)>>,
 }
 
 /// A peer's get request: (peer, window, offset, bytes, id).
@@ -155,10 +173,23 @@ type GetRequest = (usize, u32, u64, u64, u64);
 
 impl Shared {
     fn fail(&self, peer: usize, error: GinHostError) {
-        if self.state[peer].swap(PEER_FAILED, Ordering::SeqCst) != PEER_FAILED {
+        // Serialised by the `reasons` lock. The failure is queued for the
+        // proxy *before* the peer reads as failed: `retired` retires gets
+        // from a failed peer unlanded, and the proxy must have failed the
+        // rings toward it by then (it takes failures before it retires), or
+        // it would complete such a get's ticket as if its data had landed.
+        let mut reasons = self.reasons.lock().unwrap_or_else(|e| e.into_inner());
+        if self.state[peer].load(Ordering::SeqCst) != PEER_FAILED {
             tracing::warn!(peer, %error, "GIN TCP: peer failed");
+            reasons[peer] = Some(error.clone());
             self.failures.lock().unwrap_or_else(|e| e.into_inner()).push(PeerFailure { peer, error });
+            self.state[peer].store(PEER_FAILED, Ordering::SeqCst);
         }
+    }
+
+    /// Why `peer` failed, if it did and a reason was recorded.
+    fn reason(&self, peer: usize) -> Option<GinHostError> {
+        self.reasons.lock().unwrap_or_else(|e| e.into_inner()).get(peer).cloned().flatten()
     }
 }
 
@@ -180,6 +211,10 @@ pub struct TcpTransport {
     gets_retired: u64,
     /// Ids past `gets_retired` that have retired.
     retired_ids: BTreeSet<u64>,
+    /// Per peer: its failure has been handed to the proxy ([`Transport::progress`]),
+    /// which has failed the rings toward it — only then do gets from it
+    /// retire unlanded (their tickets are then not completed).
+    reported: Vec<bool>,
     /// Staging for gets served to peers and gets from oneself.
     buf: Vec<u8>,
 }
@@ -210,6 +245,28 @@ fn get_header(kind: u32, field: u32, offset: u64, bytes: u64, id: u64) -> [u8; H
     let mut h = header(kind, field, offset, bytes, None);
     h[32..40].copy_from_slice(&id.to_le_bytes());
     h
+}
+
+/// An error as an error frame carries it: its class and message.
+fn error_parts(e: &GinHostError) -> (u32, &str) {
+    match e {
+        GinHostError::Invalid(m) => (1, m),
+        GinHostError::Remote(m) => (2, m),
+        GinHostError::System(m) => (3, m),
+        GinHostError::Timeout(m) => (4, m),
+        GinHostError::Unavailable(m) => (5, m),
+    }
+}
+
+/// The error of class `class` ([`error_parts`]) with message `m`.
+fn error_class(class: u32, m: String) -> GinHostError {
+    match class {
+        1 => GinHostError::Invalid(m),
+        3 => GinHostError::System(m),
+        4 => GinHostError::Timeout(m),
+        5 => GinHostError::Unavailable(m),
+        _ => GinHostError::Remote(m),
+    }
 }
 
 fn u32_at(h: &[u8], at: usize) -> u32 {
@@ -303,6 +360,8 @@ impl TcpTransport {
             gets: Mutex::new(HashMap::new()),
             gets_landed: Mutex::new(Vec::new()),
             get_requests: Mutex::new(Vec::new()),
+            reasons: Mutex::new(vec![None; nranks]),
+            rejections: Mutex::new(Vec::new()),
         });
         let mut conns = Vec::with_capacity(nranks);
         let mut receivers = Vec::new();
@@ -335,6 +394,7 @@ impl TcpTransport {
             gets_issued: 0,
             gets_retired: 0,
             retired_ids: BTreeSet::new(),
+            reported: vec![false; nranks],
             buf: Vec::new(),
         })
     }
@@ -354,7 +414,10 @@ impl TcpTransport {
         match self.shared.state[peer].load(Ordering::SeqCst) {
             PEER_UP => Ok(()),
             PEER_LEFT => Err(GinHostError::Remote(format!("rank {peer} has closed its GIN transport"))),
-            _ => Err(GinHostError::Remote(format!("connection to rank {peer} failed"))),
+            _ => Err(self
+                .shared
+                .reason(peer)
+                .unwrap_or_else(|| GinHostError::Remote(format!("connection to rank {peer} failed")))),
         }
     }
 
@@ -373,13 +436,43 @@ impl TcpTransport {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
         self.shared.fail(peer, err.clone());
-        err
+        // The first reason (a rejection the peer reported, say) beats the broken pipe.
+        self.shared.reason(peer).unwrap_or(err)
+    }
+
+    /// Tells each peer whose frames a receiver rejected (or could not land)
+    /// why, in an error frame, and half-closes the connection: the peer's
+    /// receiver fails this rank with that reason, so the operations it sent
+    /// here fail there (its rings to this rank, `gin_error()`) instead of
+    /// waiting for signals that never come. Best effort: a connection that
+    /// is already broken is left as it is.
+    fn tell_rejections(&mut self) {
+        let list = std::mem::take(&mut *self.shared.rejections.lock().unwrap_or_else(|e| e.into_inner()));
+        if self.closed {
+            return;
+        }
+        for (peer, e) in list {
+            let Some(c) = self.conns.get_mut(peer).and_then(|c| c.as_mut()) else { continue };
+            let (class, msg) = error_parts(&e);
+            let mut end = msg.len().min(MAX_ERROR_BYTES);
+            while !msg.is_char_boundary(end) {
+                end -= 1;
+            }
+            let head = header(KIND_ERROR, class, 0, end as u64, None);
+            let r = c.writer.write_all(&head).and_then(|()| c.writer.write_all(&msg.as_bytes()[..end]));
+            if let Err(err) = r.and_then(|()| c.writer.flush()) {
+                tracing::debug!(peer, %err, "GIN TCP: could not send the error frame");
+            }
+            // The peer reads the frame, then the end of the stream.
+            let _ = c.stream.shutdown(Shutdown::Write);
+        }
     }
 
     /// Answers the get requests peers sent: reads the window here in pieces
     /// of at most [`crate::proxy::PUT_CHUNK`] bytes and sends them back. A
     /// request this rank cannot serve (a bad window range, a device fault)
-    /// fails the connection: the requester's rings to this rank fail.
+    /// fails the connection, after an error frame saying why: the
+    /// requester's rings to this rank fail with that reason.
     fn serve_gets(&mut self) {
         let requests = std::mem::take(&mut *self.shared.get_requests.lock().unwrap_or_else(|e| e.into_inner()));
         if requests.is_empty() || self.closed {
@@ -407,10 +500,9 @@ impl TcpTransport {
             })();
             if let Err(e) = r {
                 let e = GinHostError::Remote(format!("serving a get of rank {peer}: {e}"));
-                if let Some(c) = &self.conns[peer] {
-                    let _ = c.stream.shutdown(Shutdown::Both);
-                }
-                self.shared.fail(peer, e);
+                self.shared.fail(peer, e.clone());
+                // Told in an error frame (`tell_rejections`, next), which closes the connection.
+                self.shared.rejections.lock().unwrap_or_else(|e| e.into_inner()).push((peer, e));
             }
         }
         self.buf = buf;
@@ -536,6 +628,9 @@ struct Lander<'a> {
     /// Writes queued since the last fence, and their bytes.
     ops: u32,
     bytes: u64,
+    /// The peer sent an error frame (it rejected what this rank sent):
+    /// nothing to tell it back.
+    told: bool,
 }
 
 impl<'a> Lander<'a> {
@@ -708,15 +803,26 @@ fn landing_queue(landing: &Landing, peer: usize) -> Option<Box<dyn CopyQueue>> {
 /// a copy queue of its own (see the module docs), or synchronously where
 /// the rank's memory has none.
 fn receive(s: TcpStream, peer: usize, sh: &Shared, queue: Option<Box<dyn CopyQueue>>) {
-    let mut l = Lander { sh, peer, queue, guard: None, signals: Vec::new(), gets: Vec::new(), ops: 0, bytes: 0 };
+    let mut l =
+        Lander { sh, peer, queue, guard: None, signals: Vec::new(), gets: Vec::new(), ops: 0, bytes: 0, told: false };
     let mut r = Reader { s, buf: vec![0; READ_BUFFER], pos: 0, end: 0 };
     let end = frames(&mut r, &mut l);
     // The complete frames before the end are valid: land them.
     let last = l.flush();
+    let told = l.told;
     drop(l);
     if let Err(e) = end.and(last) {
         if !*sh.closed.read().unwrap_or_else(|e| e.into_inner()) {
-            sh.fail(peer, e);
+            sh.fail(peer, e.clone());
+            if !told {
+                // The sender must learn why (an error frame from the proxy
+                // thread, which owns the writing side); until it has read
+                // it and closed, drain what it still sends, so that it
+                // never blocks writing to us.
+                sh.rejections.lock().unwrap_or_else(|e| e.into_inner()).push((peer, e));
+                let mut sink = vec![0u8; 64 << 10];
+                while matches!((&r.s).read(&mut sink), Ok(n) if n > 0) {}
+            }
         }
         let _ = r.s.shutdown(Shutdown::Both);
     }
@@ -810,6 +916,19 @@ fn frames(r: &mut Reader, l: &mut Lander<'_>) -> GinResult<()> {
                 l.sh.state[peer].compare_exchange(PEER_UP, PEER_LEFT, Ordering::SeqCst, Ordering::SeqCst).ok();
                 continue;
             }
+            KIND_ERROR => {
+                if bytes > MAX_ERROR_BYTES as u64 {
+                    return Err(GinHostError::Invalid(format!("rank {peer} sent an error frame of {bytes} bytes")));
+                }
+                let mut msg = vec![0u8; bytes as usize];
+                r.read_exact(&mut msg, l)?;
+                l.told = true;
+                let msg = String::from_utf8_lossy(&msg);
+                return Err(error_class(
+                    window,
+                    format!("rank {peer} rejected what this rank sent it, and closed the connection: {msg}"),
+                ));
+            }
             k => return Err(GinHostError::Invalid(format!("rank {peer} sent unknown frame kind {k}"))),
         }
         match signal {
@@ -882,7 +1001,11 @@ impl Transport for TcpTransport {
 
     fn progress(&mut self, failed: &mut Vec<PeerFailure>) -> GinResult<()> {
         self.serve_gets();
+        self.tell_rejections();
         let mut f = self.shared.failures.lock().unwrap_or_else(|e| e.into_inner());
+        for p in f.iter() {
+            self.reported[p.peer] = true;
+        }
         failed.append(&mut f);
         Ok(())
     }
@@ -891,22 +1014,39 @@ impl Transport for TcpTransport {
         self.gets_issued
     }
 
-    /// Gets retire in id order once landed; those to a peer that failed or
-    /// left retire unlanded (their rings are failed, nobody reads them).
+    /// Gets retire in id order once landed; those to a peer that failed
+    /// retire unlanded once its failure has been reported to the proxy (so
+    /// their rings are failed and their tickets not completed as if the
+    /// data had landed); a peer that left with gets unanswered is failed
+    /// for it.
     fn retired(&mut self) -> GinResult<u64> {
         if self.gets_retired == self.gets_issued {
             return Ok(self.gets_retired);
         }
         self.retired_ids.extend(self.shared.gets_landed.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
         let state = &self.shared.state;
-        let ids = &mut self.retired_ids;
+        let (ids, reported) = (&mut self.retired_ids, &self.reported);
+        let mut left = Vec::new();
         self.shared.gets.lock().unwrap_or_else(|e| e.into_inner()).retain(|&id, &mut (peer, _, _)| {
-            let up = state[peer].load(Ordering::SeqCst) == PEER_UP;
-            if !up {
-                ids.insert(id);
+            match state[peer].load(Ordering::SeqCst) {
+                PEER_UP => true,
+                _ if reported[peer] => {
+                    ids.insert(id);
+                    false
+                }
+                PEER_LEFT => {
+                    left.push(peer);
+                    true
+                }
+                _ => true,
             }
-            up
         });
+        for peer in left {
+            self.shared.fail(
+                peer,
+                GinHostError::Remote(format!("rank {peer} closed its GIN transport with gets of this rank unanswered")),
+            );
+        }
         while self.retired_ids.remove(&(self.gets_retired + 1)) {
             self.gets_retired += 1;
         }
@@ -1218,8 +1358,15 @@ mod tests {
         assert!(matches!(&f.error, GinHostError::Remote(m) if m.contains("model device fault")), "{f:?}");
         assert_eq!(load(&signals[1], 0), 0, "signal applied without its data");
         assert!(matches!(ts[1].put(PutTarget::new(0, 0, 0, None), &[1]), Err(GinHostError::Remote(_))));
-        // Rank 0 sees the connection cut.
-        assert_eq!(wait_failure(&mut ts[0]).peer, 1);
+        // Rank 0, the sender, learns why (an error frame), not only that the connection was cut.
+        let f = wait_failure(&mut ts[0]);
+        assert_eq!(f.peer, 1);
+        assert!(
+            matches!(&f.error, GinHostError::Remote(m) if m.contains("rank 1 rejected") && m.contains("model device fault")),
+            "{f:?}"
+        );
+        let again = ts[0].put(PutTarget::new(1, 0, 0, None), &[1]);
+        assert!(matches!(&again, Err(GinHostError::Remote(m)) if m.contains("model device fault")), "{again:?}");
         drop(ts);
     }
 
@@ -1238,8 +1385,47 @@ mod tests {
             assert_eq!(load(&signals[1], 0), 1, "queues: {queues}");
             assert_eq!(devs[1].mem.lock().unwrap()[8..16], 5u64.to_le_bytes());
             assert_eq!(devs[1].fences.load(Ordering::SeqCst), queues as u64);
+            // The sender is told why, with the rejection's class.
+            let f = wait_failure(&mut ts[0]);
+            assert_eq!(f.peer, 1);
+            assert!(
+                matches!(&f.error, GinHostError::Invalid(m) if m.contains("rank 1 rejected") && m.contains("put from rank 0")),
+                "queues: {queues}: {f:?}"
+            );
+            let again = ts[0].signal(1, 0, 1);
+            assert!(matches!(&again, Err(GinHostError::Invalid(m)) if m.contains("8 bytes at 60")), "{again:?}");
             drop(ts);
         }
+    }
+
+    #[test]
+    fn a_get_never_retires_unlanded_before_its_peers_failure_is_reported() {
+        let devs = [device(64, true), device(64, true)];
+        let mut signals = [vec![0u64; 1], vec![0u64; 1]];
+        let mut ts = pair(&devs, &mut signals);
+        ts[0].get(GetSource { peer: 1, src_window: 0, src_offset: 8 }, BASE + 16, 8).unwrap();
+        ts[0].flush().unwrap();
+        assert_eq!(ts[0].issued(), 1);
+        // Rank 1 leaves without ever serving the request (its proxy never ran `progress`).
+        ts[1].close(true);
+        let start = Instant::now();
+        let mut failed = Vec::new();
+        loop {
+            let r = ts[0].retired().unwrap();
+            if failed.is_empty() {
+                // The proxy would complete the get's ticket as if its data had landed.
+                assert_eq!(r, 0, "the get retired before the proxy heard of its peer's failure");
+            } else if r == 1 {
+                break;
+            }
+            ts[0].progress(&mut failed).unwrap();
+            assert!(start.elapsed() < Duration::from_secs(20), "the get never retired: {failed:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(failed[0].peer, 1);
+        assert!(matches!(&failed[0].error, GinHostError::Remote(m) if m.contains("unanswered")), "{failed:?}");
+        assert_eq!(devs[0].mem.lock().unwrap()[16..24], [0u8; 8], "nothing landed");
+        drop(ts);
     }
 
     #[test]

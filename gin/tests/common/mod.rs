@@ -149,6 +149,15 @@ pub struct HostGin {
 #[derive(Debug, PartialEq, Eq)]
 pub struct RingFailed;
 
+/// Why [`HostGin::post_within`] gave up.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PostError {
+    /// The proxy failed the ring.
+    RingFailed,
+    /// No credit in time: this ticket was taken and abandoned.
+    Timeout(u64),
+}
+
 /// How long a producer or a check waits before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -232,6 +241,13 @@ impl HostGin {
                 std::thread::yield_now();
             }
         }
+        self.write_slot(ring, ticket, body);
+        Ok(ticket)
+    }
+
+    /// The slot of `ticket` (credit held), as `proxy::post` writes it.
+    fn write_slot(&self, ring: usize, ticket: u64, body: &GinDescriptor) {
+        let depth = self.depth as u64;
         assert!(ring < self.tails.len);
         let slot = self.rings.ptr.wrapping_add(ring * self.depth as usize + (ticket % depth) as usize);
         let words = GinSlot::encode(body, slot_tag(ticket, self.depth)).words;
@@ -244,6 +260,40 @@ impl HostGin {
                 AtomicU64::from_ptr(core::ptr::addr_of_mut!((*slot).words[i])).store(words[i], Ordering::Relaxed);
             }
         }
+    }
+
+    /// Host twin of `proxy::post` with a credit wait that gives up after
+    /// `limit`, as a device producer's does (its op timeout): the ticket it
+    /// took is then recorded as abandoned in the ring's tail
+    /// (`QueueTail::abandoned`), as `post` does on the GPU.
+    pub fn post_within(&self, ring: usize, body: &GinDescriptor, limit: Duration) -> Result<u64, PostError> {
+        use devcomm_device::abi::gin::{abandon_word, ABANDON_TIMEOUT};
+        let depth = self.depth as u64;
+        let ticket = self.heads[ring].fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        let abandon = |cause: u64| {
+            let t = self.tails.ptr.wrapping_add(ring);
+            // SAFETY: ring `ring`'s live, aligned tail; the word is accessed atomically.
+            let w = unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*t).abandoned)) };
+            // As on the GPU: a load, then a store; the first record stays.
+            if w.load(Ordering::Relaxed) == 0 {
+                w.store(abandon_word(ticket, cause), Ordering::Relaxed);
+            }
+        };
+        loop {
+            match self.completed(ring) {
+                // As on the GPU: a failed ring needs no record (the proxy
+                // failed it, or an earlier record did).
+                Err(RingFailed) => return Err(PostError::RingFailed),
+                Ok(done) if ticket < done + depth => break,
+                Ok(_) if start.elapsed() > limit => {
+                    abandon(ABANDON_TIMEOUT);
+                    return Err(PostError::Timeout(ticket));
+                }
+                Ok(_) => std::thread::yield_now(),
+            }
+        }
+        self.write_slot(ring, ticket, body);
         Ok(ticket)
     }
 

@@ -347,10 +347,20 @@ impl Communicator {
     /// `Ok(())`, or what went wrong asynchronously (`ncclCommGetAsyncError`):
     /// [`Error::InProgress`] while a non-blocking creation runs, its error if
     /// it failed, [`Error::RemoteError`] naming the rank once a peer died or
-    /// aborted or the root was lost, [`Error::InvalidUsage`] after this rank aborted.
+    /// aborted or the root was lost, [`Error::InvalidUsage`] after this rank
+    /// aborted; else the first error a GIN proxy of one of its device
+    /// communicators met (a failed peer or transport, an operation it could
+    /// not carry out: what kernels see as a failed ring), while that device
+    /// communicator lives — and after it was dropped, if its proxy stopped
+    /// with an error nobody received (a
+    /// [`DevCommHandle::destroy`](crate::dev_comm::DevCommHandle::destroy)
+    /// returns it instead).
     #[doc(alias = "ncclCommGetAsyncError")]
     pub fn get_async_error(&self) -> Result<()> {
-        match self.ready()?.client.error() {
+        if let Some(e) = self.ready()?.client.error() {
+            return Err(e);
+        }
+        match self.ext.gin_errors.first() {
             Some(e) => Err(e),
             None => Ok(()),
         }

@@ -290,6 +290,14 @@ impl<'c> DevCommHandle<'c> {
 
     /// Collective release (`ncclDevCommDestroy`): the windows it used may be
     /// deregistered afterwards. Kernels using it must have finished.
+    ///
+    /// Errors: the first error its GIN proxy met ([`DevCommHandle::gin_error`],
+    /// e.g. a failed peer or an operation it could not carry out), which the
+    /// communicator's `get_async_error` then no longer reports; a failed
+    /// bootstrap barrier (the proxy's error, if any, stays with the
+    /// communicator's `get_async_error`); a window deregistration error.
+    /// Dropping the handle instead stops the proxy too and leaves its error
+    /// to `get_async_error`.
     #[doc(alias = "ncclDevCommDestroy")]
     pub fn destroy(mut self) -> Result<()> {
         // Every rank has stopped posting before any proxy stops serving.
@@ -297,7 +305,12 @@ impl<'c> DevCommHandle<'c> {
         if self.gin.is_some() {
             r = self.comm.bootstrap_barrier();
             if let Some(mut g) = self.gin.take() {
-                r = r.and(g.stop());
+                let stopped = g.stop();
+                if let (Err(_), Err(e)) = (&r, &stopped) {
+                    // The caller gets the barrier's error: the communicator keeps the proxy's.
+                    self.comm.ext.gin_errors.unclaimed(e.clone());
+                }
+                r = r.and(stopped);
             }
         }
         self.release_windows();

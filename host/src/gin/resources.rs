@@ -59,6 +59,10 @@ pub(crate) struct CommMemory {
     device: Device,
     stream: Stream,
     table: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
+    /// Longest wait for one synchronous copy (the proxy thread and the TCP
+    /// receivers make them): a device that never runs it fails the
+    /// operation (`Timeout`) instead of hanging them.
+    copy_limit: std::time::Duration,
 }
 
 impl LocalMemory for CommMemory {
@@ -76,15 +80,26 @@ impl LocalMemory for CommMemory {
     }
 
     fn write_device(&self, addr: u64, data: &[u8]) -> GinResult<()> {
-        self.stream.write_raw(addr, data).map_err(|e| GinHostError::System(e.to_string()))
+        // `data` is the proxy's or a receiver's own heap buffer (pageable),
+        // as `write_raw_within` requires.
+        self.stream.write_raw_within(addr, data, self.copy_limit).map_err(copy_err)
     }
 
     fn read_device(&self, addr: u64, out: &mut [u8]) -> GinResult<()> {
-        self.stream.read_raw(addr, out).map_err(|e| GinHostError::System(e.to_string()))
+        // As above: `out` is a heap buffer of the proxy's.
+        self.stream.read_raw_within(addr, out, self.copy_limit).map_err(copy_err)
     }
 
     fn copy_queue(&self) -> GinResult<Box<dyn CopyQueue>> {
         Ok(Box::new(StreamCopyQueue::new(&self.device)?))
+    }
+}
+
+/// A synchronous copy's error as the proxy reports it (`Timeout` kept).
+fn copy_err(e: Error) -> GinHostError {
+    match e {
+        Error::Timeout(m) => GinHostError::Timeout(format!("a device copy of the GIN proxy: {m}")),
+        e => GinHostError::System(e.to_string()),
     }
 }
 
@@ -181,6 +196,14 @@ fn agree_transport(comm: &Communicator, dev: &Device) -> Result<TransportChoice>
     });
     let pairs = allgather_outcome(comm, "create_dev_comm (GIN transport)", local)?;
     decide_transport(&pairs)
+}
+
+/// How long the copy-engine transport's fences may stay in flight without
+/// one passing before it fails: the communicator's op timeout, within
+/// 10 s (a loaded emulator's stream threads may pause for seconds) and
+/// `DRAIN_TIMEOUT`.
+fn fence_timeout(op_timeout: std::time::Duration) -> std::time::Duration {
+    op_timeout.clamp(std::time::Duration::from_secs(10), devcomm_gin::transport::copy_engine::DRAIN_TIMEOUT)
 }
 
 /// What this process mapped of its same-host peers (kept alive with the transport).
@@ -284,6 +307,43 @@ fn host_layout(rings: usize, depth: usize, counters: usize) -> HostLayout {
     HostLayout { rings: r, tails: t, counters: c, len: page(c + counters.max(1) * 8) }
 }
 
+/// The GIN errors of a communicator's device communicators, for its
+/// `get_async_error`: the proxies of live ones (by id), and the first error
+/// a proxy stopped with when nobody received it (a dropped handle).
+#[derive(Default)]
+pub(crate) struct GinErrors {
+    next: std::sync::atomic::AtomicU64,
+    live: Mutex<Vec<(u64, devcomm_gin::proxy::ProxyMonitor)>>,
+    unclaimed: Mutex<Option<Error>>,
+}
+
+impl GinErrors {
+    fn register(&self, m: devcomm_gin::proxy::ProxyMonitor) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).push((id, m));
+        id
+    }
+
+    fn deregister(&self, id: u64) {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).retain(|(i, _)| *i != id);
+    }
+
+    /// Keeps `e` (the first such) for `get_async_error`: a proxy's stop error nobody received.
+    pub(crate) fn unclaimed(&self, e: Error) {
+        self.unclaimed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+    }
+
+    /// The first error of a live proxy, else the unclaimed one.
+    pub(crate) fn first(&self) -> Option<Error> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = live.iter().find_map(|(_, m)| m.error()) {
+            return Some(from_gin(e));
+        }
+        drop(live);
+        self.unclaimed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// GIN memory and the running proxy of one device communicator.
 pub(crate) struct GinResources {
     pub(crate) state: GinState,
@@ -291,6 +351,8 @@ pub(crate) struct GinResources {
     /// Host view of the memory the proxy serves (signals, counters).
     pub(crate) mem: GinHostMemory,
     proxy: Option<devcomm_gin::proxy::Proxy>,
+    /// The communicator's record of GIN errors, and this proxy's id there.
+    errors: (Arc<crate::window::CommExt>, u64),
     // Dropped after the proxy (field order): the proxy reads this memory.
     _peers: Option<PeerMappings>,
     _signals: SharedHostBuffer,
@@ -365,6 +427,7 @@ impl GinResources {
             device: dev.clone(),
             stream: dev.new_stream()?,
             table: comm.ext.window_table.clone(),
+            copy_limit: fence_timeout(comm.config().op_timeout),
         });
         let boot = CommBootstrap(comm);
         // SAFETY: the signals region holds `total_signals` u64s of the host
@@ -382,8 +445,11 @@ impl GinResources {
                     let (peers, maps) = map_same_host_peers(comm, req, &shared, total_signals as u32)?;
                     // SAFETY: the mappings live in `maps`, kept in GinResources
                     // until after the proxy (and so the transport) is gone.
-                    let ce = unsafe { CopyEngineTransport::new(local.clone(), peers, Box::new(tcp_transport)) }
+                    let mut ce = unsafe { CopyEngineTransport::new(local.clone(), peers, Box::new(tcp_transport)) }
                         .map_err(from_gin)?;
+                    // Copies that never complete fail the transport (every
+                    // ring, peers told) within about the op timeout, not never.
+                    ce.set_fence_timeout(fence_timeout(comm.config().op_timeout));
                     (Box::new(ce), Some(maps))
                 }
                 #[cfg(feature = "verbs")]
@@ -400,11 +466,13 @@ impl GinResources {
         // `devcomm_device::gin::proxy::post`, which accesses shared words atomically.
         let proxy =
             unsafe { devcomm_gin::proxy::Proxy::start(mem, local, transport, comm.rank()) }.map_err(from_gin)?;
+        let id = comm.ext.gin_errors.register(proxy.monitor());
         Ok(GinResources {
             state,
             backend,
             mem,
             proxy: Some(proxy),
+            errors: (comm.ext.clone(), id),
             _peers: peer_maps,
             _signals: shared,
             _host: host,
@@ -456,19 +524,25 @@ impl GinResources {
         Ok(if out.is_empty() { "no GIN traffic".into() } else { out.join("; ") })
     }
 
-    /// Stops the proxy after it has drained its rings; reports its error.
+    /// Stops the proxy after it has drained its rings; returns its error
+    /// (the caller's now: the communicator no longer reports it).
     pub(crate) fn stop(&mut self) -> Result<()> {
-        match self.proxy.take() {
+        let r = match self.proxy.take() {
             Some(p) => p.stop().map_err(from_gin),
             None => Ok(()),
-        }
+        };
+        self.errors.0.gin_errors.deregister(self.errors.1);
+        r
     }
 }
 
 impl Drop for GinResources {
     fn drop(&mut self) {
+        // Dropped without `destroy`: nobody receives the proxy's error, so
+        // the communicator keeps it for `get_async_error`.
         if let Err(e) = self.stop() {
             tracing::warn!("GIN proxy stopped with an error: {e}");
+            self.errors.0.gin_errors.unclaimed(e);
         }
     }
 }

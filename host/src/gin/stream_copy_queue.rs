@@ -33,6 +33,7 @@
 use crate::runtime::{Device, HostMappedBuffer, Stream};
 use devcomm_gin::transport::copy_engine::DRAIN_TIMEOUT;
 use devcomm_gin::{CopyQueue, GinHostError, GinResult};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes of one staging chunk.
@@ -109,9 +110,10 @@ fn sys_err(e: crate::Error) -> GinHostError {
 }
 
 pub(crate) struct StreamCopyQueue {
-    stream: Stream,
+    /// Dropped only once the stream has run everything (see `Drop`).
+    stream: ManuallyDrop<Stream>,
     /// The fence word (offset 0).
-    host: HostMappedBuffer,
+    host: ManuallyDrop<HostMappedBuffer>,
     /// Stream writes not yet handed to the driver: (address, value, with a
     /// memory barrier — always for fences).
     batch: Vec<(u64, u64, bool)>,
@@ -126,7 +128,7 @@ pub(crate) struct StreamCopyQueue {
     fenced: u64,
     passed: u64,
     /// Pinned staging, [`MAX_CHUNKS`] chunks of [`CHUNK_BYTES`].
-    staging: HostMappedBuffer,
+    staging: ManuallyDrop<HostMappedBuffer>,
     /// Per chunk, the fence that must pass before it is filled again (0:
     /// free); used round-robin, `cur` being filled.
     chunks: Vec<u64>,
@@ -152,15 +154,15 @@ impl StreamCopyQueue {
         let staging = HostMappedBuffer::new(dev, MAX_CHUNKS * CHUNK_BYTES).map_err(sys_err)?;
         let stage_inline = std::env::var(STAGE_INLINE_ENV).is_ok_and(|v| v.trim() == "1");
         Ok(StreamCopyQueue {
-            stream,
-            host,
+            stream: ManuallyDrop::new(stream),
+            host: ManuallyDrop::new(host),
             batch: Vec::with_capacity(DIRECT_WRITES + 1),
             copies: Vec::with_capacity(MAX_COPIES),
             stage_inline,
             barrier_writes: false,
             fenced: 0,
             passed: 0,
-            staging,
+            staging: ManuallyDrop::new(staging),
             chunks: vec![0; MAX_CHUNKS],
             cur: 0,
             used: 0,
@@ -442,11 +444,56 @@ impl CopyQueue for StreamCopyQueue {
     }
 }
 
+/// Waits (at most `limit`) until `stream` has run everything queued on it;
+/// `Ok(false)` if it has not by then. A fault of its work ends the wait too
+/// (a faulted context runs nothing more): it is returned.
+fn wait_idle(stream: &Stream, limit: std::time::Duration) -> crate::Result<bool> {
+    let start = std::time::Instant::now();
+    let mut polls = 0u32;
+    while !stream.is_idle()? {
+        if start.elapsed() > limit {
+            return Ok(false);
+        }
+        polls += 1;
+        if polls < 256 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+    Ok(true)
+}
+
 impl Drop for StreamCopyQueue {
     fn drop(&mut self) {
-        // Nothing may still copy into peer mappings that are about to be unmapped.
-        if let Err(e) = self.stream.synchronize() {
-            tracing::warn!("GIN copy queue: {e}");
+        // Nothing may still copy into peer mappings that are about to be
+        // unmapped, nor from staging about to be freed: wait for the stream
+        // — bounded (a device that never finishes must not hang the proxy's
+        // stop and the communicator's destroy). Past the bound the stream
+        // and its buffers are leaked (never freed under the device's feet)
+        // and the failure is logged; the proxy has already failed its rings
+        // (fences that do not pass fail the transport).
+        let done = match wait_idle(&self.stream, DRAIN_TIMEOUT) {
+            Ok(idle) => idle,
+            Err(e) => {
+                tracing::warn!("GIN copy queue: {e}");
+                true
+            }
+        };
+        if done {
+            // SAFETY: each field is dropped once, here, and never used again
+            // (we are in `drop`); the stream has run everything that used them.
+            unsafe {
+                ManuallyDrop::drop(&mut self.staging);
+                ManuallyDrop::drop(&mut self.host);
+                ManuallyDrop::drop(&mut self.stream);
+            }
+        } else {
+            tracing::error!(
+                "GIN copy queue: its stream did not finish within {DRAIN_TIMEOUT:?}; its stream and {} bytes of \
+                 pinned staging are leaked rather than freed while the device may still use them",
+                MAX_CHUNKS * CHUNK_BYTES
+            );
         }
         if let Some(st) = &self.stats {
             let per = |x: u128, n: u64| if n == 0 { 0.0 } else { x as f64 / n as f64 / 1e3 };

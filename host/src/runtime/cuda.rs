@@ -382,6 +382,51 @@ impl CudaStreamHandle {
         self.synchronize()
     }
 
+    /// As [`CudaStreamHandle::write`], waiting for the stream at most `limit`.
+    /// Only for pageable `src` (never pinned or registered): the driver has
+    /// then staged it before `cuMemcpyHtoDAsync` returns, so giving up
+    /// leaves nothing of it in use.
+    pub(crate) fn write_within(&self, dst: u64, src: &[u8], limit: std::time::Duration) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: dst is a live allocation of at least src.len() bytes
+        // (checked by the caller); `src` is pageable (our contract), so the
+        // driver is done with it when the call returns.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(cuda_err("cuMemcpyHtoDAsync"))?;
+        self.synchronize_within(limit)
+    }
+
+    /// As [`CudaStreamHandle::read`], waiting for the stream at most `limit`.
+    /// Only for pageable `dst`: `cuMemcpyDtoHAsync` to pageable memory
+    /// returns once the copy is complete, so giving up afterwards leaves
+    /// nothing writing to it.
+    pub(crate) fn read_within(&self, src: u64, dst: &mut [u8], limit: std::time::Duration) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: as in `write_within`, the other way round.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(cuda_err("cuMemcpyDtoHAsync"))?;
+        self.synchronize_within(limit)
+    }
+
+    /// Polls the stream ([`CudaStreamHandle::is_idle`]) until it has run
+    /// everything, at most `limit`; then `Timeout`.
+    pub(crate) fn synchronize_within(&self, limit: std::time::Duration) -> Result<()> {
+        let start = std::time::Instant::now();
+        let mut polls = 0u32;
+        while !self.is_idle()? {
+            if start.elapsed() > limit {
+                return Err(Error::Timeout(format!("the stream has not run its work within {limit:?}")));
+            }
+            polls += 1;
+            if polls < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        Ok(())
+    }
+
     /// # Safety
     /// Both ranges are device memory accessible from this context.
     pub(crate) unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {

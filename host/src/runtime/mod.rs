@@ -798,6 +798,27 @@ impl Stream {
         }
     }
 
+    /// As [`Self::write_raw`], but gives up with [`Error::Timeout`] once the
+    /// stream has not run the copy within `limit` (a wedged device must not
+    /// hang the GIN proxy). `src` must be pageable memory (a `Vec`, never
+    /// pinned or registered): it is no longer in use when this returns,
+    /// also on a timeout.
+    pub(crate) fn write_raw_within(&self, dst: u64, src: &[u8], limit: std::time::Duration) -> Result<()> {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.write_within(dst, src, limit),
+            StreamInner::Emulated(s) => s.write_within(dst, src, limit),
+        }
+    }
+
+    /// As [`Self::read_raw`], bounded as [`Self::write_raw_within`] (`dst`
+    /// pageable; not written to after this returns, also on a timeout).
+    pub(crate) fn read_raw_within(&self, src: u64, dst: &mut [u8], limit: std::time::Duration) -> Result<()> {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.read_within(src, dst, limit),
+            StreamInner::Emulated(s) => s.read_within(src, dst, limit),
+        }
+    }
+
     /// Reads a whole buffer into a new vector.
     pub fn read_vec<T: Pod>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>> {
         let mut v = vec![T::zeroed(); src.len];
@@ -1029,6 +1050,49 @@ impl<T> DeviceBuffer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bounded synchronous copies on a stream held up by work that does
+    /// not finish (emulated: an op that waits for the test): they give up
+    /// with `Timeout` after their limit, and leave the caller's buffers
+    /// alone — also once the stream moves again.
+    #[test]
+    fn bounded_copies_give_up_on_a_stuck_stream() {
+        let dev = Device::open(RuntimeSelection::Emulated, 0).unwrap();
+        let stream = dev.new_stream().unwrap();
+        let StreamInner::Emulated(emu) = &stream.inner else { unreachable!("emulated device") };
+        let buf = dev.alloc_from(&[0x5au8; 24]).unwrap();
+        let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let held = gate.clone();
+        emu.submit_for_test(Box::new(move || {
+            let (m, cv) = &*held;
+            drop(cv.wait_while(m.lock().unwrap(), |open| !*open).unwrap());
+            Ok(())
+        }))
+        .unwrap();
+        let limit = std::time::Duration::from_millis(100);
+        let t = std::time::Instant::now();
+        let mut out = vec![0xeeu8; 24];
+        let r = stream.read_raw_within(buf.device_addr(), &mut out, limit);
+        assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+        assert!(t.elapsed() >= limit);
+        let data: Vec<u8> = (0..24u8).map(|i| i * 7 + 3).collect();
+        let r = stream.write_raw_within(buf.device_addr(), &data, limit);
+        assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+        drop(data);
+        // The stream moves again: the queued read lands in its own buffer,
+        // not in `out`; the queued write (of its own copy) lands.
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        stream.synchronize().unwrap();
+        assert_eq!(out, vec![0xeeu8; 24]);
+        let want: Vec<u8> = (0..24u8).map(|i| i * 7 + 3).collect();
+        assert_eq!(stream.read_vec(&buf).unwrap(), want);
+        // A stream that runs: the bounded copies are plain copies.
+        let mut back = vec![0u8; 24];
+        stream.write_raw_within(buf.device_addr(), &[9u8; 24], limit).unwrap();
+        stream.read_raw_within(buf.device_addr(), &mut back, limit).unwrap();
+        assert_eq!(back, vec![9u8; 24]);
+    }
 
     /// A dmabuf of shareable memory: none on the emulated runtime; on CUDA
     /// an open fd where the driver and device support dmabufs.

@@ -30,6 +30,8 @@ pub(crate) struct CommExt {
     /// Window id → (this rank's address of the window, usable size): what
     /// the GIN proxy resolves descriptors' window ids with.
     pub(crate) window_table: Arc<Mutex<std::collections::HashMap<u32, (u64, u64)>>>,
+    /// GIN proxy errors for [`Communicator::get_async_error`](crate::comm::Communicator::get_async_error).
+    pub(crate) gin_errors: crate::gin::resources::GinErrors,
 }
 
 impl CommExt {
@@ -47,6 +49,7 @@ impl CommExt {
                 watcher: AtomicBool::new(false),
             }),
             window_table: Arc::new(Mutex::new(std::collections::HashMap::new())),
+            gin_errors: Default::default(),
         }
     }
 }

@@ -492,6 +492,36 @@ kernel! {
         *codes.add(1) = code(gin.wait_signal(&t, 0, 1).map(drop));
     }
 
+    /// One thread puts `bytes` from offset 0 of `win` to offset 0 of world
+    /// peer `peer`'s `win`, `count` times on context 0, stopping at the
+    /// first error; then, if `flush != 0` and nothing failed, flushes.
+    /// `codes[0]`: the device error code of what failed (0: none),
+    /// `codes[1]`: the puts posted.
+    ///
+    /// # Safety
+    /// `win` holds `bytes`; `peer < nranks`; `codes` holds 2 words; one thread.
+    pub unsafe fn gin_put_stream(comm: DevComm, win: WindowDesc, peer: u32, bytes: u64, count: u32, flush: u32, codes: *mut u32) {
+        let gin = match Gin::new(&comm, 0) {
+            Ok(g) => g,
+            Err(e) => {
+                *codes = e.code();
+                return;
+            }
+        };
+        let (t, world) = (ThreadCoop, comm.world());
+        let mut posted = 0;
+        let mut r = Ok(());
+        while posted < count && r.is_ok() {
+            r = gin.put(&t, &world, peer, &win, 0, &win, 0, bytes, RemoteAction::None, LocalAction::None);
+            posted += r.is_ok() as u32;
+        }
+        if flush != 0 && r.is_ok() {
+            r = gin.flush(&t);
+        }
+        *codes = r.err().map_or(0, |e| e.code());
+        *codes.add(1) = posted;
+    }
+
     /// Gets: entry `i` of `entries` (four u64s: world peer, source offset,
     /// destination offset, bytes) reads `bytes` of the peer's window into
     /// this rank's `win`, posted by thread `i % blockDim` of the one block.

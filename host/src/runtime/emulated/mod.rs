@@ -322,6 +322,64 @@ impl EmuStream {
         self.synchronize()
     }
 
+    /// As [`EmuStream::write`], waiting at most `limit`: the op copies from
+    /// a copy of `src` of its own, so giving up leaves nothing borrowed.
+    pub(crate) fn write_within(&self, dst: u64, src: &[u8], limit: std::time::Duration) -> Result<()> {
+        let (d, data) = (dst as usize, src.to_vec());
+        self.submit(Box::new(move || {
+            // SAFETY: dst is a live allocation of at least data.len() bytes
+            // (checked by the caller); `data` is owned by the op.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), d as *mut u8, data.len()) };
+            Ok(())
+        }))?;
+        self.synchronize_within(limit)
+    }
+
+    /// As [`EmuStream::read`], waiting at most `limit`: the op copies into
+    /// a buffer of its own, handed over once it has run.
+    pub(crate) fn read_within(&self, src: u64, dst: &mut [u8], limit: std::time::Duration) -> Result<()> {
+        let (s, n) = (src as usize, dst.len());
+        let out = Arc::new(Mutex::new(vec![0u8; n]));
+        let theirs = out.clone();
+        self.submit(Box::new(move || {
+            let mut v = theirs.lock().map_err(|_| Error::internal("read buffer poisoned"))?;
+            // SAFETY: `src` is a live allocation of at least n bytes (checked
+            // by the caller); `v` is the op's own buffer of n bytes.
+            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, v.as_mut_ptr(), n) };
+            Ok(())
+        }))?;
+        self.synchronize_within(limit)?;
+        dst.copy_from_slice(&out.lock().map_err(|_| Error::internal("read buffer poisoned"))?);
+        Ok(())
+    }
+
+    /// As [`EmuStream::synchronize`], giving up with `Timeout` after `limit`.
+    pub(crate) fn synchronize_within(&self, limit: std::time::Duration) -> Result<()> {
+        let end = std::time::Instant::now() + limit;
+        let (lock, cv) = &*self.state;
+        let mut s = lock.lock().map_err(|_| Error::internal("stream poisoned"))?;
+        while s.completed < s.submitted {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout(format!(
+                    "the stream has not run its work within {limit:?} ({} of {} operations done)",
+                    s.completed, s.submitted
+                )));
+            }
+            s = cv.wait_timeout(s, left).map_err(|_| Error::internal("stream poisoned"))?.0;
+        }
+        match &s.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues `op` (tests: a stream held up by work that does not finish).
+    #[cfg(test)]
+    pub(crate) fn submit_for_test(&self, op: Box<dyn FnOnce() -> Result<()> + Send>) -> Result<()> {
+        self.submit(op)
+    }
+
     /// # Safety
     /// Both ranges are live host memory until the stream passes this point.
     pub(crate) unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
