@@ -406,6 +406,9 @@ macro_rules! every_type {
 
 /// Set for a shorter battery (the 8-rank case on the emulated runtime).
 const QUICK_ENV: &str = "DEVCOMM_COLL_TEST_QUICK";
+/// Several LSA teams: `full` adds the multi-team battery to the shorter
+/// one; `light` runs a lighter one instead (many ranks, or TCP).
+const TEAMS_ENV: &str = "DEVCOMM_COLL_TEST_TEAMS";
 
 /// A scratch small enough that small messages take every path: LL up to
 /// 256 bytes, chunks of 1 KiB, a CTA per 512 bytes (up to 4); over several
@@ -451,9 +454,11 @@ fn multi_team_battery(c: &mut Ctx) {
         all_reduce_places::<u64>(c, len, Algorithm::Auto);
         all_reduce_places::<i8>(c, len, Algorithm::Auto);
     }
-    all_reduce_places::<f32>(c, 1_000_003, Algorithm::Auto);
+    // A million and three elements on GPUs; on the emulated runtime (CPU
+    // threads, the tiny scratch: thousands of chunks) a prime fifty times smaller.
+    let big = if common::runtime() == "cuda" { 1_000_003 } else { 20_011 };
+    all_reduce_places::<f32>(c, big, Algorithm::Auto);
     reductions::<f16>(c, 1001, Algorithm::Auto);
-    reductions::<i32>(c, 1001, Algorithm::Auto);
     reduce_scatter_in_place::<f32>(c, 13);
     reduce_scatter_in_place::<u8>(c, 13);
     movements::<f64>(c, 301);
@@ -464,6 +469,28 @@ fn child_body(comm: &Communicator) {
     let coll = comm.collectives_with(&tiny()).unwrap();
     let mut c = Ctx { comm, coll, stream: &stream, n: comm.count(), me: comm.rank(), case: 0 };
     // Every type and reduction, at an odd size (LL for the narrow types).
+    if std::env::var(TEAMS_ENV).is_ok_and(|v| v == "light") {
+        // Several LSA teams on many ranks: a type of each width, every
+        // reduction, both hierarchical all-reduces, every collective.
+        reductions::<i8>(&mut c, 37, Algorithm::Auto);
+        reductions::<f16>(&mut c, 37, Algorithm::Auto);
+        reductions::<f32>(&mut c, 37, Algorithm::Auto);
+        reductions::<u64>(&mut c, 37, Algorithm::Auto);
+        for len in [0, 33] {
+            movements::<f32>(&mut c, len);
+        }
+        movements::<u8>(&mut c, 301);
+        for len in [7, 1000] {
+            all_reduce_places::<f32>(&mut c, len, Algorithm::Auto);
+            all_reduce_places::<i8>(&mut c, len, Algorithm::Auto);
+        }
+        reduce_scatter_in_place::<f32>(&mut c, 13);
+        stream.synchronize().unwrap();
+        assert!(c.coll.error().is_none());
+        drop(c);
+        comm.finalize().unwrap();
+        return;
+    }
     every_type!(reductions, &mut c, 37, Algorithm::Auto);
     if std::env::var(QUICK_ENV).is_ok() {
         // 8 emulated ranks on a small machine (strict mode in CI): every
@@ -472,7 +499,7 @@ fn child_body(comm: &Communicator) {
         for len in [0, 33] {
             every_type!(movements, &mut c, len);
         }
-        if c.comm.lsa_size().unwrap() < c.n {
+        if std::env::var(TEAMS_ENV).is_ok_and(|v| v == "full") {
             multi_team_battery(&mut c);
         }
         bad_input(&mut c);
@@ -592,59 +619,62 @@ fn coll_mismatched_counts_are_refused_in_checking_mode() {
     common::run_on_runtime("child_coll_mismatch", 3, &[]);
 }
 
-/// The shorter battery (plus the multi-team one) on `n` ranks in LSA
-/// teams of `lsa`, collectives over several teams forced `multi_team`
-/// (`flat`, `hier`), GIN over `transport` (`ce`: the default).
-fn multi_team(n: usize, lsa: usize, multi_team: &str, transport: &str) {
+/// The shorter battery on `n` ranks in LSA teams of `lsa`, collectives
+/// over several teams forced `multi_team` (`flat`, `hier`, `auto`), GIN
+/// over `transport` (`ce`: the copy engine, the default), with `battery`
+/// (`quick`: the shorter one; `full`: it and the multi-team one; `light`).
+fn multi_team(n: usize, lsa: usize, multi_team: &str, transport: &str, battery: &str) {
     let mut env = slow().to_vec();
     env.push(("DEVCOMM_LSA_SIZE", lsa.to_string()));
     env.push((devcomm::coll::MULTI_TEAM_ENV, multi_team.to_string()));
     env.push(("DEVCOMM_GIN_TRANSPORT", transport.to_string()));
     env.push((QUICK_ENV, "1".to_string()));
-    common::run_on_runtime("child_coll", n, &env);
+    env.push((TEAMS_ENV, battery.to_string()));
+    common::run_on_runtime_within("child_coll", n, &env, std::time::Duration::from_secs(300));
 }
 
 /// Several LSA teams (2 of 2): every collective flat (groups of sends and
 /// receives, GIN between the teams).
 #[test]
 fn coll_4_ranks_in_two_lsa_teams() {
-    multi_team(4, 2, "flat", "ce");
+    multi_team(4, 2, "flat", "ce", "quick");
 }
 
 /// 2 teams of 2, hierarchical (LSA in the teams, GIN along the rails).
 #[test]
 fn coll_4_ranks_in_two_lsa_teams_hierarchical() {
-    multi_team(4, 2, "hier", "ce");
+    multi_team(4, 2, "hier", "ce", "full");
 }
 
 /// 2 teams of 2, hierarchical, GIN over TCP.
 #[test]
 fn coll_4_ranks_in_two_lsa_teams_hierarchical_over_tcp() {
-    multi_team(4, 2, "hier", "tcp");
+    multi_team(4, 2, "hier", "tcp", "light");
 }
 
 /// 2 teams of 3, hierarchical.
 #[test]
 fn coll_6_ranks_in_two_lsa_teams_of_3_hierarchical() {
-    multi_team(6, 3, "hier", "ce");
+    multi_team(6, 3, "hier", "ce", "full");
 }
 
 /// 4 teams of 2, hierarchical.
 #[test]
 fn coll_8_ranks_in_four_lsa_teams_hierarchical() {
-    multi_team(8, 2, "hier", "ce");
+    multi_team(8, 2, "hier", "ce", "light");
 }
 
-/// Every rank its own LSA team, GIN over TCP: flat (what `auto` picks)
-/// and the hierarchical path forced (its team steps copy).
+/// Every rank its own LSA team, GIN over TCP: flat (what `auto` picks
+/// with one-rank teams).
 #[test]
 fn coll_3_ranks_over_gin_tcp() {
-    multi_team(3, 1, "auto", "tcp");
+    multi_team(3, 1, "auto", "tcp", "quick");
 }
 
+/// One-rank teams with the hierarchical path forced (its team steps copy).
 #[test]
 fn coll_3_ranks_over_gin_tcp_hierarchical() {
-    multi_team(3, 1, "hier", "tcp");
+    multi_team(3, 1, "hier", "tcp", "light");
 }
 
 /// The GIN bytes of each collective, flat and hierarchical, on 2 teams of
