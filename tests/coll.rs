@@ -743,11 +743,13 @@ fn child_coll_gin_bytes() {
     let block = len as u64 * s;
     let (remote, rail) = ((n - l) as u64, (t - 1) as u64);
     let other_team = me / l != (n - 1) / l;
-    let flat = [remote * block, remote * block, remote * block, if me == 0 { remote * block } else { 0 }, if other_team {
-        block
-    } else {
-        0
-    }];
+    let flat = [
+        remote * block,
+        remote * block,
+        remote * block,
+        if me == 0 { remote * block } else { 0 },
+        if other_team { block } else { 0 },
+    ];
     let hier = [
         rail * block / l as u64,
         rail * block,

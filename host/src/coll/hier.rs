@@ -132,11 +132,10 @@ impl Collectives<'_> {
     /// Whether collective `kind` runs hierarchically (several LSA teams).
     pub(super) fn hierarchical(&self, kind: Kind) -> bool {
         let g = self.layout();
-        let applies = matches!(
-            kind,
-            Kind::AllReduce | Kind::ReduceScatter | Kind::AllGather | Kind::Broadcast | Kind::Reduce
-        ) && g.teams > 1
-            && 2 * g.teams <= MAX_GROUP_OPS;
+        let applies =
+            matches!(kind, Kind::AllReduce | Kind::ReduceScatter | Kind::AllGather | Kind::Broadcast | Kind::Reduce)
+                && g.teams > 1
+                && 2 * g.teams <= MAX_GROUP_OPS;
         match self.config.multi_team {
             MultiTeam::Flat => false,
             MultiTeam::Auto => applies && g.lsa > 1,
@@ -319,7 +318,17 @@ impl Collectives<'_> {
         // 2. partial[t'] = the team's sum of block t'·L + l.
         let partial = self.temp::<T>(2, g.teams * c)?;
         let rail_len = g.teams * c;
-        self.launch_lsa(Kind::ReduceScatter, &by_rail, &partial, rail_len, &team_op, 0, Algorithm::OneShot, n * c * size, stream)?;
+        self.launch_lsa(
+            Kind::ReduceScatter,
+            &by_rail,
+            &partial,
+            rail_len,
+            &team_op,
+            0,
+            Algorithm::OneShot,
+            n * c * size,
+            stream,
+        )?;
         // 3. partial[t'] to rail rank t'; the teams' partial sums of my block reduced.
         let gathered = self.temp::<T>(3, g.teams * c)?;
         let own = g.team * c;
@@ -364,7 +373,17 @@ impl Collectives<'_> {
         })?;
         // 2. team[l'][t'] = block t'·L + l'.
         let team = self.temp::<T>(2, n * c)?;
-        self.launch_lsa(Kind::AllGather, &rail, &team, g.teams * c, &Op::Sum, 0, Algorithm::OneShot, n * c * size, stream)?;
+        self.launch_lsa(
+            Kind::AllGather,
+            &rail,
+            &team,
+            g.teams * c,
+            &Op::Sum,
+            0,
+            Algorithm::OneShot,
+            n * c * size,
+            stream,
+        )?;
         // 3. World order.
         let mut copies = Vec::with_capacity(n);
         for l in 0..g.lsa {
