@@ -474,3 +474,36 @@ impl Collectives<'_> {
         unsafe { self.reduce_local(&gathered, g.teams, recv.ptr, count, rail_op, (0, 0), avg, stream) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multi_team_names() {
+        assert_eq!(MultiTeam::parse("auto").unwrap(), MultiTeam::Auto);
+        assert_eq!(MultiTeam::parse("").unwrap(), MultiTeam::Auto);
+        assert_eq!(MultiTeam::parse(" Flat ").unwrap(), MultiTeam::Flat);
+        assert_eq!(MultiTeam::parse("hier").unwrap(), MultiTeam::Hierarchical);
+        assert_eq!(MultiTeam::parse("HIERARCHICAL").unwrap(), MultiTeam::Hierarchical);
+        for bad in ["ring", "1", "hier2"] {
+            assert!(matches!(MultiTeam::parse(bad), Err(Error::InvalidArgument(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn reductions_split_in_two_levels() {
+        let g = Layout { lsa: 2, teams: 3, team: 1, lsa_rank: 0 };
+        assert_eq!(g.rail_peer(2), 4);
+        assert_eq!(g.other_teams().collect::<Vec<_>>(), vec![2, 0]);
+        let code = |o: &Op<'_, f32>| o.code();
+        let (team, rail, avg) = levels::<f32>(&Op::Avg, &g);
+        assert_eq!((code(&team), rail, avg), (RedOp::Avg, RedOp::Avg, 0));
+        let (team, rail, avg) = levels::<i32>(&Op::Avg, &g);
+        assert_eq!((team.code(), rail, avg), (RedOp::Sum, RedOp::Avg, 6));
+        let (team, rail, avg) = levels::<f32>(&Op::PreMulSum(0.5), &g);
+        assert_eq!((code(&team), rail, avg), (RedOp::PreMulSum, RedOp::Sum, 0));
+        let (team, rail, avg) = levels::<u8>(&Op::Max, &g);
+        assert_eq!((team.code(), rail, avg), (RedOp::Max, RedOp::Max, 0));
+    }
+}
