@@ -275,7 +275,7 @@ impl Collectives<'_> {
         // SAFETY: `gathered` holds `teams` blocks of `count`, `buf` `count`
         // elements (a checked operand or a scratch slot), not overlapping.
         unsafe { self.copy_elems::<T>(&[(Self::at(gathered, g.team * count), buf.ptr, count)], stream) }?;
-        self.group(stream, |grp| {
+        self.step_group(stream, |grp| {
             for t in g.other_teams() {
                 grp.send(buf, g.rail_peer(t))?;
                 grp.recv(gathered.sub(t * count, count)?, g.rail_peer(t))?;
@@ -334,7 +334,7 @@ impl Collectives<'_> {
         let own = g.team * c;
         // SAFETY: both scratch slots hold `teams` blocks of `c`.
         unsafe { self.copy_elems::<T>(&[(Self::at(&gathered, own), Self::at(&partial, own), c)], stream) }?;
-        self.group(stream, |grp| {
+        self.step_group(stream, |grp| {
             for t in g.other_teams() {
                 grp.send(partial.sub(t * c, c)?, g.rail_peer(t))?;
                 grp.recv(gathered.sub(t * c, c)?, g.rail_peer(t))?;
@@ -364,7 +364,7 @@ impl Collectives<'_> {
         let rail = self.temp::<T>(1, g.teams * c)?;
         // SAFETY: `rail` holds `teams` blocks of `c`, `send` `c` elements.
         unsafe { self.copy_elems::<T>(&[(Self::at(&rail, g.team * c), send.ptr, c)], stream) }?;
-        self.group(stream, |grp| {
+        self.step_group(stream, |grp| {
             for t in g.other_teams() {
                 grp.send(send, g.rail_peer(t))?;
                 grp.recv(rail.sub(t * c, c)?, g.rail_peer(t))?;
@@ -411,7 +411,7 @@ impl Collectives<'_> {
         let (root_team, root_lsa) = (root / g.lsa, root % g.lsa);
         let (send, recv) = (*send, *recv);
         if g.lsa_rank == root_lsa {
-            self.group(stream, |grp| {
+            self.step_group(stream, |grp| {
                 if me == root {
                     for t in (1..g.teams).map(|k| (root_team + k) % g.teams) {
                         grp.send(send, g.rail_peer(t))?;
@@ -457,13 +457,13 @@ impl Collectives<'_> {
             return Ok(());
         }
         if me != root {
-            return self.group(stream, |grp| grp.send(partial, root));
+            return self.step_group(stream, |grp| grp.send(partial, root));
         }
         let gathered = self.temp::<T>(2, g.teams * count)?;
         let own = root_team * count;
         // SAFETY: `gathered` holds `teams` blocks of `count`, `partial` `count`.
         unsafe { self.copy_elems::<T>(&[(Self::at(&gathered, own), partial.ptr, count)], stream) }?;
-        self.group(stream, |grp| {
+        self.step_group(stream, |grp| {
             for t in (1..g.teams).map(|k| (root_team + k) % g.teams) {
                 grp.recv(gathered.sub(t * count, count)?, g.rail_peer(t))?;
             }

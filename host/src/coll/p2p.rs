@@ -60,6 +60,10 @@ pub struct Group<'g, 'c, 'a> {
     /// (kind, peer, device address, bytes), in the order added.
     ops: Vec<(P2pKind, usize, u64, u64)>,
     ended: bool,
+    /// Whether checking mode compares it across ranks (not for the steps
+    /// of a hierarchical collective, which only some ranks take and whose
+    /// collective was compared already).
+    checked: bool,
     _operands: PhantomData<&'a ()>,
 }
 
@@ -121,7 +125,7 @@ impl<'a> Group<'_, '_, 'a> {
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
         let ops = std::mem::take(&mut self.ops);
-        self.coll.launch_group(ops, self.stream)
+        self.coll.launch_group(ops, self.stream, self.checked)
     }
 }
 
@@ -131,7 +135,7 @@ impl Drop for Group<'_, '_, '_> {
     fn drop(&mut self) {
         if !self.ended {
             let ops = std::mem::take(&mut self.ops);
-            if let Err(e) = self.coll.launch_group(ops, self.stream) {
+            if let Err(e) = self.coll.launch_group(ops, self.stream, self.checked) {
                 self.coll.keep(e);
             }
         }
@@ -143,7 +147,23 @@ impl<'c> Collectives<'c> {
     /// see [`Group`].
     #[doc(alias = "ncclGroupStart")]
     pub fn group_start<'g, 'a>(&'g self, stream: &'g Stream) -> Group<'g, 'c, 'a> {
-        Group { coll: self, stream, ops: Vec::new(), ended: false, _operands: PhantomData }
+        Group { coll: self, stream, ops: Vec::new(), ended: false, checked: true, _operands: PhantomData }
+    }
+
+    /// [`Collectives::group`] for a step of a collective: not compared
+    /// across ranks in checking mode (the collective was).
+    pub(super) fn step_group<'g, 'a>(
+        &'g self,
+        stream: &'g Stream,
+        f: impl FnOnce(&mut Group<'g, 'c, 'a>) -> Result<()>,
+    ) -> Result<()> {
+        let mut g = Group { coll: self, stream, ops: Vec::new(), ended: false, checked: false, _operands: PhantomData };
+        let r = f(&mut g);
+        if r.is_err() {
+            g.ended = true;
+        }
+        r?;
+        g.end()
     }
 
     /// Runs `f` on a new group and ends it (one launch for all its sends
@@ -432,11 +452,11 @@ impl<'c> Collectives<'c> {
     }
 
     /// Queues the group `ops` (kind, peer, address, bytes) as one launch.
-    fn launch_group(&self, ops: Vec<(P2pKind, usize, u64, u64)>, stream: &Stream) -> Result<()> {
+    fn launch_group(&self, ops: Vec<(P2pKind, usize, u64, u64)>, stream: &Stream, checked: bool) -> Result<()> {
         if let Some(e) = self.error() {
             return Err(e);
         }
-        if self.config.check_arguments {
+        if self.config.check_arguments && checked {
             self.check_group_across_ranks(&ops)?;
         }
         if ops.is_empty() {
