@@ -677,10 +677,10 @@ fn coll_3_ranks_over_gin_tcp_hierarchical() {
     multi_team(3, 1, "hier", "tcp", "light");
 }
 
-/// The GIN bytes of each collective, flat and hierarchical, on 2 teams of
-/// 2 (in checking mode): results checked, bytes equal to what the
-/// algorithms send (`(T-1)·L` blocks flat, `T-1` hierarchical), fewer
-/// hierarchical.
+/// The GIN bytes of each collective, flat and hierarchical, on teams of 2
+/// (in checking mode): results checked, bytes equal to what the
+/// algorithms send (`(T-1)·L` blocks flat, about `T-1` hierarchical), at
+/// least `L` times fewer hierarchical.
 #[test]
 #[ignore = "a rank of a multi-rank test: its parent runs it"]
 fn child_coll_gin_bytes() {
@@ -754,8 +754,14 @@ fn child_coll_gin_bytes() {
         if me == 0 { remote * block } else { 0 },
         if other_team { block } else { 0 },
     ];
+    // All-reduce along the rail: the shard (`len / l` elements) to every
+    // other team with two teams; with more, a reduce-scatter (every piece
+    // but its own, once) and an all-gather (its own piece to each).
+    let shard = (len / l) as u64;
+    let piece = shard / t as u64 + u64::from(((me / l) as u64) < shard % t as u64);
+    let rail_all_reduce = if t > 2 { (shard - piece) + rail * piece } else { rail * shard };
     let hier = [
-        rail * block / l as u64,
+        rail_all_reduce * s,
         rail * block,
         rail * block,
         if me == 0 { rail * block } else { 0 },
@@ -773,4 +779,13 @@ fn coll_hierarchical_moves_fewer_gin_bytes() {
     let mut env = slow().to_vec();
     env.push(("DEVCOMM_LSA_SIZE", "2".to_string()));
     common::run_on_runtime("child_coll_gin_bytes", 4, &env);
+}
+
+/// The same on 4 teams of 2 (the rail all-reduce as reduce-scatter +
+/// all-gather).
+#[test]
+fn coll_hierarchical_moves_fewer_gin_bytes_4_teams() {
+    let mut env = slow().to_vec();
+    env.push(("DEVCOMM_LSA_SIZE", "2".to_string()));
+    common::run_on_runtime("child_coll_gin_bytes", 8, &env);
 }

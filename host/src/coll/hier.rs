@@ -257,9 +257,14 @@ impl Collectives<'_> {
         self.rail_all_reduce(g, recv, &gathered, count, rail_op, avg, stream)
     }
 
-    /// `buf = rail_op over the rail of buf` (`count` elements): every rank
-    /// of the rail sends `buf` to every other one, receives theirs into
-    /// `gathered` (block `t` from team `t`) and reduces the blocks.
+    /// `buf = rail_op over the rail of buf` (`count` elements; `gathered`
+    /// holds `teams * count`). Two teams, or a message under
+    /// `hier_split_min_bytes` or of fewer elements than teams: every rank of
+    /// the rail sends `buf` to every other one, receives theirs into
+    /// `gathered` (block `t` from team `t`) and reduces the blocks (one
+    /// group, `(T-1)·count` elements out). Else a reduce-scatter then an
+    /// all-gather along the rail, direct (rank `t` reduces piece `t`: two
+    /// groups, `2·(T-1)/T·count` out, as a ring, in two steps).
     #[allow(clippy::too_many_arguments)]
     fn rail_all_reduce<T: CollType>(
         &self,
@@ -272,6 +277,39 @@ impl Collectives<'_> {
         stream: &Stream,
     ) -> Result<()> {
         let buf = *buf;
+        let size = std::mem::size_of::<T>();
+        if g.teams > 2 && count >= g.teams && count * size >= self.config.hier_split_min_bytes {
+            // Piece `j` of the message: `count / T` elements, one more for the first `count % T`.
+            let piece = |j: usize| {
+                let (base, extra) = (count / g.teams, count % g.teams);
+                (j * base + j.min(extra), base + usize::from(j < extra))
+            };
+            let (mine, len) = piece(g.team);
+            // 1. Piece `t` of every rank of the rail, reduced on rank `t`.
+            // SAFETY: `gathered` holds `teams` blocks of `len <= count`,
+            // `buf` `count` elements; not overlapping.
+            unsafe { self.copy_elems::<T>(&[(Self::at(gathered, g.team * len), Self::at(&buf, mine), len)], stream) }?;
+            self.step_group(stream, |grp| {
+                for t in g.other_teams() {
+                    let (at, n) = piece(t);
+                    grp.send(buf.sub(at, n)?, g.rail_peer(t))?;
+                    grp.recv(gathered.sub(t * len, len)?, g.rail_peer(t))?;
+                }
+                Ok(())
+            })?;
+            // SAFETY: `gathered` holds `teams` blocks of `len` (filled
+            // above), `buf`'s piece `len` elements.
+            unsafe { self.reduce_local(gathered, g.teams, Self::at(&buf, mine), len, rail_op, (0, 0), avg, stream) }?;
+            // 2. Every reduced piece to every rank of the rail.
+            return self.step_group(stream, |grp| {
+                for t in g.other_teams() {
+                    let (at, n) = piece(t);
+                    grp.send(buf.sub(mine, len)?, g.rail_peer(t))?;
+                    grp.recv(buf.sub(at, n)?, g.rail_peer(t))?;
+                }
+                Ok(())
+            });
+        }
         // SAFETY: `gathered` holds `teams` blocks of `count`, `buf` `count`
         // elements (a checked operand or a scratch slot), not overlapping.
         unsafe { self.copy_elems::<T>(&[(Self::at(gathered, g.team * count), buf.ptr, count)], stream) }?;
