@@ -8,7 +8,7 @@
 //!
 //! | collective | steps | bytes a rank sends over GIN (flat) |
 //! |---|---|---|
-//! | all-reduce, ≥ `hier_split_min_bytes` and ≥ `L` elements | reduce-scatter in the team → all-reduce of the shard along the rail → all-gather in the team (a remainder of `count % L` elements: two-step) | `(T-1)·count/L` (`(T-1)·L·count`) |
+//! | all-reduce, ≥ `hier_split_min_bytes` and ≥ `L` elements | reduce-scatter in the team → all-reduce of the shard along the rail → all-gather in the team (a remainder of `count % L` elements: two-step) | `(T-1)·count/L`, more than 2 teams `2(T-1)/T·count/L` (`(T-1)·L·count`) |
 //! | all-reduce, smaller | all-reduce in the team → all-reduce of the whole along the rail | `(T-1)·count` (`(T-1)·L·count`) |
 //! | reduce-scatter | blocks regrouped by rail (a local copy) → reduce-scatter in the team → reduce-scatter along the rail | `(T-1)·c` (`(T-1)·L·c`) |
 //! | all-gather | all-gather along the rail → all-gather in the team → blocks put back in world order (a local copy) | `(T-1)·c` (`(T-1)·L·c`) |

@@ -52,7 +52,7 @@
 //!
 //! | collective | steps | GIN bytes per rank (flat) |
 //! |---|---|---|
-//! | all-reduce, ≥ [`CollConfig::hier_split_min_bytes`] (64 KiB) and ≥ `L` elements | reduce-scatter in the team → all-reduce of the shard along the rail → all-gather in the team; the last `count % L` elements as below | `(T-1)·count/L` (`(T-1)·L·count`) |
+//! | all-reduce, ≥ [`CollConfig::hier_split_min_bytes`] (64 KiB) and ≥ `L` elements | reduce-scatter in the team → all-reduce of the shard along the rail → all-gather in the team; the last `count % L` elements as below | `(T-1)·count/L`, more than 2 teams `2(T-1)/T·count/L` (`(T-1)·L·count`) |
 //! | all-reduce, smaller | all-reduce in the team (LL / one-shot / two-shot by size) → all-reduce of the result along the rail | `(T-1)·count` (`(T-1)·L·count`) |
 //! | reduce-scatter | blocks regrouped by rail (a local copy) → reduce-scatter in the team → along the rail | `(T-1)·c` (`(T-1)·L·c`) |
 //! | all-gather | along the rail → in the team → blocks into world order (a local copy) | `(T-1)·c` (`(T-1)·L·c`) |
@@ -61,7 +61,9 @@
 //!
 //! The rail steps are groups of sends and receives to the other `T-1`
 //! ranks of the rail (direct, one launch) and a local reduction of the `T`
-//! partial results in team order; reductions are split in two levels
+//! partial results in team order (the rail all-reduce of a large shard
+//! over more than two teams: a direct reduce-scatter, then all-gather,
+//! along the rail); reductions are split in two levels
 //! (`PreMulSum` scales in the team, `Avg` divides exactly, see
 //! `coll/hier.rs`); narrow floats round once per level. Gather, scatter
 //! and all-to-all run **flat**: a group of sends and receives, every rank
