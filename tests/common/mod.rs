@@ -76,6 +76,12 @@ pub fn runtime() -> String {
 /// `DEVCOMM_TEST_RANKS_PER_GPU=k` caps the ranks per GPU: a case that needs
 /// more fails saying so.
 pub fn run_on_runtime(child: &str, n: usize, env: &[(&str, String)]) {
+    run_on_runtime_within(child, n, env, Duration::from_secs(120));
+}
+
+/// [`run_on_runtime`] with the ranks killed (and the test failed) after
+/// `limit` instead of 120 s.
+pub fn run_on_runtime_within(child: &str, n: usize, env: &[(&str, String)], limit: Duration) {
     let rt = runtime();
     if rt == "cuda" {
         let gpus = devcomm::runtime::device_count(RuntimeSelection::Cuda).map(|x| x.1).unwrap_or(0);
@@ -89,7 +95,7 @@ pub fn run_on_runtime(child: &str, n: usize, env: &[(&str, String)]) {
             );
         }
     }
-    let mut opts = child_job(child, n).env("DEVCOMM_RUNTIME", rt).timeout(Some(Duration::from_secs(120)));
+    let mut opts = child_job(child, n).env("DEVCOMM_RUNTIME", rt).timeout(Some(limit));
     for (k, v) in env {
         opts = opts.env(*k, v.clone());
     }

@@ -2,7 +2,13 @@
 //!
 //! ```text
 //! devcomm-run -n 2 target/release/devcomm_perf -b 8 -e 128M -f 2 -o all_reduce -d f32 --nccl
+//! DEVCOMM_LSA_SIZE=2 devcomm-run -n 4 target/release/devcomm_perf -o all_reduce --multi-team hier
 //! ```
+//!
+//! Over several LSA teams (`DEVCOMM_LSA_SIZE` below the rank count) the
+//! collectives run hierarchically or flat (`--multi-team`, see
+//! `devcomm::coll::MultiTeam`), and a last column gives the bytes rank 0
+//! sent over GIN for one operation.
 //!
 //! Per size: size (bytes of the larger buffer, as nccl-tests), count,
 //! type, redop, root; then for devcomm out of place, devcomm in place,
@@ -15,7 +21,7 @@
 //! events, after `warmup` untimed ones and a host barrier. Rank 0 prints.
 
 use clap::Parser;
-use devcomm::coll::{Algorithm, CollType, Collectives, Op, Operand};
+use devcomm::coll::{Algorithm, CollConfig, CollType, Collectives, MultiTeam, Op, Operand};
 use devcomm::comm::Communicator;
 use devcomm::runtime::{DeviceBuffer, Event, LaunchConfig, Stream};
 use devcomm::window::WindowFlags;
@@ -64,9 +70,15 @@ struct Args {
     /// Also run NCCL on the same buffers (libnccl loaded at run time).
     #[arg(long)]
     nccl: bool,
-    /// auto, ll, one_shot, two_shot (all_reduce).
+    /// auto, ll, one_shot, two_shot (all_reduce; over several LSA teams:
+    /// the in-team step of the two-step hierarchical all-reduce).
     #[arg(long, default_value = "auto")]
     algorithm: String,
+    /// Over several LSA teams (`DEVCOMM_LSA_SIZE` below the rank count):
+    /// auto, flat or hier (`devcomm::coll::MultiTeam`); default: what
+    /// `DEVCOMM_COLL_MULTI_TEAM` says, else auto.
+    #[arg(long)]
+    multi_team: Option<String>,
 }
 
 fn bytes(s: &str) -> std::result::Result<usize, String> {
@@ -258,8 +270,10 @@ impl<T: CollType> Bench<'_, T> {
         ];
         // devcomm, out of place.
         let recv_op = || Operand::range(&recv, 0, rlen);
+        let gin_before = self.coll.gin_bytes_sent();
         self.op(src()?, recv_op()?, algorithm)?;
         self.coll.synchronize(self.stream)?;
+        let gin_bytes = self.coll.gin_bytes_sent() - gin_before;
         let wrong = self.wrong(&recv, rlen)?;
         let t = self.time(&|| self.op(src()?, recv_op()?, algorithm))?;
         out.extend(cols(t, wrong));
@@ -290,6 +304,9 @@ impl<T: CollType> Bench<'_, T> {
             let wrong = self.wrong(&recv, rlen)?;
             let t = self.time(&f)?;
             out.extend(cols(t, wrong));
+        }
+        if self.comm.lsa_size()? < n {
+            out.push(format!("| {gin_bytes:>12}"));
         }
         drop(window);
         Ok(out)
@@ -435,13 +452,29 @@ mod nccl {
 }
 
 fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Result<()> {
-    let coll = comm.collectives()?;
+    let mut config = CollConfig::default();
+    if let Some(m) = &args.multi_team {
+        config.multi_team = MultiTeam::parse(m)?;
+    }
+    let lsa = comm.lsa_size()?;
+    if args.in_kernel && lsa < comm.count() {
+        return Err(Error::invalid_argument(format!(
+            "--in-kernel runs the device all-reduce over one LSA team; this world has {} teams of {lsa} (DEVCOMM_LSA_SIZE)",
+            comm.count() / lsa
+        )));
+    }
+    let coll = comm.collectives_with(&config)?;
     let stream = comm.device().stream();
     let nccl = if args.nccl { Some(nccl::Nccl::new(comm, stream)?) } else { None };
     let b = Bench::<T> { comm, coll: &coll, stream, args, kind, nccl: nccl.as_ref(), _t: std::marker::PhantomData };
     if comm.rank() == 0 {
+        let teams = if lsa < comm.count() {
+            format!(" in {} LSA teams of {lsa} ({:?} across teams)", comm.count() / lsa, config.multi_team)
+        } else {
+            String::new()
+        };
         println!(
-            "# devcomm-perf {:?} {} on {} ranks ({} runtime), iters {} warmup {} reps {} (median), {}",
+            "# devcomm-perf {:?} {} on {} ranks{teams} ({} runtime), iters {} warmup {} reps {} (median), {}",
             kind,
             args.datatype,
             comm.count(),
@@ -457,6 +490,9 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
         }
         if args.nccl {
             head += " |  NCCL out of place: time algbw busbw #wrong";
+        }
+        if lsa < comm.count() {
+            head += " | GIN bytes/op (this rank)";
         }
         println!("{head}");
         println!("#  (B)                                            (us)  (GB/s) (GB/s)");

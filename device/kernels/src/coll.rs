@@ -205,15 +205,19 @@ macro_rules! local_reduce_kernels {
             /// `dst[i] = op over b < args.root of src[b * args.count + i]`
             /// for `i < args.count`, by the whole grid: the local reduction
             /// of received blocks behind the collectives over several LSA
-            /// teams (see [`coll::reduce_blocks`]); `PreMulSum`'s scalar and
-            /// `Avg`'s divisor (`args.root` blocks) as for the other kernels.
+            /// teams (see [`coll::reduce_blocks`]); `PreMulSum`'s scalar as
+            /// for the other kernels; `Avg` divides by `args.seq` inputs when
+            /// it is not 0 (the hierarchical collectives: the blocks are
+            /// partial results of `args.seq / args.root` ranks each), else
+            /// by the `args.root` blocks.
             ///
             /// # Safety
             /// `args.src.ptr` holds `args.root` blocks of `args.count`
             /// elements, `args.dst.ptr` `args.count` (or is block 0).
             pub unsafe fn $name(args: CollArgs) {
                 let cta = Cta::new();
-                let r = reduction_over::<$t>(&args, args.root).map(|red| {
+                let inputs = if args.seq != 0 { args.seq } else { args.root };
+                let r = reduction_over::<$t>(&args, inputs).map(|red| {
                     let (t, nt) = (arch::global_thread_x() as usize, arch::grid_threads_x() as usize);
                     coll::reduce_blocks(
                         t, nt, args.src.ptr as *const $t, args.root, args.count as usize,

@@ -38,14 +38,45 @@
 //! (a timeout, an abort) is kept and returned by the next call and by
 //! [`Collectives::synchronize`].
 //!
-//! Today the collectives run over one LSA team (all ranks on one node, or
-//! `DEVCOMM_LSA_SIZE` equal to the rank count). In a world of several LSA
-//! teams, channels to ranks of other teams go over GIN (the `Collectives`
-//! then creates its device communicator with GIN, connection `Full`), and
-//! every collective runs as a group of sends and receives (flat: each rank
-//! exchanges with every rank; the reductions reduce the received blocks
-//! locally) — correct everywhere, not yet the hierarchical algorithm (LSA
-//! inside a team, GIN between teams' rails) that would move fewer bytes.
+//! ## Several LSA teams
+//!
+//! In a world of several LSA teams (several nodes, or `DEVCOMM_LSA_SIZE`
+//! below the rank count), channels to ranks of other teams go over GIN
+//! (the `Collectives` then creates its device communicator with GIN,
+//! connection `Full`). All-reduce, reduce-scatter, all-gather, broadcast
+//! and reduce then run **hierarchically**: LSA inside each team (the same
+//! kernels as above, over the team), GIN only between the ranks of a rail
+//! (same LSA rank, other teams), so about `1/L` of the bytes a flat
+//! exchange moves cross the network (`L` ranks per team). The steps, and
+//! the bytes each sends over GIN:
+//!
+//! | collective | steps | GIN bytes per rank (flat) |
+//! |---|---|---|
+//! | all-reduce, ≥ [`CollConfig::hier_split_min_bytes`] (64 KiB) and ≥ `L` elements | reduce-scatter in the team → all-reduce of the shard along the rail → all-gather in the team; the last `count % L` elements as below | `(T-1)·count/L`, more than 2 teams `2(T-1)/T·count/L` (`(T-1)·L·count`) |
+//! | all-reduce, smaller | all-reduce in the team (LL / one-shot / two-shot by size) → all-reduce of the result along the rail | `(T-1)·count` (`(T-1)·L·count`) |
+//! | reduce-scatter | blocks regrouped by rail (a local copy) → reduce-scatter in the team → along the rail | `(T-1)·c` (`(T-1)·L·c`) |
+//! | all-gather | along the rail → in the team → blocks into world order (a local copy) | `(T-1)·c` (`(T-1)·L·c`) |
+//! | broadcast | root → its rail → each team | root: `(T-1)·count` (`(T-1)·L·count`) |
+//! | reduce | in each team → along the root's rail to the root | root receives `(T-1)·count` (`(T-1)·L·count`) |
+//!
+//! The rail steps are groups of sends and receives to the other `T-1`
+//! ranks of the rail (direct, one launch) and a local reduction of the `T`
+//! partial results in team order (the rail all-reduce of a large shard
+//! over more than two teams: a direct reduce-scatter, then all-gather,
+//! along the rail); reductions are split in two levels
+//! (`PreMulSum` scales in the team, `Avg` divides exactly, see
+//! `coll/hier.rs`); narrow floats round once per level. Gather, scatter
+//! and all-to-all run **flat**: a group of sends and receives, every rank
+//! with every rank (GIN to the other teams), the reductions reducing the
+//! received blocks locally; so do all collectives when the teams have one
+//! rank each (nothing to share in a team). [`CollConfig::multi_team`] (or
+//! `DEVCOMM_COLL_MULTI_TEAM=auto|flat|hier`, [`MULTI_TEAM_ENV`]) forces
+//! either ([`MultiTeam`]); [`Collectives::gin_bytes_sent`] counts the
+//! bytes a rank queued to other teams. LSA teams always have equal sizes
+//! (consecutive blocks of ranks, see [`crate::team`]), so the hierarchical
+//! path applies to every multi-team world (up to 32 teams: a rail's group
+//! holds at most 64 sends and receives). Host-launched only: the device
+//! collectives of [`devcomm_device::coll`] run over one LSA team.
 //!
 //! Operations of one `Collectives` must run in the same order on every
 //! rank and one at a time: issue them on one stream (or synchronise between
@@ -53,10 +84,12 @@
 //! wrong results or a device timeout.
 
 mod datatype;
+mod hier;
 mod p2p;
 
 pub use datatype::{CollType, DataType, Fp8E4M3, Fp8E5M2};
 pub use devcomm_device::coll::{Algorithm, P2pKind, RedOp, LL_MAX_BYTES, ONE_SHOT_MAX_BYTES};
+pub use hier::{MultiTeam, HIER_SPLIT_MIN_BYTES, MULTI_TEAM_ENV};
 pub use p2p::Group;
 
 use crate::comm::Communicator;
@@ -68,7 +101,7 @@ use crate::window::{Window, WindowFlags};
 use devcomm_device::coll::{CollArgs, CollBuffer, CollContext};
 use devcomm_device::comm::WindowDesc;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Env: `1` turns on [`CollConfig::check_arguments`] for every
@@ -110,6 +143,18 @@ pub struct CollConfig {
     /// [`Error::InvalidArgument`] naming the rank that differs, instead of
     /// running a mismatched collective. Also on with `DEVCOMM_COLL_CHECK=1`.
     pub check_arguments: bool,
+    /// How collectives run when the world spans several LSA teams:
+    /// hierarchically where that applies, or flat (see the [module
+    /// docs](self#several-lsa-teams)). The default is [`MultiTeam::Auto`],
+    /// or what [`MULTI_TEAM_ENV`] (`DEVCOMM_COLL_MULTI_TEAM=auto|flat|hier`)
+    /// says.
+    pub multi_team: MultiTeam,
+    /// Hierarchical all-reduce: messages of at least this many bytes (and
+    /// at least one element per LSA rank) take the three-step algorithm
+    /// (reduce-scatter in the team, all-reduce of the shard along the rail,
+    /// all-gather in the team); smaller ones the two-step one (all-reduce
+    /// in the team, then of the whole message along the rail).
+    pub hier_split_min_bytes: usize,
 }
 
 impl Default for CollConfig {
@@ -125,6 +170,8 @@ impl Default for CollConfig {
             p2p_max_ctas: 16,
             ll_a2a_slots: 2048,
             check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
+            multi_team: MultiTeam::from_env().ok().flatten().unwrap_or_default(),
+            hier_split_min_bytes: HIER_SPLIT_MIN_BYTES,
         }
     }
 }
@@ -319,9 +366,14 @@ pub struct Collectives<'c> {
     p2p_seq: Mutex<Vec<[u64; 2]>>,
     /// A failure of a group ended by its drop (returned by the next call).
     pending: Mutex<Option<Error>>,
-    /// Where collectives over several LSA teams receive the blocks they
-    /// reduce (grown on demand; stream-ordered reuse).
-    flat_temp: Mutex<Option<DeviceBuffer<u8>>>,
+    /// Scratch buffers of the collectives over several LSA teams (where
+    /// they receive the blocks they reduce, shards, permuted copies; grown
+    /// on demand; stream-ordered reuse), by slot.
+    temps: Mutex<[Option<DeviceBuffer<u8>>; hier::TEMP_SLOTS]>,
+    /// LSA team size.
+    lsa: usize,
+    /// Payload bytes of sends queued to ranks of other LSA teams (GIN).
+    gin_bytes: AtomicU64,
 }
 
 impl Drop for Collectives<'_> {
@@ -370,8 +422,10 @@ impl Communicator {
         let n = self.count();
         let lsa = self.lsa_size()?;
         // Several LSA teams: sends and receives reach the other teams over
-        // GIN; the other collectives refuse (see `run`).
+        // GIN; the collectives run hierarchically or flat (see `run`).
         let several_teams = lsa != n;
+        // A bad `DEVCOMM_COLL_MULTI_TEAM` is an error, not ignored.
+        MultiTeam::from_env()?;
         if config.max_ctas == 0 || config.max_ctas > 128 {
             return Err(Error::invalid_argument(format!("max_ctas {} not in 1..=128", config.max_ctas)));
         }
@@ -496,7 +550,9 @@ impl Communicator {
             error,
             p2p_seq: Mutex::new(vec![[0; 2]; n]),
             pending: Mutex::new(None),
-            flat_temp: Mutex::new(None),
+            temps: Mutex::new(Default::default()),
+            lsa,
+            gin_bytes: AtomicU64::new(0),
         })
     }
 }
@@ -813,14 +869,38 @@ impl<'c> Collectives<'c> {
         if let Some(e) = self.error() {
             return Err(e);
         }
-        let (scalar, scalar_ptr) = op.scalar()?;
+        // The scalar's operand is checked before anything runs.
+        op.scalar()?;
         if self.config.check_arguments {
             self.check_across_ranks(kind, T::DTYPE, count, root, op.code(), send.window.is_some())?;
         }
         if self.gin_window.is_some() {
-            // Several LSA teams: sends and receives (GIN between teams).
+            // Several LSA teams: hierarchical where it applies, else flat
+            // (sends and receives, GIN between teams).
+            if self.hierarchical(kind) {
+                return self.run_hier(kind, send, recv, count, op, root, algorithm, stream);
+            }
             return self.run_flat(kind, send, recv, count, op, root, stream);
         }
+        self.launch_lsa(kind, send, recv, count, op, root, algorithm, bytes, stream)
+    }
+
+    /// Queues one collective over this rank's LSA team (the device
+    /// collectives' kernel for `kind`); `root` is an LSA rank.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_lsa<T: CollType>(
+        &self,
+        kind: Kind,
+        send: &Operand<'_, T>,
+        recv: &Operand<'_, T>,
+        count: usize,
+        op: &Op<'_, T>,
+        root: usize,
+        algorithm: Algorithm,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (scalar, scalar_ptr) = op.scalar()?;
         let seq = self.next_seq();
         if bytes == 0 {
             return Ok(());

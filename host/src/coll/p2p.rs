@@ -60,6 +60,10 @@ pub struct Group<'g, 'c, 'a> {
     /// (kind, peer, device address, bytes), in the order added.
     ops: Vec<(P2pKind, usize, u64, u64)>,
     ended: bool,
+    /// Whether checking mode compares it across ranks (not for the steps
+    /// of a hierarchical collective, which only some ranks take and whose
+    /// collective was compared already).
+    checked: bool,
     _operands: PhantomData<&'a ()>,
 }
 
@@ -121,7 +125,7 @@ impl<'a> Group<'_, '_, 'a> {
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
         let ops = std::mem::take(&mut self.ops);
-        self.coll.launch_group(ops, self.stream)
+        self.coll.launch_group(ops, self.stream, self.checked)
     }
 }
 
@@ -131,7 +135,7 @@ impl Drop for Group<'_, '_, '_> {
     fn drop(&mut self) {
         if !self.ended {
             let ops = std::mem::take(&mut self.ops);
-            if let Err(e) = self.coll.launch_group(ops, self.stream) {
+            if let Err(e) = self.coll.launch_group(ops, self.stream, self.checked) {
                 self.coll.keep(e);
             }
         }
@@ -143,7 +147,23 @@ impl<'c> Collectives<'c> {
     /// see [`Group`].
     #[doc(alias = "ncclGroupStart")]
     pub fn group_start<'g, 'a>(&'g self, stream: &'g Stream) -> Group<'g, 'c, 'a> {
-        Group { coll: self, stream, ops: Vec::new(), ended: false, _operands: PhantomData }
+        Group { coll: self, stream, ops: Vec::new(), ended: false, checked: true, _operands: PhantomData }
+    }
+
+    /// [`Collectives::group`] for a step of a collective: not compared
+    /// across ranks in checking mode (the collective was).
+    pub(super) fn step_group<'g, 'a>(
+        &'g self,
+        stream: &'g Stream,
+        f: impl FnOnce(&mut Group<'g, 'c, 'a>) -> Result<()>,
+    ) -> Result<()> {
+        let mut g = Group { coll: self, stream, ops: Vec::new(), ended: false, checked: false, _operands: PhantomData };
+        let r = f(&mut g);
+        if r.is_err() {
+            g.ended = true;
+        }
+        r?;
+        g.end()
     }
 
     /// Runs `f` on a new group and ends it (one launch for all its sends
@@ -336,7 +356,7 @@ impl<'c> Collectives<'c> {
                 // reduce the blocks locally (rank order: the same bits on
                 // every rank).
                 let receives = kind != Kind::Reduce || me == root;
-                let temp = self.flat_temp::<T>(if receives { n * count } else { 0 })?;
+                let temp = self.temp::<T>(0, if receives { n * count } else { 0 })?;
                 self.group(stream, |g| {
                     for p in peers() {
                         let (to, part) = match kind {
@@ -353,48 +373,75 @@ impl<'c> Collectives<'c> {
                     }
                     Ok(())
                 })?;
-                if !receives || count == 0 {
+                if !receives {
                     return Ok(());
                 }
-                let (scalar, scalar_ptr) = op.scalar()?;
-                let plain =
-                    |ptr: u64| CollBuffer { ptr, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
-                let args = CollArgs {
-                    ctx: self.ctx,
-                    src: plain(temp.ptr),
-                    dst: plain(recv.ptr),
-                    count: count as u64,
-                    scalar,
-                    scalar_ptr,
-                    errors: self.error.device_addr(),
-                    op: op.code() as u32,
-                    root: n as u32,
-                    algorithm: 0,
-                    seq: 0,
-                };
-                let packs = (count * std::mem::size_of::<T>()).div_ceil(16);
-                let ctas = packs.div_ceil(self.threads as usize).clamp(1, 512) as u32;
                 // SAFETY: `temp` holds `n` blocks of `count` elements (the
-                // group above filled them, earlier on this stream), `recv`
-                // `count` (checked by the caller); the error word is ours.
-                unsafe { launch_reduce_local(stream, T::DTYPE, LaunchConfig::new(ctas, self.threads), args) }
+                // group above fills them, earlier on this stream), `recv`
+                // `count` (checked by the caller).
+                unsafe { self.reduce_local(&temp, n, recv.ptr, count, op.code(), op.scalar()?, 0, stream) }
             }
         }
     }
 
-    /// The scratch operand of `len` elements of `T` for collectives over
-    /// several LSA teams (grown on demand; reused in stream order).
-    fn flat_temp<T: CollType>(&self, len: usize) -> Result<Operand<'static, T>> {
+    /// Queues `dst[i] = code over b < blocks of src[b * count + i]` for `i <
+    /// count` (the local reduction kernel), `scalar` as [`Op::scalar`]
+    /// gives it; `Avg` divides by `avg_inputs` (0: by `blocks`).
+    ///
+    /// # Safety
+    /// `src` holds `blocks * count` elements, `dst` is `count` elements of
+    /// this device's memory (or `src`'s block 0), both alive until the
+    /// stream passes this point.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn reduce_local<T: CollType>(
+        &self,
+        src: &Operand<'_, T>,
+        blocks: usize,
+        dst: u64,
+        count: usize,
+        code: devcomm_device::coll::RedOp,
+        (scalar, scalar_ptr): (u64, u64),
+        avg_inputs: u32,
+        stream: &Stream,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let plain = |ptr: u64| CollBuffer { ptr, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
+        let args = CollArgs {
+            ctx: self.ctx,
+            src: plain(src.ptr),
+            dst: plain(dst),
+            count: count as u64,
+            scalar,
+            scalar_ptr,
+            errors: self.error.device_addr(),
+            op: code as u32,
+            root: blocks as u32,
+            algorithm: 0,
+            seq: avg_inputs,
+        };
+        let packs = (count * std::mem::size_of::<T>()).div_ceil(16);
+        let ctas = packs.div_ceil(self.threads as usize).clamp(1, 512) as u32;
+        // SAFETY: the caller's contract; the error word is ours.
+        unsafe { launch_reduce_local(stream, T::DTYPE, LaunchConfig::new(ctas, self.threads), args) }
+    }
+
+    /// Scratch operand `slot` of `len` elements of `T` for collectives
+    /// over several LSA teams (grown on demand; reused in stream order:
+    /// one collective uses each slot once).
+    pub(super) fn temp<T: CollType>(&self, slot: usize, len: usize) -> Result<Operand<'static, T>> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::invalid_argument("collective over several LSA teams: byte count overflows"))?;
-        let mut temp = self.flat_temp.lock().unwrap_or_else(|p| p.into_inner());
+        let mut temps = self.temps.lock().unwrap_or_else(|p| p.into_inner());
+        let temp = temps.get_mut(slot).ok_or_else(|| Error::internal(format!("no scratch slot {slot}")))?;
         if temp.as_ref().is_none_or(|b| b.len() < bytes) {
             // The old buffer is freed first (freeing waits for the device).
             *temp = None;
             *temp = Some(self.comm.device().alloc::<u8>(bytes.max(16))?);
         }
-        let b = temp.as_ref().ok_or_else(|| Error::internal("flat_temp: no buffer"))?;
+        let b = temp.as_ref().ok_or_else(|| Error::internal("temp: no buffer"))?;
         Ok(Operand { ptr: b.device_addr(), len, ordinal: b.device().ordinal(), window: None, _t: PhantomData })
     }
 
@@ -405,11 +452,11 @@ impl<'c> Collectives<'c> {
     }
 
     /// Queues the group `ops` (kind, peer, address, bytes) as one launch.
-    fn launch_group(&self, ops: Vec<(P2pKind, usize, u64, u64)>, stream: &Stream) -> Result<()> {
+    fn launch_group(&self, ops: Vec<(P2pKind, usize, u64, u64)>, stream: &Stream, checked: bool) -> Result<()> {
         if let Some(e) = self.error() {
             return Err(e);
         }
-        if self.config.check_arguments {
+        if self.config.check_arguments && checked {
             self.check_group_across_ranks(&ops)?;
         }
         if ops.is_empty() {
@@ -427,6 +474,7 @@ impl<'c> Collectives<'c> {
         };
         let mut tasks = 0u32;
         let mut most_chunks = 1u64;
+        let mut gin_bytes = 0u64;
         {
             for (slot, &i) in order.iter().enumerate() {
                 let (kind, peer, ptr, bytes) = ops[i];
@@ -435,6 +483,9 @@ impl<'c> Collectives<'c> {
                 }
                 most_chunks = most_chunks.max(p2p_chunks(&self.ctx, bytes));
                 let first_seq = self.reserve_p2p(kind, peer, bytes)?;
+                if kind == P2pKind::Send && peer / self.lsa != self.comm.rank() / self.lsa {
+                    gin_bytes += bytes;
+                }
                 args.ops[slot] = P2pOp { ptr, bytes, first_seq, peer: peer as u32, kind: kind as u32 };
             }
         }
@@ -451,7 +502,18 @@ impl<'c> Collectives<'c> {
         // each channel's count, as the peer's do for the same operations
         // (the caller's contract: matching sends and receives, checked in
         // checking mode); the error word is this object's.
-        unsafe { stream.launch::<devcomm_kernels::coll::p2p_group>(cfg, (args,)) }
+        unsafe { stream.launch::<devcomm_kernels::coll::p2p_group>(cfg, (args,)) }?;
+        self.gin_bytes.fetch_add(gin_bytes, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Payload bytes this rank has queued on point-to-point channels to
+    /// ranks of other LSA teams (over GIN) since this object was made:
+    /// every send of its groups, and of its collectives over several LSA
+    /// teams (flat or hierarchical). Chunk headers and credits are not
+    /// counted. 0 with one LSA team.
+    pub fn gin_bytes_sent(&self) -> u64 {
+        self.gin_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Checking mode: every rank's sends to `p` match `p`'s receives from
