@@ -7,6 +7,8 @@
 //! f32 and within a rounding for bf16/f16; the device API fused into one
 //! kernel (every expert started by its own receive wait); bad input
 //! (more tokens than configured: a typed error before anything is sent).
+//! Both modes: low-latency and high-throughput (the same cases; combine
+//! checked against per-rank partial sums).
 //!
 //! Runs on the runtime `DEVCOMM_RUNTIME` names (default emulated) with 1,
 //! 2, 3, 4 and 8 ranks over LSA, and over GIN (`DEVCOMM_LSA_SIZE=1`: 2 and
@@ -17,7 +19,7 @@ mod common;
 use common::is_child;
 use devcomm::coll::{CollType, DataType};
 use devcomm::comm::Communicator;
-use devcomm::moe::{Dispatched, EpConfig, EpGroup, MoeType};
+use devcomm::moe::{Dispatched, EpConfig, EpGroup, EpMode, MoeType};
 use devcomm::runtime::{DeviceBuffer, LaunchConfig, Stream};
 use devcomm::Error;
 use devcomm_device::coll::Fp8E4M3;
@@ -168,6 +170,36 @@ fn expected_y<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64) -> Ve
     y
 }
 
+/// The combined output rank `me` must get in high-throughput mode: per
+/// rank `d` (in order) the partial `sum over j with e_j on d of w_j *
+/// expert(e_j, x)` in f32, rounded to `T`, then the partials added in f32
+/// and rounded once.
+fn expected_y_ht<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64) -> Vec<T> {
+    let (tokens, idx, w) = routing(kind, seed, me, s);
+    let x = tokens_of::<T>(seed, me, tokens, s.h);
+    let mut y = Vec::with_capacity(tokens * s.h);
+    for t in 0..tokens {
+        for c in 0..s.h {
+            let mut acc = 0.0f32;
+            for d in 0..s.n {
+                let mut part = None;
+                for j in 0..s.k {
+                    let e = idx[t * s.k + j];
+                    if e < 0 || e as usize / s.l() != d {
+                        continue;
+                    }
+                    *part.get_or_insert(0.0f32) += w[t * s.k + j] * expert(e as usize, x[t * s.h + c]).to_f64() as f32;
+                }
+                if let Some(p) = part {
+                    acc += T::from_f64(p as f64).to_f64() as f32;
+                }
+            }
+            y.push(T::from_f64(acc as f64));
+        }
+    }
+    y
+}
+
 /// Whether `got` is `want`: exactly for f32, within a rounding otherwise.
 fn close<T: CollType>(got: T, want: T) -> bool {
     if T::DTYPE == DataType::F32 {
@@ -181,6 +213,7 @@ struct Ctx<'a> {
     comm: &'a Communicator,
     stream: &'a Stream,
     shape: Shape,
+    mode: EpMode,
 }
 
 /// Checks `d`'s packed tokens and counts against the host.
@@ -247,18 +280,42 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     let y = ep.combine(&out, &d.handle, c.stream).unwrap();
     ep.synchronize(c.stream).unwrap();
     let got = c.stream.read_vec(&y).unwrap();
-    let want = expected_y::<T>(s, me, kind, seed);
+    let want = match c.mode {
+        EpMode::HighThroughput => expected_y_ht::<T>(s, me, kind, seed),
+        _ => expected_y::<T>(s, me, kind, seed),
+    };
     assert_eq!(got.len(), want.len());
+    let mode = c.mode;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(close(*g, *w), "rank {me} {kind:?} seed {seed} {:?}: y[{i}] = {g:?}, want {w:?}", T::DTYPE);
+        assert!(close(*g, *w), "rank {me} {mode:?} {kind:?} seed {seed} {:?}: y[{i}] = {g:?}, want {w:?}", T::DTYPE);
     }
 }
 
-/// Routings `kinds`, some seeds, on a group of `T` (fresh outputs and reused ones).
+/// Routings `kinds`, some seeds, on a low-latency group of `T` (fresh outputs and reused ones).
 fn battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64, kinds: &[Routing]) {
     let cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE);
-    let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape };
+    battery_of::<T>(comm, stream, shape, &cfg, seeds, kinds);
+}
+
+/// The same on a high-throughput group with `channels` channels (0: the default).
+fn ht_battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, channels: u32, seeds: u64, kinds: &[Routing]) {
+    let mut cfg =
+        EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE).with_mode(EpMode::HighThroughput);
+    cfg.channels = channels;
+    battery_of::<T>(comm, stream, shape, &cfg, seeds, kinds);
+}
+
+/// Routings `kinds`, some seeds, on a group of `cfg`.
+fn battery_of<T: MoeType>(
+    comm: &Communicator,
+    stream: &Stream,
+    shape: Shape,
+    cfg: &EpConfig,
+    seeds: u64,
+    kinds: &[Routing],
+) {
+    let ep = EpGroup::new(comm, cfg).unwrap();
+    let c = Ctx { comm, stream, shape, mode: cfg.mode };
     let mut reused = ep.alloc_output::<T>().unwrap();
     for seed in 0..seeds {
         for (i, kind) in kinds.iter().enumerate() {
@@ -339,7 +396,7 @@ fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
 /// Fp8 dispatch over routings `kinds`.
 fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Routing]) {
     let ep = EpGroup::new(comm, &EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch()).unwrap();
-    let c = Ctx { comm, stream, shape };
+    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency };
     for (i, kind) in kinds.iter().enumerate() {
         fp8_round(&c, &ep, *kind, 500 + i as u64);
     }
@@ -359,7 +416,7 @@ fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Rout
 
 /// Host-side refusals (the same on every rank, so nothing hangs), and the
 /// group still works after each.
-fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
+fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode) {
     let dev = comm.device();
     let inv = |r: devcomm::Result<()>, what: &str| match r {
         Err(Error::InvalidArgument(m)) => eprintln!("rank {}: {what}: {m}", comm.rank()),
@@ -378,9 +435,12 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
     bad(EpConfig::new(s.e, 0, s.k, s.m), "hidden 0");
     bad(EpConfig::new(s.e, s.h, 33, s.m), "top_k 33");
     bad(EpConfig::new(s.e, s.h, s.k, 0), "max tokens 0");
-    bad(EpConfig::new(s.e, s.h, s.k, s.m).with_dtype(DataType::I32), "i32 tokens");
-    let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m)).unwrap();
-    let c = Ctx { comm, stream, shape };
+    bad(EpConfig::new(s.e, s.h, s.k, s.m).with_dtype(DataType::I32).with_mode(mode), "i32 tokens");
+    if mode == EpMode::HighThroughput {
+        bad(EpConfig::new(s.e, 128, s.k, s.m).with_fp8_dispatch().with_mode(mode), "fp8 in high-throughput mode");
+    }
+    let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m).with_mode(mode)).unwrap();
+    let c = Ctx { comm, stream, shape, mode };
     // More tokens than configured: refused before anything is sent.
     let over = s.m + 1;
     let x = dev.alloc_from(&vec![1.0f32; over * s.h]).unwrap();
@@ -441,7 +501,7 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let dev = comm.device();
     let kernels = devcomm_tests::test_kernels(dev);
     let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m)).unwrap();
-    let c = Ctx { comm, stream, shape };
+    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency };
     let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (8, 128) } else { (2, 64) };
     let warps = (ctas * threads / 32) as usize;
     let d = ep.alloc_output::<f32>().unwrap();
@@ -505,6 +565,85 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     }
 }
 
+/// The high-throughput device API in user kernels: the test kernel
+/// `moe_ht_fused_experts_f32` sends, starts each local expert by its own
+/// receive hook (last expert first) and computes it; the library's
+/// high-throughput combine kernel follows with the handle's tables.
+fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
+    use devcomm_device::moe::MoeHtArgs;
+    use devcomm_test_kernels::moe::moe_ht_fused_experts_f32;
+    let s = shape;
+    let me = comm.rank();
+    let dev = comm.device();
+    let kernels = devcomm_tests::test_kernels(dev);
+    let cfg = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(EpMode::HighThroughput);
+    let ep = EpGroup::new(comm, &cfg).unwrap();
+    let c = Ctx { comm, stream, shape, mode: EpMode::HighThroughput };
+    let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (8, 128) } else { (2, 64) };
+    let warps = (ctas * threads / 32) as usize;
+    let d = ep.alloc_output::<f32>().unwrap();
+    let h = &d.handle;
+    let (rank_pos, recv_rows) = (h.rank_positions().unwrap(), h.recv_rows().unwrap());
+    for seed in 0..seeds {
+        let kind = ROUTINGS[seed as usize % ROUTINGS.len()];
+        let seed = 2000 + seed;
+        let (tokens, idx, w) = routing(kind, seed, me, &s);
+        let x = dev.alloc_from(&tokens_of::<f32>(seed, me, tokens, s.h)).unwrap();
+        let idx = dev.alloc_from(&idx).unwrap();
+        let w = dev.alloc_from(&w).unwrap();
+        let expert_out = dev.alloc::<f32>(d.recv_x.len()).unwrap();
+        let y = dev.alloc::<f32>(tokens * s.h).unwrap();
+        let mut order = dev.alloc::<u32>(s.l()).unwrap();
+        stream.memset(&mut order, 0xff).unwrap();
+        let errors = dev.alloc_from(&[0u32; 2]).unwrap();
+        let seq = ep.reserve_seq().unwrap();
+        let mut args = MoeArgs {
+            ctx: ep.context(),
+            x: x.device_addr(),
+            topk_idx: idx.device_addr(),
+            topk_weights: w.device_addr(),
+            out: d.recv_x.device_addr(),
+            counts: d.recv_count.device_addr(),
+            scales: 0,
+            pos: h.positions().device_addr(),
+            handle_idx: h.topk_idx().device_addr(),
+            handle_weights: h.topk_weights().device_addr(),
+            errors: errors.device_addr(),
+            num_tokens: tokens as u32,
+            seq,
+        };
+        let a = MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() };
+        let cfg = LaunchConfig::new(ctas, threads).co_resident();
+        // SAFETY: `a` from this group's context and buffers of its shapes
+        // (`x` of `tokens <= m` tokens, routing of `tokens * k`, the
+        // handle's tables), `expert_out` as `recv_x`, `order` of L; the
+        // same seq on every rank; co-resident.
+        unsafe {
+            stream
+                .launch_in::<moe_ht_fused_experts_f32>(&kernels, cfg, (a, expert_out.as_mut_ptr(), order.as_mut_ptr()))
+                .unwrap()
+        };
+        assert_eq!(stream.read_vec(&errors).unwrap()[0], 0, "rank {me} seed {seed}: the fused dispatch's error code");
+        check_recv(&c, &d, kind, seed);
+        let want_recv = expected_recv::<f32>(&s, me, kind, seed);
+        let ord = stream.read_vec(&order).unwrap();
+        for l in 0..s.l() {
+            assert_eq!((ord[l] & 0xff_ffff) as usize * s.h, want_recv[l].len(), "rank {me}: HT expert {l}'s count");
+            assert_eq!((ord[l] >> 24) as usize, (s.l() - 1 - l) / warps, "rank {me}: HT expert {l}'s turn in its warp");
+        }
+        // The library's combine kernel on the experts' outputs.
+        args.x = expert_out.device_addr();
+        args.out = y.device_addr();
+        let a = MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() };
+        // SAFETY: as above; the handle's tables written by the dispatch
+        // just run, `y` of `tokens * h`.
+        unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_combine_f32>(cfg, (a,)).unwrap() };
+        assert_eq!(stream.read_vec(&errors).unwrap()[0], 0, "rank {me} seed {seed}: the combine's error code");
+        let want = expected_y_ht::<f32>(&s, me, kind, seed);
+        assert_eq!(stream.read_vec(&y).unwrap(), want, "rank {me} {kind:?} seed {seed}: the fused HT layer's output");
+    }
+}
+
 /// Set for a shorter battery (8 emulated ranks).
 const QUICK_ENV: &str = "DEVCOMM_MOE_TEST_QUICK";
 
@@ -540,7 +679,24 @@ fn child_body(comm: &Communicator) {
     // Fp8 dispatch: two groups of 128 per token.
     fp8_battery(comm, &stream, Shape { n, e: 2 * n, h: 256, k: 3, m: 4 }, few);
     fused(comm, &stream, f32_shape, if full { ROUTINGS.len() as u64 } else { 2 });
-    bad_input(comm, &stream, f32_shape);
+    bad_input(comm, &stream, f32_shape, EpMode::LowLatency);
+    // High-throughput mode: the same cases (f32 exactly against the
+    // per-rank partial sums), default channels and odd ones: 3 channels
+    // (ranges of 2 to 3 tokens, some empty), 1 channel over 45 tokens (a
+    // second warp chunk), and tokens of 16 KiB (GIN sends in several pieces).
+    ht_battery::<f32>(comm, &stream, f32_shape, 0, if full { 2 } else { 1 }, &ROUTINGS);
+    ht_battery::<f32>(comm, &stream, f32_shape, 3, 1, few);
+    if !quick {
+        ht_battery::<bf16>(comm, &stream, half_shape, 0, 1, few);
+        if full {
+            ht_battery::<f16>(comm, &stream, half_shape, 0, 1, &ROUTINGS);
+        }
+        let more = if full { &ROUTINGS[..] } else { &[Routing::Random, Routing::SomeEmpty][..] };
+        ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, 1, more);
+        ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, 1, &[Routing::OneRank]);
+    }
+    ht_fused(comm, &stream, f32_shape, if full { ROUTINGS.len() as u64 } else { 2 });
+    bad_input(comm, &stream, f32_shape, EpMode::HighThroughput);
     comm.finalize().unwrap();
 }
 
