@@ -298,7 +298,14 @@ fn battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, seeds
 }
 
 /// The same on a high-throughput group with `channels` channels (0: the default).
-fn ht_battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, channels: u32, seeds: u64, kinds: &[Routing]) {
+fn ht_battery<T: MoeType>(
+    comm: &Communicator,
+    stream: &Stream,
+    shape: Shape,
+    channels: u32,
+    seeds: u64,
+    kinds: &[Routing],
+) {
     let mut cfg =
         EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE).with_mode(EpMode::HighThroughput);
     cfg.channels = channels;

@@ -42,7 +42,9 @@ use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
-#[command(about = "MoE dispatch/combine (devcomm low-latency or high-throughput mode), NCCL and the copy engine beside it")]
+#[command(
+    about = "MoE dispatch/combine (devcomm low-latency or high-throughput mode), NCCL and the copy engine beside it"
+)]
 struct Args {
     /// Tokens per rank, a list.
     #[arg(long, default_value = "128,4096", value_delimiter = ',')]

@@ -242,7 +242,15 @@ unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
         let src = (me + 1 + i / g) % n;
         // SAFETY: the contract.
         let r = unsafe {
-            ht::combine_send_channel::<T, _>(&cta, ctx, src, i % g, args.x as *const u8, a.recv_rows as *const u32, args.seq)
+            ht::combine_send_channel::<T, _>(
+                &cta,
+                ctx,
+                src,
+                i % g,
+                args.x as *const u8,
+                a.recv_rows as *const u32,
+                args.seq,
+            )
         };
         if cta.is_leader() {
             // SAFETY: the contract.

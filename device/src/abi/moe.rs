@@ -149,7 +149,13 @@ impl MoeContext {
 
     /// Bytes of the window the high-throughput layout needs (`None` on
     /// overflow); see [`MoeContext::new_high_throughput`].
-    pub const fn window_bytes_ht(nranks: u32, top_k: u32, max_tokens: u32, slot_bytes: u64, channels: u32) -> Option<u64> {
+    pub const fn window_bytes_ht(
+        nranks: u32,
+        top_k: u32,
+        max_tokens: u32,
+        slot_bytes: u64,
+        channels: u32,
+    ) -> Option<u64> {
         let nm = nranks as u64 * max_tokens as u64;
         let slots = match nm.checked_mul(slot_bytes) {
             Some(x) => x.checked_mul(2),

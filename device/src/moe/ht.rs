@@ -160,7 +160,20 @@ unsafe fn put_range<C: Coop>(
     let win = ctx.window();
     // SAFETY: the group's window is in the GIN window table (the context's
     // contract); both ranges inside it (the caller's).
-    unsafe { gin.put(coop, &ctx.comm().world(), peer, &win, dst_off, &win, src_off, bytes, RemoteAction::None, LocalAction::None) }?;
+    unsafe {
+        gin.put(
+            coop,
+            &ctx.comm().world(),
+            peer,
+            &win,
+            dst_off,
+            &win,
+            src_off,
+            bytes,
+            RemoteAction::None,
+            LocalAction::None,
+        )
+    }?;
     Ok(())
 }
 
@@ -260,9 +273,15 @@ pub unsafe fn dispatch_send_channel<C: Coop>(
             if hj != 0 {
                 let tj = (c0 + src_lane) as usize;
                 let (dst, meta) = if gin.is_none() {
-                    (peer_ptr(ctx, dest, ctx.ht_recv_slot_offset(me, pj)), peer_ptr(ctx, dest, ctx.ht_meta_offset(me, pj)))
+                    (
+                        peer_ptr(ctx, dest, ctx.ht_recv_slot_offset(me, pj)),
+                        peer_ptr(ctx, dest, ctx.ht_meta_offset(me, pj)),
+                    )
                 } else {
-                    (local_ptr(ctx, ctx.ht_send_slot_offset(dest, pj)), local_ptr(ctx, ctx.ht_send_meta_offset(dest, pj)))
+                    (
+                        local_ptr(ctx, ctx.ht_send_slot_offset(dest, pj)),
+                        local_ptr(ctx, ctx.ht_send_meta_offset(dest, pj)),
+                    )
                 };
                 // SAFETY: token `tj < num_tokens` of `x` and its routing
                 // rows; the slot (`slot_bytes >= row`) and the routing row
@@ -635,6 +654,15 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     let out_row = |tok: usize| (out as *mut u8).wrapping_add(tok * row);
     // SAFETY: the contract; the partials are slots of the window (16-byte aligned).
     unsafe {
-        weighted_rows::<T>(t, nt, num_tokens as usize, ctx.hidden() as usize, n, out_row, (out as usize) % 16 == 0, entry)
+        weighted_rows::<T>(
+            t,
+            nt,
+            num_tokens as usize,
+            ctx.hidden() as usize,
+            n,
+            out_row,
+            (out as usize) % 16 == 0,
+            entry,
+        )
     };
 }

@@ -406,7 +406,9 @@ impl<'c> EpGroup<'c> {
         let ctx = match c.mode {
             // SAFETY: as said.
             // SAFETY: as said.
-            EpMode::LowLatency => unsafe { MoeContext::new(handle.dev_comm(), window.desc(), e, h, k, m, esize as u32) },
+            EpMode::LowLatency => unsafe {
+                MoeContext::new(handle.dev_comm(), window.desc(), e, h, k, m, esize as u32)
+            },
             // SAFETY: as above (2 signals at least: `L + 1 >= 2`), the
             // window of `window_bytes_ht` bytes, `channels` non-zero and
             // the same on every rank (from the config and the runtime kind).
@@ -713,7 +715,8 @@ impl<'c> EpGroup<'c> {
         };
         if self.config.mode == EpMode::HighThroughput {
             self.launch_ht_dispatch(args, handle, stream)?;
-            return Ok(self.dispatched(seq, tokens, handle));
+            self.dispatched(seq, tokens, handle);
+            return Ok(());
         }
         let cfg = LaunchConfig::new(self.ctas, self.threads).co_resident();
         // SAFETY: `args` holds this group's live context and buffers of the
@@ -724,7 +727,8 @@ impl<'c> EpGroup<'c> {
         // waits for the device); the same dispatch on every rank (the
         // collective contract); co-resident, threads a multiple of 32.
         unsafe { stream.launch::<devcomm_kernels::moe::moe_dispatch>(cfg, (args,)) }?;
-        Ok(self.dispatched(seq, tokens, handle))
+        self.dispatched(seq, tokens, handle);
+        Ok(())
     }
 
     /// Records dispatch `seq` of `tokens` tokens as queued (its combine pending).
