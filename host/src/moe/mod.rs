@@ -316,7 +316,8 @@ impl<'c> EpGroup<'c> {
     ///
     /// Errors: [`Error::InvalidArgument`] for a config out of range (zero
     /// sizes, experts not a multiple of the rank count, top-k above 32, a
-    /// datatype other than f32/bf16/f16, a window too large); those of
+    /// datatype other than f32/bf16/f16, a window too large, fp8 dispatch
+    /// in high-throughput mode, more than 256 channels); those of
     /// [`Communicator::create_dev_comm`] and
     /// [`Communicator::register_window`].
     #[doc(alias = "ncclEpCreateGroup")]
@@ -340,7 +341,7 @@ impl<'c> EpGroup<'c> {
         }
         if !matches!(c.dtype, DataType::F32 | DataType::Bf16 | DataType::F16) {
             return Err(Error::invalid_argument(format!(
-                "EpConfig: dtype {:?}; the low-latency mode takes F32, Bf16 or F16 tokens",
+                "EpConfig: dtype {:?}; MoE groups take F32, Bf16 or F16 tokens",
                 c.dtype
             )));
         }
