@@ -149,49 +149,32 @@ fn expected_recv<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64) ->
     per
 }
 
-/// The combined output rank `me` must get.
-fn expected_y<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64) -> Vec<T> {
+/// The combined output rank `me` must get. Low-latency: `sum over j of
+/// w_j * expert(e_j, x)` in f32 in top-k order, rounded once.
+/// High-throughput: per rank `d` (in order) the partial sum over the
+/// entries on `d` (f32, top-k order) rounded to `T`, the partials added in
+/// f32 and rounded once.
+fn expected_y<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64, mode: EpMode) -> Vec<T> {
+    let ht = mode == EpMode::HighThroughput;
     let (tokens, idx, w) = routing(kind, seed, me, s);
     let x = tokens_of::<T>(seed, me, tokens, s.h);
     let mut y = Vec::with_capacity(tokens * s.h);
     for t in 0..tokens {
         for c in 0..s.h {
             let mut acc = 0.0f32;
-            for j in 0..s.k {
-                let e = idx[t * s.k + j];
-                if e < 0 {
-                    continue;
-                }
-                acc += w[t * s.k + j] * expert(e as usize, x[t * s.h + c]).to_f64() as f32;
-            }
-            y.push(T::from_f64(acc as f64));
-        }
-    }
-    y
-}
-
-/// The combined output rank `me` must get in high-throughput mode: per
-/// rank `d` (in order) the partial `sum over j with e_j on d of w_j *
-/// expert(e_j, x)` in f32, rounded to `T`, then the partials added in f32
-/// and rounded once.
-fn expected_y_ht<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64) -> Vec<T> {
-    let (tokens, idx, w) = routing(kind, seed, me, s);
-    let x = tokens_of::<T>(seed, me, tokens, s.h);
-    let mut y = Vec::with_capacity(tokens * s.h);
-    for t in 0..tokens {
-        for c in 0..s.h {
-            let mut acc = 0.0f32;
-            for d in 0..s.n {
+            for d in 0..if ht { s.n } else { 1 } {
                 let mut part = None;
                 for j in 0..s.k {
                     let e = idx[t * s.k + j];
-                    if e < 0 || e as usize / s.l() != d {
+                    if e < 0 || (ht && e as usize / s.l() != d) {
                         continue;
                     }
                     *part.get_or_insert(0.0f32) += w[t * s.k + j] * expert(e as usize, x[t * s.h + c]).to_f64() as f32;
                 }
-                if let Some(p) = part {
-                    acc += T::from_f64(p as f64).to_f64() as f32;
+                match part {
+                    Some(p) if ht => acc += T::from_f64(p as f64).to_f64() as f32,
+                    Some(p) => acc += p,
+                    None => {}
                 }
             }
             y.push(T::from_f64(acc as f64));
@@ -280,10 +263,7 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     let y = ep.combine(&out, &d.handle, c.stream).unwrap();
     ep.synchronize(c.stream).unwrap();
     let got = c.stream.read_vec(&y).unwrap();
-    let want = match c.mode {
-        EpMode::HighThroughput => expected_y_ht::<T>(s, me, kind, seed),
-        _ => expected_y::<T>(s, me, kind, seed),
-    };
+    let want = expected_y::<T>(s, me, kind, seed, c.mode);
     assert_eq!(got.len(), want.len());
     let mode = c.mode;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -499,6 +479,90 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode) {
     comm.bootstrap_barrier().unwrap();
 }
 
+/// A dispatch's arguments for a user kernel: the group's context, the
+/// inputs `(x, topk_idx, topk_weights)`, `d`'s outputs and handle, a new
+/// sequence number.
+fn user_args<T: MoeType>(
+    ep: &EpGroup,
+    d: &Dispatched<T>,
+    (x, idx, w): (&DeviceBuffer<T>, &DeviceBuffer<i32>, &DeviceBuffer<f32>),
+    errors: &DeviceBuffer<u32>,
+    tokens: usize,
+) -> MoeArgs {
+    let h = &d.handle;
+    MoeArgs {
+        ctx: ep.context(),
+        x: x.device_addr(),
+        topk_idx: idx.device_addr(),
+        topk_weights: w.device_addr(),
+        out: d.recv_x.device_addr(),
+        counts: d.recv_count.device_addr(),
+        scales: 0,
+        pos: h.positions().device_addr(),
+        handle_idx: h.topk_idx().device_addr(),
+        handle_weights: h.topk_weights().device_addr(),
+        errors: errors.device_addr(),
+        num_tokens: tokens as u32,
+        seq: ep.reserve_seq().unwrap(),
+    }
+}
+
+/// One fused-kernel case (routing `ROUTINGS[seed % 6]`, `seed`): the
+/// inputs on the device, the experts' output (as `recv_x`), the combined
+/// output, the experts' order record (poisoned) and the error word.
+struct FusedCase {
+    kind: Routing,
+    seed: u64,
+    tokens: usize,
+    x: DeviceBuffer<f32>,
+    idx: DeviceBuffer<i32>,
+    w: DeviceBuffer<f32>,
+    expert_out: DeviceBuffer<f32>,
+    y: DeviceBuffer<f32>,
+    order: DeviceBuffer<u32>,
+    errors: DeviceBuffer<u32>,
+}
+
+fn fused_case(c: &Ctx, d: &Dispatched<f32>, seed: u64) -> FusedCase {
+    let (s, me, dev) = (&c.shape, c.comm.rank(), c.comm.device());
+    let kind = ROUTINGS[seed as usize % ROUTINGS.len()];
+    let (tokens, idx, w) = routing(kind, seed, me, s);
+    let mut order = dev.alloc::<u32>(s.l()).unwrap();
+    c.stream.memset(&mut order, 0xff).unwrap();
+    FusedCase {
+        kind,
+        seed,
+        tokens,
+        x: dev.alloc_from(&tokens_of::<f32>(seed, me, tokens, s.h)).unwrap(),
+        idx: dev.alloc_from(&idx).unwrap(),
+        w: dev.alloc_from(&w).unwrap(),
+        expert_out: dev.alloc::<f32>(d.recv_x.len()).unwrap(),
+        y: dev.alloc::<f32>(tokens * s.h).unwrap(),
+        order,
+        errors: dev.alloc_from(&[0u32; 2]).unwrap(),
+    }
+}
+
+/// Checks a fused case after its dispatch kernel: no error, the packed
+/// tokens and counts, and each local expert's count and turn as its warp
+/// (of `warps`, the last expert first) recorded them.
+fn check_fused_recv(c: &Ctx, d: &Dispatched<f32>, f: &FusedCase, warps: usize) {
+    let (s, me) = (&c.shape, c.comm.rank());
+    let (kind, seed) = (f.kind, f.seed);
+    assert_eq!(c.stream.read_vec(&f.errors).unwrap()[0], 0, "rank {me} {kind:?} seed {seed}: the kernel's error code");
+    check_recv(c, d, kind, seed);
+    let want_recv = expected_recv::<f32>(s, me, kind, seed);
+    let ord = c.stream.read_vec(&f.order).unwrap();
+    for l in 0..s.l() {
+        assert_eq!(
+            (ord[l] & 0xff_ffff) as usize * s.h,
+            want_recv[l].len(),
+            "rank {me}: expert {l}'s count as its warp saw it"
+        );
+        assert_eq!((ord[l] >> 24) as usize, (s.l() - 1 - l) / warps, "rank {me}: expert {l}'s turn in its warp");
+    }
+}
+
 /// The fused kernel (`moe_fused_layer_f32`): the device API in one kernel,
 /// every local expert started by its own receive wait, last expert first.
 fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
@@ -513,34 +577,10 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let warps = (ctas * threads / 32) as usize;
     let d = ep.alloc_output::<f32>().unwrap();
     for seed in 0..seeds {
-        let kind = ROUTINGS[seed as usize % ROUTINGS.len()];
-        let seed = 1000 + seed;
-        let (tokens, idx, w) = routing(kind, seed, me, &s);
-        let x = dev.alloc_from(&tokens_of::<f32>(seed, me, tokens, s.h)).unwrap();
-        let idx = dev.alloc_from(&idx).unwrap();
-        let w = dev.alloc_from(&w).unwrap();
-        let expert_out = dev.alloc::<f32>(d.recv_x.len()).unwrap();
-        let y = dev.alloc::<f32>(tokens * s.h).unwrap();
-        let mut order = dev.alloc::<u32>(s.l()).unwrap();
-        stream.memset(&mut order, 0xff).unwrap();
-        let errors = dev.alloc_from(&[0u32; 2]).unwrap();
-        let seq = ep.reserve_seq().unwrap();
-        let h = &d.handle;
-        let args = MoeArgs {
-            ctx: ep.context(),
-            x: x.device_addr(),
-            topk_idx: idx.device_addr(),
-            topk_weights: w.device_addr(),
-            out: d.recv_x.device_addr(),
-            counts: d.recv_count.device_addr(),
-            scales: 0,
-            pos: h.positions().device_addr(),
-            handle_idx: h.topk_idx().device_addr(),
-            handle_weights: h.topk_weights().device_addr(),
-            errors: errors.device_addr(),
-            num_tokens: tokens as u32,
-            seq,
-        };
+        let f = fused_case(&c, &d, 1000 + seed);
+        let (kind, seed, tokens) = (f.kind, f.seed, f.tokens);
+        let (expert_out, y, order, errors) = (&f.expert_out, &f.y, &f.order, &f.errors);
+        let args = user_args(&ep, &d, (&f.x, &f.idx, &f.w), errors, tokens);
         // SAFETY: `args` from this group's context and buffers of its
         // shapes (`x` of `tokens <= m` tokens, routing of `tokens * k`),
         // `expert_out` as `recv_x`, `y` of `tokens * h`, `order` of L; the
@@ -554,20 +594,9 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
                 )
                 .unwrap()
         };
-        assert_eq!(stream.read_vec(&errors).unwrap()[0], 0, "rank {me} seed {seed}: the fused kernel's error code");
-        check_recv(&c, &d, kind, seed);
-        let want_recv = expected_recv::<f32>(&s, me, kind, seed);
-        let ord = stream.read_vec(&order).unwrap();
-        for l in 0..s.l() {
-            assert_eq!(
-                (ord[l] & 0xff_ffff) as usize * s.h,
-                want_recv[l].len(),
-                "rank {me}: expert {l}'s count as its warp saw it"
-            );
-            assert_eq!((ord[l] >> 24) as usize, (s.l() - 1 - l) / warps, "rank {me}: expert {l}'s turn in its warp");
-        }
-        let got = stream.read_vec(&y).unwrap();
-        let want = expected_y::<f32>(&s, me, kind, seed);
+        check_fused_recv(&c, &d, &f, warps);
+        let got = stream.read_vec(y).unwrap();
+        let want = expected_y::<f32>(&s, me, kind, seed, EpMode::LowLatency);
         assert_eq!(got, want, "rank {me} {kind:?} seed {seed}: the fused layer's output");
     }
 }
@@ -592,33 +621,10 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let h = &d.handle;
     let (rank_pos, recv_rows) = (h.rank_positions().unwrap(), h.recv_rows().unwrap());
     for seed in 0..seeds {
-        let kind = ROUTINGS[seed as usize % ROUTINGS.len()];
-        let seed = 2000 + seed;
-        let (tokens, idx, w) = routing(kind, seed, me, &s);
-        let x = dev.alloc_from(&tokens_of::<f32>(seed, me, tokens, s.h)).unwrap();
-        let idx = dev.alloc_from(&idx).unwrap();
-        let w = dev.alloc_from(&w).unwrap();
-        let expert_out = dev.alloc::<f32>(d.recv_x.len()).unwrap();
-        let y = dev.alloc::<f32>(tokens * s.h).unwrap();
-        let mut order = dev.alloc::<u32>(s.l()).unwrap();
-        stream.memset(&mut order, 0xff).unwrap();
-        let errors = dev.alloc_from(&[0u32; 2]).unwrap();
-        let seq = ep.reserve_seq().unwrap();
-        let mut args = MoeArgs {
-            ctx: ep.context(),
-            x: x.device_addr(),
-            topk_idx: idx.device_addr(),
-            topk_weights: w.device_addr(),
-            out: d.recv_x.device_addr(),
-            counts: d.recv_count.device_addr(),
-            scales: 0,
-            pos: h.positions().device_addr(),
-            handle_idx: h.topk_idx().device_addr(),
-            handle_weights: h.topk_weights().device_addr(),
-            errors: errors.device_addr(),
-            num_tokens: tokens as u32,
-            seq,
-        };
+        let f = fused_case(&c, &d, 2000 + seed);
+        let (kind, seed, tokens) = (f.kind, f.seed, f.tokens);
+        let (expert_out, y, order, errors) = (&f.expert_out, &f.y, &f.order, &f.errors);
+        let mut args = user_args(&ep, &d, (&f.x, &f.idx, &f.w), errors, tokens);
         let a = MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() };
         let cfg = LaunchConfig::new(ctas, threads).co_resident();
         // SAFETY: `a` from this group's context and buffers of its shapes
@@ -630,14 +636,7 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
                 .launch_in::<moe_ht_fused_experts_f32>(&kernels, cfg, (a, expert_out.as_mut_ptr(), order.as_mut_ptr()))
                 .unwrap()
         };
-        assert_eq!(stream.read_vec(&errors).unwrap()[0], 0, "rank {me} seed {seed}: the fused dispatch's error code");
-        check_recv(&c, &d, kind, seed);
-        let want_recv = expected_recv::<f32>(&s, me, kind, seed);
-        let ord = stream.read_vec(&order).unwrap();
-        for l in 0..s.l() {
-            assert_eq!((ord[l] & 0xff_ffff) as usize * s.h, want_recv[l].len(), "rank {me}: HT expert {l}'s count");
-            assert_eq!((ord[l] >> 24) as usize, (s.l() - 1 - l) / warps, "rank {me}: HT expert {l}'s turn in its warp");
-        }
+        check_fused_recv(&c, &d, &f, warps);
         // The library's combine kernel on the experts' outputs.
         args.x = expert_out.device_addr();
         args.out = y.device_addr();
@@ -645,9 +644,9 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
         // SAFETY: as above; the handle's tables written by the dispatch
         // just run, `y` of `tokens * h`.
         unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_combine_f32>(cfg, (a,)).unwrap() };
-        assert_eq!(stream.read_vec(&errors).unwrap()[0], 0, "rank {me} seed {seed}: the combine's error code");
-        let want = expected_y_ht::<f32>(&s, me, kind, seed);
-        assert_eq!(stream.read_vec(&y).unwrap(), want, "rank {me} {kind:?} seed {seed}: the fused HT layer's output");
+        assert_eq!(stream.read_vec(errors).unwrap()[0], 0, "rank {me} seed {seed}: the combine's error code");
+        let want = expected_y::<f32>(&s, me, kind, seed, EpMode::HighThroughput);
+        assert_eq!(stream.read_vec(y).unwrap(), want, "rank {me} {kind:?} seed {seed}: the fused HT layer's output");
     }
 }
 

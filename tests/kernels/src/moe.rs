@@ -22,6 +22,53 @@ unsafe fn report<T>(errors: u64, r: Result<T, MoeError>) {
     }
 }
 
+/// Local expert `l` once its receive hook returned `r` (its token count,
+/// or an error: reported, no tokens): `y = x * (e + 1) + 0.5` with `e` the
+/// global expert id, from its packed rows of `args.out` into the same rows
+/// of `expert_out`; records `count | (k << 24)` in `order[l]`; then joins
+/// the warp.
+///
+/// # Safety
+/// As for the kernels below; every lane of the warp calls it.
+unsafe fn run_expert(
+    warp: &Warp,
+    args: &MoeArgs,
+    l: u32,
+    r: Result<u32, MoeError>,
+    expert_out: *mut f32,
+    order: *mut u32,
+    k: u32,
+) {
+    let ctx = &args.ctx;
+    let (n, m, h) = (ctx.comm().nranks() as usize, ctx.max_tokens() as usize, ctx.hidden() as usize);
+    let count = match r {
+        Ok(c) => c as usize,
+        Err(e) => {
+            if warp.is_leader() {
+                // SAFETY: the contract.
+                unsafe { report(args.errors, Err::<(), _>(e)) };
+            }
+            0
+        }
+    };
+    let expert = (ctx.comm().rank() * ctx.local_experts() + l) as f32;
+    let base = l as usize * n * m * h;
+    let mut j = warp.thread_rank() as usize;
+    while j < count * h {
+        // SAFETY: rows of expert `l` (`count` of them) of both buffers.
+        unsafe {
+            let xin = *(args.out as *const f32).add(base + j);
+            *expert_out.add(base + j) = xin * (expert + 1.0) + 0.5;
+        }
+        j += WARP_SIZE as usize;
+    }
+    if warp.is_leader() {
+        // SAFETY: `l < L`: inside `order`.
+        unsafe { *order.add(l as usize) = count as u32 | (k << 24) };
+    }
+    warp.sync();
+}
+
 kernel! {
     /// One MoE layer on f32 tokens: dispatch (as the library's kernel),
     /// then warp `w` of the grid, for local experts `L - 1 - w, L - 1 - w -
@@ -61,33 +108,12 @@ kernel! {
             e += nw;
         }
         let l_all = ctx.local_experts();
-        let (n, m, h) = (ctx.comm().nranks() as usize, ctx.max_tokens() as usize, ctx.hidden() as usize);
         let mut k = 0u32;
         let mut i = w;
         while i < l_all {
             let l = l_all - 1 - i;
             let r = moe::dispatch_recv_expert(&warp, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq);
-            let count = match r {
-                Ok(c) => c as usize,
-                Err(e) => {
-                    if warp.is_leader() {
-                        report(args.errors, Err::<(), _>(e));
-                    }
-                    0
-                }
-            };
-            let expert = (ctx.comm().rank() * l_all + l) as f32;
-            let base = l as usize * n * m * h;
-            let mut j = warp.thread_rank() as usize;
-            while j < count * h {
-                let xin = *(args.out as *const f32).add(base + j);
-                *expert_out.add(base + j) = xin * (expert + 1.0) + 0.5;
-                j += WARP_SIZE as usize;
-            }
-            if warp.is_leader() {
-                *order.add(l as usize) = count as u32 | (k << 24);
-            }
-            warp.sync();
+            run_expert(&warp, &args, l, r, expert_out, order, k);
             let r = moe::combine_send_expert(&warp, ctx, l, expert_out as *const u8, args.seq);
             if warp.is_leader() {
                 report(args.errors, r);
@@ -151,7 +177,6 @@ kernel! {
             i += nw;
         }
         let l_all = ctx.local_experts();
-        let (m, h) = (ctx.max_tokens() as usize, ctx.hidden() as usize);
         let mut k = 0u32;
         let mut i = w;
         while i < l_all {
@@ -159,26 +184,7 @@ kernel! {
             let r = ht::dispatch_recv_expert(
                 &warp, ctx, l, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32, args.seq,
             );
-            let count = match r {
-                Ok(c) => c as usize,
-                Err(e) => {
-                    if warp.is_leader() {
-                        report(args.errors, Err::<(), _>(e));
-                    }
-                    0
-                }
-            };
-            let expert = (ctx.comm().rank() * l_all + l) as f32;
-            let base = l as usize * n as usize * m * h;
-            let mut j = warp.thread_rank() as usize;
-            while j < count * h {
-                let xin = *(args.out as *const f32).add(base + j);
-                *expert_out.add(base + j) = xin * (expert + 1.0) + 0.5;
-                j += WARP_SIZE as usize;
-            }
-            if warp.is_leader() {
-                *order.add(l as usize) = count as u32 | (k << 24);
-            }
+            run_expert(&warp, args, l, r, expert_out, order, k);
             k += 1;
             i += nw;
         }
