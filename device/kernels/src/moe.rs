@@ -98,6 +98,43 @@ kernel! {
     }
 }
 
+/// A combine's steps on this CTA (both modes): `send(cta, i)` for items
+/// `b, b + B, ...` below `items` (CTA `b` of `B`), then `wait(cta)` (every
+/// CTA waits for every partner's outputs), then, if it succeeded,
+/// `reduce(tokens)` over the grid; failures reported in `args.errors`.
+///
+/// # Safety
+/// `args.errors` a valid device `u32`; the closures' own contracts.
+#[inline(always)]
+unsafe fn combine_steps(
+    args: &MoeArgs,
+    items: u32,
+    send: impl Fn(&Cta, u32) -> Result<(), MoeError>,
+    wait: impl Fn(&Cta) -> Result<(), MoeError>,
+    reduce: impl Fn(u32),
+) {
+    let cta = Cta::new();
+    let (b, nb) = (block_idx().x, grid_dim().x);
+    let mut i = b;
+    while i < items {
+        let r = send(&cta, i);
+        if cta.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report(args, r) };
+        }
+        i += nb;
+    }
+    let r = wait(&cta);
+    if r.is_err() {
+        if cta.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report(args, r) };
+        }
+        return;
+    }
+    reduce(args.num_tokens.min(args.ctx.max_tokens()));
+}
+
 /// A low-latency combine of elements `T`: send (CTA `b` of the grid sends
 /// local experts `b, b + B, ...`), then every CTA waits for every expert's
 /// outputs and the grid reduces.
@@ -108,41 +145,28 @@ kernel! {
 #[inline(always)]
 unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
     let ctx = &args.ctx;
-    let cta = Cta::new();
-    let (b, nb) = (block_idx().x, grid_dim().x);
-    let mut l = b;
-    while l < ctx.local_experts() {
-        // SAFETY: the contract.
-        let r = unsafe { moe::combine_send_expert(&cta, ctx, l, args.x as *const u8, args.seq) };
-        if cta.is_leader() {
-            // SAFETY: the contract.
-            unsafe { report(args, r) };
-        }
-        l += nb;
-    }
-    // SAFETY: the contract.
-    let r = unsafe { moe::combine_wait(&cta, ctx, args.seq) };
-    if r.is_err() {
-        if cta.is_leader() {
-            // SAFETY: the contract.
-            unsafe { report(args, r) };
-        }
-        return;
-    }
-    let num_tokens = args.num_tokens.min(ctx.max_tokens());
-    // SAFETY: the contract: the handle's buffers, `out` of `num_tokens * hidden`.
+    // SAFETY: (all three steps) the contract: this group's live context,
+    // `x` the experts' outputs, the handle's buffers, `out` of `num_tokens * hidden`.
     unsafe {
-        moe::combine_reduce::<T>(
-            global_thread_x() as usize,
-            grid_threads_x() as usize,
-            ctx,
-            args.topk_idx as *const i32,
-            args.topk_weights as *const f32,
-            args.pos as *const u32,
-            num_tokens,
-            args.out as *mut T,
+        combine_steps(
+            args,
+            ctx.local_experts(),
+            |cta, l| moe::combine_send_expert(cta, ctx, l, args.x as *const u8, args.seq),
+            |cta| moe::combine_wait(cta, ctx, args.seq),
+            |num_tokens| {
+                moe::combine_reduce::<T>(
+                    global_thread_x() as usize,
+                    grid_threads_x() as usize,
+                    ctx,
+                    args.topk_idx as *const i32,
+                    args.topk_weights as *const f32,
+                    args.pos as *const u32,
+                    num_tokens,
+                    args.out as *mut T,
+                )
+            },
         )
-    };
+    }
 }
 
 kernel! {
@@ -234,51 +258,24 @@ kernel! {
 unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
     let args = &a.args;
     let ctx = &args.ctx;
-    let cta = Cta::new();
-    let (b, nb) = (block_idx().x, grid_dim().x);
     let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
-    let mut i = b;
-    while i < n * g {
-        let src = (me + 1 + i / g) % n;
-        // SAFETY: the contract.
-        let r = unsafe {
-            ht::combine_send_channel::<T, _>(
-                &cta,
-                ctx,
-                src,
-                i % g,
-                args.x as *const u8,
-                a.recv_rows as *const u32,
-                args.seq,
-            )
-        };
-        if cta.is_leader() {
-            // SAFETY: the contract.
-            unsafe { report(args, r) };
-        }
-        i += nb;
-    }
-    // SAFETY: the contract.
-    let r = unsafe { ht::combine_wait(&cta, ctx, args.seq) };
-    if r.is_err() {
-        if cta.is_leader() {
-            // SAFETY: the contract.
-            unsafe { report(args, r) };
-        }
-        return;
-    }
-    let num_tokens = args.num_tokens.min(ctx.max_tokens());
-    // SAFETY: the contract: the handle's `rank_pos`, `out` of `num_tokens * hidden`.
+    // SAFETY: (all three steps) the contract: this group's live context,
+    // `x` the experts' outputs, the handle's tables, `out` of `num_tokens * hidden`.
     unsafe {
-        ht::combine_reduce::<T>(
-            global_thread_x() as usize,
-            grid_threads_x() as usize,
-            ctx,
-            a.rank_pos as *const u32,
-            num_tokens,
-            args.out as *mut T,
+        combine_steps(
+            args,
+            n * g,
+            |cta, i| {
+                let (x, rows) = (args.x as *const u8, a.recv_rows as *const u32);
+                ht::combine_send_channel::<T, _>(cta, ctx, (me + 1 + i / g) % n, i % g, x, rows, args.seq)
+            },
+            |cta| ht::combine_wait(cta, ctx, args.seq),
+            |num_tokens| {
+                let (t, nt) = (global_thread_x() as usize, grid_threads_x() as usize);
+                ht::combine_reduce::<T>(t, nt, ctx, a.rank_pos as *const u32, num_tokens, args.out as *mut T)
+            },
         )
-    };
+    }
 }
 
 kernel! {
