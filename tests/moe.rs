@@ -690,7 +690,7 @@ fn child_body(comm: &Communicator) {
     // per-rank partial sums), default channels and odd ones: 3 channels
     // (ranges of 2 to 3 tokens, some empty), 1 channel over 45 tokens (a
     // second warp chunk), and tokens of 16 KiB (GIN sends in several pieces).
-    ht_battery::<f32>(comm, &stream, f32_shape, 0, if full { 2 } else { 1 }, &ROUTINGS);
+    ht_battery::<f32>(comm, &stream, f32_shape, 0, 1, &ROUTINGS);
     ht_battery::<f32>(comm, &stream, f32_shape, 3, 1, few);
     if !quick {
         ht_battery::<bf16>(comm, &stream, half_shape, 0, 1, few);
@@ -701,7 +701,7 @@ fn child_body(comm: &Communicator) {
         ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, 1, more);
         ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, 1, &[Routing::OneRank]);
     }
-    ht_fused(comm, &stream, f32_shape, if full { ROUTINGS.len() as u64 } else { 2 });
+    ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
     bad_input(comm, &stream, f32_shape, EpMode::HighThroughput);
     comm.finalize().unwrap();
 }
