@@ -425,6 +425,9 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode) {
     bad(EpConfig::new(s.e, s.h, s.k, s.m).with_dtype(DataType::I32).with_mode(mode), "i32 tokens");
     if mode == EpMode::HighThroughput {
         bad(EpConfig::new(s.e, 128, s.k, s.m).with_fp8_dispatch().with_mode(mode), "fp8 in high-throughput mode");
+        let mut many = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(mode);
+        many.channels = 257;
+        bad(many, "257 channels");
     }
     let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m).with_mode(mode)).unwrap();
     let c = Ctx { comm, stream, shape, mode };
