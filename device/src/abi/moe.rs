@@ -197,6 +197,9 @@ impl MoeContext {
     /// GIN signal 0 counts dispatch words, signal 1 combine words (from
     /// ranks outside the LSA team).
     ///
+    /// Such a context is for the functions of `devcomm_device::moe::ht`
+    /// only, not for the low-latency ones (whose layout it does not have).
+    ///
     /// # Safety
     /// As for [`MoeContext::new`] (at least 2 GIN signals), with `window`
     /// of at least [`MoeContext::window_bytes_ht`] bytes; `channels`

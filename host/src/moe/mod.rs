@@ -480,7 +480,9 @@ impl<'c> EpGroup<'c> {
     /// The context kernels of your own pass to [`devcomm_device::moe`]'s
     /// functions. It shares the window with this group's host calls: do
     /// not run both at once, and number your dispatches with
-    /// [`EpGroup::reserve_seq`].
+    /// [`EpGroup::reserve_seq`]. A high-throughput group's context is for
+    /// [`devcomm_device::moe::ht`]'s functions only (its window has the
+    /// high-throughput layout).
     pub fn context(&self) -> MoeContext {
         self.ctx
     }
