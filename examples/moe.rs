@@ -6,9 +6,10 @@
 //!
 //! ```text
 //! cargo run --release -p devcomm-examples --example moe   # starts its own ranks
+//! MOE_MODE=ht cargo run --release -p devcomm-examples --example moe   # high-throughput mode
 //! ```
 
-use devcomm::moe::{EpConfig, EpGroup};
+use devcomm::moe::{EpConfig, EpGroup, EpMode};
 use devcomm::prelude::*;
 use devcomm_example_kernels::expert_matmul_f32;
 use std::process::ExitCode;
@@ -38,7 +39,9 @@ fn main() -> ExitCode {
         let comm = Communicator::init_from_env()?;
         let (dev, stream, me) = (comm.device(), comm.device().stream(), comm.rank());
         let experts = EXPERTS_PER_RANK * comm.count();
-        let ep = EpGroup::new(&comm, &EpConfig::new(experts, HIDDEN, TOP_K, TOKENS))?;
+        let ht = std::env::var("MOE_MODE").is_ok_and(|m| m == "ht");
+        let mode = if ht { EpMode::HighThroughput } else { EpMode::LowLatency };
+        let ep = EpGroup::new(&comm, &EpConfig::new(experts, HIDDEN, TOP_K, TOKENS).with_mode(mode))?;
         let module = dev.load_module(devcomm_examples::EXAMPLE_PTX)?; // before kernels that wait on peers
         let (mut x, mut idx, mut gate) = (vec![], vec![], vec![]);
         for t in 0..TOKENS {

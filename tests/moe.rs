@@ -7,6 +7,8 @@
 //! f32 and within a rounding for bf16/f16; the device API fused into one
 //! kernel (every expert started by its own receive wait); bad input
 //! (more tokens than configured: a typed error before anything is sent).
+//! Both modes: low-latency and high-throughput (the same cases; combine
+//! checked against per-rank partial sums).
 //!
 //! Runs on the runtime `DEVCOMM_RUNTIME` names (default emulated) with 1,
 //! 2, 3, 4 and 8 ranks over LSA, and over GIN (`DEVCOMM_LSA_SIZE=1`: 2 and
@@ -17,7 +19,7 @@ mod common;
 use common::is_child;
 use devcomm::coll::{CollType, DataType};
 use devcomm::comm::Communicator;
-use devcomm::moe::{Dispatched, EpConfig, EpGroup, MoeType};
+use devcomm::moe::{Dispatched, EpConfig, EpGroup, EpMode, MoeType};
 use devcomm::runtime::{DeviceBuffer, LaunchConfig, Stream};
 use devcomm::Error;
 use devcomm_device::coll::Fp8E4M3;
@@ -147,20 +149,33 @@ fn expected_recv<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64) ->
     per
 }
 
-/// The combined output rank `me` must get.
-fn expected_y<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64) -> Vec<T> {
+/// The combined output rank `me` must get. Low-latency: `sum over j of
+/// w_j * expert(e_j, x)` in f32 in top-k order, rounded once.
+/// High-throughput: per rank `d` (in order) the partial sum over the
+/// entries on `d` (f32, top-k order) rounded to `T`, the partials added in
+/// f32 and rounded once.
+fn expected_y<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64, mode: EpMode) -> Vec<T> {
+    let ht = mode == EpMode::HighThroughput;
     let (tokens, idx, w) = routing(kind, seed, me, s);
     let x = tokens_of::<T>(seed, me, tokens, s.h);
     let mut y = Vec::with_capacity(tokens * s.h);
     for t in 0..tokens {
         for c in 0..s.h {
             let mut acc = 0.0f32;
-            for j in 0..s.k {
-                let e = idx[t * s.k + j];
-                if e < 0 {
-                    continue;
+            for d in 0..if ht { s.n } else { 1 } {
+                let mut part = None;
+                for j in 0..s.k {
+                    let e = idx[t * s.k + j];
+                    if e < 0 || (ht && e as usize / s.l() != d) {
+                        continue;
+                    }
+                    *part.get_or_insert(0.0f32) += w[t * s.k + j] * expert(e as usize, x[t * s.h + c]).to_f64() as f32;
                 }
-                acc += w[t * s.k + j] * expert(e as usize, x[t * s.h + c]).to_f64() as f32;
+                match part {
+                    Some(p) if ht => acc += T::from_f64(p as f64).to_f64() as f32,
+                    Some(p) => acc += p,
+                    None => {}
+                }
             }
             y.push(T::from_f64(acc as f64));
         }
@@ -181,6 +196,7 @@ struct Ctx<'a> {
     comm: &'a Communicator,
     stream: &'a Stream,
     shape: Shape,
+    mode: EpMode,
 }
 
 /// Checks `d`'s packed tokens and counts against the host.
@@ -247,18 +263,46 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     let y = ep.combine(&out, &d.handle, c.stream).unwrap();
     ep.synchronize(c.stream).unwrap();
     let got = c.stream.read_vec(&y).unwrap();
-    let want = expected_y::<T>(s, me, kind, seed);
+    let want = expected_y::<T>(s, me, kind, seed, c.mode);
     assert_eq!(got.len(), want.len());
+    let mode = c.mode;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(close(*g, *w), "rank {me} {kind:?} seed {seed} {:?}: y[{i}] = {g:?}, want {w:?}", T::DTYPE);
+        assert!(close(*g, *w), "rank {me} {mode:?} {kind:?} seed {seed} {:?}: y[{i}] = {g:?}, want {w:?}", T::DTYPE);
     }
 }
 
-/// Routings `kinds`, some seeds, on a group of `T` (fresh outputs and reused ones).
+/// Routings `kinds`, some seeds, on a low-latency group of `T` (fresh outputs and reused ones).
 fn battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64, kinds: &[Routing]) {
     let cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE);
-    let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape };
+    battery_of::<T>(comm, stream, shape, &cfg, seeds, kinds);
+}
+
+/// The same on a high-throughput group with `channels` channels (0: the default).
+fn ht_battery<T: MoeType>(
+    comm: &Communicator,
+    stream: &Stream,
+    shape: Shape,
+    channels: u32,
+    seeds: u64,
+    kinds: &[Routing],
+) {
+    let mut cfg =
+        EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE).with_mode(EpMode::HighThroughput);
+    cfg.channels = channels;
+    battery_of::<T>(comm, stream, shape, &cfg, seeds, kinds);
+}
+
+/// Routings `kinds`, some seeds, on a group of `cfg`.
+fn battery_of<T: MoeType>(
+    comm: &Communicator,
+    stream: &Stream,
+    shape: Shape,
+    cfg: &EpConfig,
+    seeds: u64,
+    kinds: &[Routing],
+) {
+    let ep = EpGroup::new(comm, cfg).unwrap();
+    let c = Ctx { comm, stream, shape, mode: cfg.mode };
     let mut reused = ep.alloc_output::<T>().unwrap();
     for seed in 0..seeds {
         for (i, kind) in kinds.iter().enumerate() {
@@ -339,7 +383,7 @@ fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
 /// Fp8 dispatch over routings `kinds`.
 fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Routing]) {
     let ep = EpGroup::new(comm, &EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch()).unwrap();
-    let c = Ctx { comm, stream, shape };
+    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency };
     for (i, kind) in kinds.iter().enumerate() {
         fp8_round(&c, &ep, *kind, 500 + i as u64);
     }
@@ -359,7 +403,7 @@ fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Rout
 
 /// Host-side refusals (the same on every rank, so nothing hangs), and the
 /// group still works after each.
-fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
+fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode) {
     let dev = comm.device();
     let inv = |r: devcomm::Result<()>, what: &str| match r {
         Err(Error::InvalidArgument(m)) => eprintln!("rank {}: {what}: {m}", comm.rank()),
@@ -378,9 +422,15 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
     bad(EpConfig::new(s.e, 0, s.k, s.m), "hidden 0");
     bad(EpConfig::new(s.e, s.h, 33, s.m), "top_k 33");
     bad(EpConfig::new(s.e, s.h, s.k, 0), "max tokens 0");
-    bad(EpConfig::new(s.e, s.h, s.k, s.m).with_dtype(DataType::I32), "i32 tokens");
-    let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m)).unwrap();
-    let c = Ctx { comm, stream, shape };
+    bad(EpConfig::new(s.e, s.h, s.k, s.m).with_dtype(DataType::I32).with_mode(mode), "i32 tokens");
+    if mode == EpMode::HighThroughput {
+        bad(EpConfig::new(s.e, 128, s.k, s.m).with_fp8_dispatch().with_mode(mode), "fp8 in high-throughput mode");
+        let mut many = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(mode);
+        many.channels = 257;
+        bad(many, "257 channels");
+    }
+    let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m).with_mode(mode)).unwrap();
+    let c = Ctx { comm, stream, shape, mode };
     // More tokens than configured: refused before anything is sent.
     let over = s.m + 1;
     let x = dev.alloc_from(&vec![1.0f32; over * s.h]).unwrap();
@@ -439,6 +489,90 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
     comm.bootstrap_barrier().unwrap();
 }
 
+/// A dispatch's arguments for a user kernel: the group's context, the
+/// inputs `(x, topk_idx, topk_weights)`, `d`'s outputs and handle, a new
+/// sequence number.
+fn user_args<T: MoeType>(
+    ep: &EpGroup,
+    d: &Dispatched<T>,
+    (x, idx, w): (&DeviceBuffer<T>, &DeviceBuffer<i32>, &DeviceBuffer<f32>),
+    errors: &DeviceBuffer<u32>,
+    tokens: usize,
+) -> MoeArgs {
+    let h = &d.handle;
+    MoeArgs {
+        ctx: ep.context(),
+        x: x.device_addr(),
+        topk_idx: idx.device_addr(),
+        topk_weights: w.device_addr(),
+        out: d.recv_x.device_addr(),
+        counts: d.recv_count.device_addr(),
+        scales: 0,
+        pos: h.positions().device_addr(),
+        handle_idx: h.topk_idx().device_addr(),
+        handle_weights: h.topk_weights().device_addr(),
+        errors: errors.device_addr(),
+        num_tokens: tokens as u32,
+        seq: ep.reserve_seq().unwrap(),
+    }
+}
+
+/// One fused-kernel case (routing `ROUTINGS[seed % 6]`, `seed`): the
+/// inputs on the device, the experts' output (as `recv_x`), the combined
+/// output, the experts' order record (poisoned) and the error word.
+struct FusedCase {
+    kind: Routing,
+    seed: u64,
+    tokens: usize,
+    x: DeviceBuffer<f32>,
+    idx: DeviceBuffer<i32>,
+    w: DeviceBuffer<f32>,
+    expert_out: DeviceBuffer<f32>,
+    y: DeviceBuffer<f32>,
+    order: DeviceBuffer<u32>,
+    errors: DeviceBuffer<u32>,
+}
+
+fn fused_case(c: &Ctx, d: &Dispatched<f32>, seed: u64) -> FusedCase {
+    let (s, me, dev) = (&c.shape, c.comm.rank(), c.comm.device());
+    let kind = ROUTINGS[seed as usize % ROUTINGS.len()];
+    let (tokens, idx, w) = routing(kind, seed, me, s);
+    let mut order = dev.alloc::<u32>(s.l()).unwrap();
+    c.stream.memset(&mut order, 0xff).unwrap();
+    FusedCase {
+        kind,
+        seed,
+        tokens,
+        x: dev.alloc_from(&tokens_of::<f32>(seed, me, tokens, s.h)).unwrap(),
+        idx: dev.alloc_from(&idx).unwrap(),
+        w: dev.alloc_from(&w).unwrap(),
+        expert_out: dev.alloc::<f32>(d.recv_x.len()).unwrap(),
+        y: dev.alloc::<f32>(tokens * s.h).unwrap(),
+        order,
+        errors: dev.alloc_from(&[0u32; 2]).unwrap(),
+    }
+}
+
+/// Checks a fused case after its dispatch kernel: no error, the packed
+/// tokens and counts, and each local expert's count and turn as its warp
+/// (of `warps`, the last expert first) recorded them.
+fn check_fused_recv(c: &Ctx, d: &Dispatched<f32>, f: &FusedCase, warps: usize) {
+    let (s, me) = (&c.shape, c.comm.rank());
+    let (kind, seed) = (f.kind, f.seed);
+    assert_eq!(c.stream.read_vec(&f.errors).unwrap()[0], 0, "rank {me} {kind:?} seed {seed}: the kernel's error code");
+    check_recv(c, d, kind, seed);
+    let want_recv = expected_recv::<f32>(s, me, kind, seed);
+    let ord = c.stream.read_vec(&f.order).unwrap();
+    for l in 0..s.l() {
+        assert_eq!(
+            (ord[l] & 0xff_ffff) as usize * s.h,
+            want_recv[l].len(),
+            "rank {me}: expert {l}'s count as its warp saw it"
+        );
+        assert_eq!((ord[l] >> 24) as usize, (s.l() - 1 - l) / warps, "rank {me}: expert {l}'s turn in its warp");
+    }
+}
+
 /// The fused kernel (`moe_fused_layer_f32`): the device API in one kernel,
 /// every local expert started by its own receive wait, last expert first.
 fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
@@ -448,39 +582,15 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let dev = comm.device();
     let kernels = devcomm_tests::test_kernels(dev);
     let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m)).unwrap();
-    let c = Ctx { comm, stream, shape };
+    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency };
     let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (8, 128) } else { (2, 64) };
     let warps = (ctas * threads / 32) as usize;
     let d = ep.alloc_output::<f32>().unwrap();
     for seed in 0..seeds {
-        let kind = ROUTINGS[seed as usize % ROUTINGS.len()];
-        let seed = 1000 + seed;
-        let (tokens, idx, w) = routing(kind, seed, me, &s);
-        let x = dev.alloc_from(&tokens_of::<f32>(seed, me, tokens, s.h)).unwrap();
-        let idx = dev.alloc_from(&idx).unwrap();
-        let w = dev.alloc_from(&w).unwrap();
-        let expert_out = dev.alloc::<f32>(d.recv_x.len()).unwrap();
-        let y = dev.alloc::<f32>(tokens * s.h).unwrap();
-        let mut order = dev.alloc::<u32>(s.l()).unwrap();
-        stream.memset(&mut order, 0xff).unwrap();
-        let errors = dev.alloc_from(&[0u32; 2]).unwrap();
-        let seq = ep.reserve_seq().unwrap();
-        let h = &d.handle;
-        let args = MoeArgs {
-            ctx: ep.context(),
-            x: x.device_addr(),
-            topk_idx: idx.device_addr(),
-            topk_weights: w.device_addr(),
-            out: d.recv_x.device_addr(),
-            counts: d.recv_count.device_addr(),
-            scales: 0,
-            pos: h.positions().device_addr(),
-            handle_idx: h.topk_idx().device_addr(),
-            handle_weights: h.topk_weights().device_addr(),
-            errors: errors.device_addr(),
-            num_tokens: tokens as u32,
-            seq,
-        };
+        let f = fused_case(&c, &d, 1000 + seed);
+        let (kind, seed, tokens) = (f.kind, f.seed, f.tokens);
+        let (expert_out, y, order, errors) = (&f.expert_out, &f.y, &f.order, &f.errors);
+        let args = user_args(&ep, &d, (&f.x, &f.idx, &f.w), errors, tokens);
         // SAFETY: `args` from this group's context and buffers of its
         // shapes (`x` of `tokens <= m` tokens, routing of `tokens * k`),
         // `expert_out` as `recv_x`, `y` of `tokens * h`, `order` of L; the
@@ -494,21 +604,59 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
                 )
                 .unwrap()
         };
-        assert_eq!(stream.read_vec(&errors).unwrap()[0], 0, "rank {me} seed {seed}: the fused kernel's error code");
-        check_recv(&c, &d, kind, seed);
-        let want_recv = expected_recv::<f32>(&s, me, kind, seed);
-        let ord = stream.read_vec(&order).unwrap();
-        for l in 0..s.l() {
-            assert_eq!(
-                (ord[l] & 0xff_ffff) as usize * s.h,
-                want_recv[l].len(),
-                "rank {me}: expert {l}'s count as its warp saw it"
-            );
-            assert_eq!((ord[l] >> 24) as usize, (s.l() - 1 - l) / warps, "rank {me}: expert {l}'s turn in its warp");
-        }
-        let got = stream.read_vec(&y).unwrap();
-        let want = expected_y::<f32>(&s, me, kind, seed);
+        check_fused_recv(&c, &d, &f, warps);
+        let got = stream.read_vec(y).unwrap();
+        let want = expected_y::<f32>(&s, me, kind, seed, EpMode::LowLatency);
         assert_eq!(got, want, "rank {me} {kind:?} seed {seed}: the fused layer's output");
+    }
+}
+
+/// The high-throughput device API in user kernels: the test kernel
+/// `moe_ht_fused_experts_f32` sends, starts each local expert by its own
+/// receive hook (last expert first) and computes it; the library's
+/// high-throughput combine kernel follows with the handle's tables.
+fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
+    use devcomm_device::moe::MoeHtArgs;
+    use devcomm_test_kernels::moe::moe_ht_fused_experts_f32;
+    let s = shape;
+    let me = comm.rank();
+    let dev = comm.device();
+    let kernels = devcomm_tests::test_kernels(dev);
+    let cfg = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(EpMode::HighThroughput);
+    let ep = EpGroup::new(comm, &cfg).unwrap();
+    let c = Ctx { comm, stream, shape, mode: EpMode::HighThroughput };
+    let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (8, 128) } else { (2, 64) };
+    let warps = (ctas * threads / 32) as usize;
+    let d = ep.alloc_output::<f32>().unwrap();
+    let h = &d.handle;
+    let (rank_pos, recv_rows) = (h.rank_positions().unwrap(), h.recv_rows().unwrap());
+    for seed in 0..seeds {
+        let f = fused_case(&c, &d, 2000 + seed);
+        let (kind, seed, tokens) = (f.kind, f.seed, f.tokens);
+        let (expert_out, y, order, errors) = (&f.expert_out, &f.y, &f.order, &f.errors);
+        let mut args = user_args(&ep, &d, (&f.x, &f.idx, &f.w), errors, tokens);
+        let a = MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() };
+        let cfg = LaunchConfig::new(ctas, threads).co_resident();
+        // SAFETY: `a` from this group's context and buffers of its shapes
+        // (`x` of `tokens <= m` tokens, routing of `tokens * k`, the
+        // handle's tables), `expert_out` as `recv_x`, `order` of L; the
+        // same seq on every rank; co-resident.
+        unsafe {
+            stream
+                .launch_in::<moe_ht_fused_experts_f32>(&kernels, cfg, (a, expert_out.as_mut_ptr(), order.as_mut_ptr()))
+                .unwrap()
+        };
+        check_fused_recv(&c, &d, &f, warps);
+        // The library's combine kernel on the experts' outputs.
+        args.x = expert_out.device_addr();
+        args.out = y.device_addr();
+        let a = MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() };
+        // SAFETY: as above; the handle's tables written by the dispatch
+        // just run, `y` of `tokens * h`.
+        unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_combine_f32>(cfg, (a,)).unwrap() };
+        assert_eq!(stream.read_vec(errors).unwrap()[0], 0, "rank {me} seed {seed}: the combine's error code");
+        let want = expected_y::<f32>(&s, me, kind, seed, EpMode::HighThroughput);
+        assert_eq!(stream.read_vec(y).unwrap(), want, "rank {me} {kind:?} seed {seed}: the fused HT layer's output");
     }
 }
 
@@ -547,7 +695,24 @@ fn child_body(comm: &Communicator) {
     // Fp8 dispatch: two groups of 128 per token.
     fp8_battery(comm, &stream, Shape { n, e: 2 * n, h: 256, k: 3, m: 4 }, few);
     fused(comm, &stream, f32_shape, if full { ROUTINGS.len() as u64 } else { 2 });
-    bad_input(comm, &stream, f32_shape);
+    bad_input(comm, &stream, f32_shape, EpMode::LowLatency);
+    // High-throughput mode: the same cases (f32 exactly against the
+    // per-rank partial sums), default channels and odd ones: 3 channels
+    // (ranges of 2 to 3 tokens, some empty), 1 channel over 45 tokens (a
+    // second warp chunk), and tokens of 16 KiB (GIN sends in several pieces).
+    ht_battery::<f32>(comm, &stream, f32_shape, 0, 1, &ROUTINGS);
+    ht_battery::<f32>(comm, &stream, f32_shape, 3, 1, few);
+    if !quick {
+        ht_battery::<bf16>(comm, &stream, half_shape, 0, 1, few);
+        if full {
+            ht_battery::<f16>(comm, &stream, half_shape, 0, 1, &ROUTINGS);
+        }
+        let more = if full { &ROUTINGS[..] } else { &[Routing::Random, Routing::SomeEmpty][..] };
+        ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, 1, more);
+        ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, 1, &[Routing::OneRank]);
+    }
+    ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
+    bad_input(comm, &stream, f32_shape, EpMode::HighThroughput);
     comm.finalize().unwrap();
 }
 

@@ -1,12 +1,18 @@
 //! moe_bench: MoE expert-parallel dispatch and combine (`devcomm::moe`,
-//! low-latency mode) at DeepEP's shapes, with the same exchange done by
-//! NCCL and the copy engine's bandwidth beside it.
+//! low-latency or high-throughput mode) at DeepEP's shapes, with the same
+//! exchange done by NCCL and the copy engine's bandwidth beside it.
 //!
 //! ```text
 //! cargo run --release -p devcomm-benches --bin moe_bench -- --nccl   # starts 2 ranks
 //! devcomm-run -n 2 target/release/moe_bench --tokens 128,4096 --dtype bf16 --nccl
 //! devcomm-run -n 2 target/release/moe_bench --tokens 128 --fp8 --nccl   # fp8 dispatch
+//! devcomm-run -n 2 target/release/moe_bench --mode ht --tokens 4096 --nccl   # high-throughput
 //! ```
+//!
+//! In high-throughput mode (`--mode ht`) a token crosses to a rank once
+//! however many of its experts live there, so the bytes counted are one
+//! token per (token, destination rank) (combine: one partial back per
+//! pair), as the NCCL path sends.
 //!
 //! Per token count (tokens per rank; each rank's own random top-k routing,
 //! distinct experts, fixed seed): the median over `reps × iters` of
@@ -26,7 +32,7 @@
 use clap::Parser;
 use devcomm::coll::DataType;
 use devcomm::comm::Communicator;
-use devcomm::moe::{EpConfig, EpGroup, MoeType};
+use devcomm::moe::{EpConfig, EpGroup, EpMode, MoeType};
 use devcomm::runtime::Event;
 use devcomm::window::WindowFlags;
 use devcomm::{Error, Result};
@@ -36,7 +42,9 @@ use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
-#[command(about = "MoE dispatch/combine (devcomm low-latency mode), NCCL and the copy engine beside it")]
+#[command(
+    about = "MoE dispatch/combine (devcomm low-latency or high-throughput mode), NCCL and the copy engine beside it"
+)]
 struct Args {
     /// Tokens per rank, a list.
     #[arg(long, default_value = "128,4096", value_delimiter = ',')]
@@ -71,6 +79,12 @@ struct Args {
     /// Fp8 e4m3 dispatch with per-128 scales (bf16 tokens; combine in bf16).
     #[arg(long)]
     fp8: bool,
+    /// `ll` (low-latency) or `ht` (high-throughput).
+    #[arg(long, default_value = "ll")]
+    mode: String,
+    /// High-throughput channels per destination rank (0: the library's default).
+    #[arg(long, default_value_t = 0)]
+    channels: u32,
     /// Also the NCCL path (libnccl loaded at run time; CUDA only).
     #[arg(long)]
     nccl: bool,
@@ -86,6 +100,14 @@ fn routing(a: &Args, r: usize, tokens: usize) -> (Vec<i32>, Vec<f32>) {
     let idx = (0..tokens).flat_map(|_| all.choose_multiple(&mut rng, a.topk).cloned().collect::<Vec<_>>()).collect();
     let w = (0..tokens * a.topk).map(|_| rng.gen_range(0.05f32..1.0)).collect();
     (idx, w)
+}
+
+/// The ranks token `t`'s top-k experts live on (`l` experts per rank), each once, in order.
+fn dest_ranks(a: &Args, idx: &[i32], l: usize, t: usize) -> Vec<usize> {
+    let mut ranks: Vec<usize> = idx[t * a.topk..(t + 1) * a.topk].iter().map(|&e| e as usize / l).collect();
+    ranks.sort();
+    ranks.dedup();
+    ranks
 }
 
 fn events(dev: &devcomm::Device, n: usize) -> Result<Vec<Event>> {
@@ -158,6 +180,11 @@ fn run_tokens<T: MoeType>(
     cfg.fp8_dispatch = a.fp8;
     cfg.ctas = a.ctas;
     cfg.threads = a.threads;
+    cfg.channels = a.channels;
+    let ht = a.mode == "ht";
+    if ht {
+        cfg = cfg.with_mode(EpMode::HighThroughput);
+    }
     let ep = EpGroup::new(comm, &cfg)?;
     let (idx, w) = routing(a, me, tokens);
     let mut rng = StdRng::seed_from_u64(me as u64 + 7);
@@ -216,8 +243,14 @@ fn run_tokens<T: MoeType>(
     let token_bytes = a.hidden * std::mem::size_of::<T>();
     let sent_bytes = if a.fp8 { a.hidden + a.hidden / 32 } else { token_bytes };
     let l = a.experts / n;
-    let pairs = idx.iter().filter(|&&e| e >= 0).count();
-    let remote = idx.iter().filter(|&&e| e >= 0 && e as usize / l != me).count();
+    // Token copies that travel: per (token, expert) pair, or in
+    // high-throughput mode per (token, destination rank).
+    let (pairs, remote) = if ht {
+        let ranks: Vec<usize> = (0..tokens).flat_map(|t| dest_ranks(a, &idx, l, t)).collect();
+        (ranks.len(), ranks.iter().filter(|&&d| d != me).count())
+    } else {
+        (idx.iter().filter(|&&e| e >= 0).count(), idx.iter().filter(|&&e| e >= 0 && e as usize / l != me).count())
+    };
     let (all_b, nv_b) = ((pairs * sent_bytes) as f64, (remote * sent_bytes) as f64);
     let comb_b = (pairs * token_bytes) as f64;
     let mut row = vec![
@@ -234,10 +267,7 @@ fn run_tokens<T: MoeType>(
     if let Some(nc) = nccl {
         let mut send_rows: Vec<Vec<T>> = vec![Vec::new(); n];
         for t in 0..tokens {
-            let mut ranks: Vec<usize> = idx[t * a.topk..(t + 1) * a.topk].iter().map(|&e| e as usize / l).collect();
-            ranks.sort();
-            ranks.dedup();
-            for d in ranks {
+            for d in dest_ranks(a, &idx, l, t) {
                 send_rows[d].extend_from_slice(&xs[t * a.hidden..(t + 1) * a.hidden]);
             }
         }
@@ -332,7 +362,7 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
     let nc = if a.nccl { Some(nccl::Nccl::new(&comm, stream)?) } else { None };
     if comm.rank() == 0 {
         println!(
-            "# moe_bench: {} ranks ({} runtime), {} experts, hidden {}, top-{}, {}{}, low-latency mode; iters {} warmup {} reps {} (median)",
+            "# moe_bench: {} ranks ({} runtime), {} experts, hidden {}, top-{}, {}{}, {} mode; iters {} warmup {} reps {} (median)",
             comm.count(),
             comm.device().kind(),
             a.experts,
@@ -340,6 +370,7 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
             a.topk,
             a.dtype,
             if a.fp8 { " (fp8 e4m3 dispatch, per-128 scales)" } else { "" },
+            if a.mode == "ht" { "high-throughput" } else { "low-latency" },
             a.iters,
             a.warmup,
             a.reps
@@ -408,6 +439,14 @@ fn main() -> ExitCode {
     let mut args = Args::parse();
     if args.quick {
         args = Args { tokens: vec![32], hidden: 256, experts: 16, topk: 4, iters: 3, warmup: 1, reps: 2, ..args };
+    }
+    if args.mode != "ll" && args.mode != "ht" {
+        eprintln!("moe_bench: --mode ll or ht");
+        return ExitCode::FAILURE;
+    }
+    if args.fp8 && args.mode == "ht" {
+        eprintln!("moe_bench: --fp8 is a low-latency feature (--mode ll)");
+        return ExitCode::FAILURE;
     }
     if args.fp8 && args.dtype != "bf16" {
         eprintln!("moe_bench: --fp8 dispatches bf16 tokens (--dtype bf16)");

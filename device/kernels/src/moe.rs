@@ -1,14 +1,15 @@
-//! The kernels behind `devcomm::moe`'s low-latency dispatch and combine:
+//! The kernels behind `devcomm::moe`'s dispatch and combine, both modes:
 //! one kernel each way, launched co-resident (CTAs wait for other ranks'
 //! CTAs), each a sequence of calls of [`devcomm_device::moe`]'s device
-//! functions with the arguments in one [`MoeArgs`].
+//! functions (high-throughput: [`devcomm_device::moe::ht`]) with the
+//! arguments in one [`MoeArgs`] ([`MoeHtArgs`]).
 
 use devcomm_device::arch::{block_idx, global_thread_x, grid_dim, grid_threads_x};
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
 use devcomm_device::coop::{Coop, Cta};
 use devcomm_device::kernel;
-use devcomm_device::moe::{self, MoeArgs, MoeError};
+use devcomm_device::moe::{self, ht, MoeArgs, MoeError, MoeHtArgs};
 
 /// Records `r`'s error in `args.errors` (the first one stays); the caller
 /// decides which thread reports.
@@ -23,6 +24,42 @@ unsafe fn report<T>(args: &MoeArgs, r: Result<T, MoeError>) {
     }
 }
 
+/// A dispatch's first step (both modes): the token count (0, with the
+/// error reported, when above the maximum: the other ranks still wait for
+/// this rank's empty counts), and [`moe::dispatch_prepare`] over the grid.
+///
+/// # Safety
+/// As for `moe_dispatch`.
+#[inline(always)]
+unsafe fn prepare(args: &MoeArgs) -> u32 {
+    let ctx = &args.ctx;
+    let mut num_tokens = args.num_tokens;
+    if num_tokens > ctx.max_tokens() {
+        if global_thread_x() == 0 {
+            // SAFETY: the contract.
+            unsafe { report::<()>(args, Err(MoeError::BadArgument)) };
+        }
+        num_tokens = 0;
+    }
+    // SAFETY: the contract: the routing and the handle's buffers of `num_tokens * top_k`.
+    let r = unsafe {
+        moe::dispatch_prepare(
+            global_thread_x() as usize,
+            grid_threads_x() as usize,
+            ctx,
+            args.topk_idx as *const i32,
+            args.topk_weights as *const f32,
+            num_tokens,
+            args.pos as *mut u32,
+            args.handle_idx as *mut i32,
+            args.handle_weights as *mut f32,
+        )
+    };
+    // SAFETY: the contract.
+    unsafe { report(args, r) };
+    num_tokens
+}
+
 kernel! {
     /// A low-latency dispatch: prepare (grid-strided), send (CTA `b` of
     /// the grid sends experts `b, b + B, ...`), receive and pack (CTA `b`
@@ -34,21 +71,8 @@ kernel! {
     /// block size that is a multiple of 32; the same `seq` on every rank.
     pub unsafe fn moe_dispatch(args: MoeArgs) {
         let ctx = &args.ctx;
-        let mut num_tokens = args.num_tokens;
-        if num_tokens > ctx.max_tokens() {
-            // Still send (empty) counts: the other ranks wait for them.
-            if global_thread_x() == 0 {
-                report::<()>(&args, Err(MoeError::BadArgument));
-            }
-            num_tokens = 0;
-        }
+        let num_tokens = prepare(&args);
         let pos = args.pos as *mut u32;
-        let r = moe::dispatch_prepare(
-            global_thread_x() as usize, grid_threads_x() as usize, ctx, args.topk_idx as *const i32,
-            args.topk_weights as *const f32, num_tokens, pos, args.handle_idx as *mut i32,
-            args.handle_weights as *mut f32,
-        );
-        report(&args, r);
         let cta = Cta::new();
         let (b, nb) = (block_idx().x, grid_dim().x);
         let mut e = b;
@@ -74,6 +98,43 @@ kernel! {
     }
 }
 
+/// A combine's steps on this CTA (both modes): `send(cta, i)` for items
+/// `b, b + B, ...` below `items` (CTA `b` of `B`), then `wait(cta)` (every
+/// CTA waits for every partner's outputs), then, if it succeeded,
+/// `reduce(tokens)` over the grid; failures reported in `args.errors`.
+///
+/// # Safety
+/// `args.errors` a valid device `u32`; the closures' own contracts.
+#[inline(always)]
+unsafe fn combine_steps(
+    args: &MoeArgs,
+    items: u32,
+    send: impl Fn(&Cta, u32) -> Result<(), MoeError>,
+    wait: impl Fn(&Cta) -> Result<(), MoeError>,
+    reduce: impl Fn(u32),
+) {
+    let cta = Cta::new();
+    let (b, nb) = (block_idx().x, grid_dim().x);
+    let mut i = b;
+    while i < items {
+        let r = send(&cta, i);
+        if cta.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report(args, r) };
+        }
+        i += nb;
+    }
+    let r = wait(&cta);
+    if r.is_err() {
+        if cta.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report(args, r) };
+        }
+        return;
+    }
+    reduce(args.num_tokens.min(args.ctx.max_tokens()));
+}
+
 /// A low-latency combine of elements `T`: send (CTA `b` of the grid sends
 /// local experts `b, b + B, ...`), then every CTA waits for every expert's
 /// outputs and the grid reduces.
@@ -84,41 +145,28 @@ kernel! {
 #[inline(always)]
 unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
     let ctx = &args.ctx;
-    let cta = Cta::new();
-    let (b, nb) = (block_idx().x, grid_dim().x);
-    let mut l = b;
-    while l < ctx.local_experts() {
-        // SAFETY: the contract.
-        let r = unsafe { moe::combine_send_expert(&cta, ctx, l, args.x as *const u8, args.seq) };
-        if cta.is_leader() {
-            // SAFETY: the contract.
-            unsafe { report(args, r) };
-        }
-        l += nb;
-    }
-    // SAFETY: the contract.
-    let r = unsafe { moe::combine_wait(&cta, ctx, args.seq) };
-    if r.is_err() {
-        if cta.is_leader() {
-            // SAFETY: the contract.
-            unsafe { report(args, r) };
-        }
-        return;
-    }
-    let num_tokens = args.num_tokens.min(ctx.max_tokens());
-    // SAFETY: the contract: the handle's buffers, `out` of `num_tokens * hidden`.
+    // SAFETY: (all three steps) the contract: this group's live context,
+    // `x` the experts' outputs, the handle's buffers, `out` of `num_tokens * hidden`.
     unsafe {
-        moe::combine_reduce::<T>(
-            global_thread_x() as usize,
-            grid_threads_x() as usize,
-            ctx,
-            args.topk_idx as *const i32,
-            args.topk_weights as *const f32,
-            args.pos as *const u32,
-            num_tokens,
-            args.out as *mut T,
+        combine_steps(
+            args,
+            ctx.local_experts(),
+            |cta, l| moe::combine_send_expert(cta, ctx, l, args.x as *const u8, args.seq),
+            |cta| moe::combine_wait(cta, ctx, args.seq),
+            |num_tokens| {
+                moe::combine_reduce::<T>(
+                    global_thread_x() as usize,
+                    grid_threads_x() as usize,
+                    ctx,
+                    args.topk_idx as *const i32,
+                    args.topk_weights as *const f32,
+                    args.pos as *const u32,
+                    num_tokens,
+                    args.out as *mut T,
+                )
+            },
         )
-    };
+    }
 }
 
 kernel! {
@@ -144,5 +192,114 @@ kernel! {
     /// As for `moe_combine_f32`.
     pub unsafe fn moe_combine_f16(args: MoeArgs) {
         combine::<F16>(&args);
+    }
+}
+
+kernel! {
+    /// A high-throughput dispatch: prepare (grid-strided), send (CTA `b`
+    /// takes (destination, channel) items `b, b + B, ...`, destinations
+    /// from the next rank on), wait for every source, pack (CTA `b` takes
+    /// (local expert, source) items `b, b + B, ...`).
+    ///
+    /// # Safety
+    /// `a` made by `devcomm::moe::EpGroup::dispatch` on a high-throughput
+    /// group: live context, buffers of the sizes it documents (`rank_pos`
+    /// of `max_tokens * nranks`, `recv_rows` of `nranks * max_tokens *
+    /// top_k`); launched co-resident with a block size that is a multiple
+    /// of 32; the same `seq` on every rank.
+    pub unsafe fn moe_ht_dispatch(a: MoeHtArgs) {
+        let args = &a.args;
+        let ctx = &args.ctx;
+        let num_tokens = prepare(args);
+        let cta = Cta::new();
+        let (b, nb) = (block_idx().x, grid_dim().x);
+        let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
+        let mut i = b;
+        while i < n * g {
+            let dest = (me + 1 + i / g) % n;
+            let r = ht::dispatch_send_channel(
+                &cta, ctx, dest, i % g, args.x as *const u8, args.topk_idx as *const i32,
+                args.topk_weights as *const f32, num_tokens, a.rank_pos as *mut u32, args.seq,
+            );
+            if cta.is_leader() {
+                report(args, r);
+            }
+            i += nb;
+        }
+        let r = ht::dispatch_wait(&cta, ctx, args.seq);
+        if r.is_err() {
+            if cta.is_leader() {
+                report(args, r);
+            }
+            return;
+        }
+        let mut i = b;
+        while i < ctx.local_experts() * n {
+            let r = ht::dispatch_pack(
+                &cta, ctx, i / n, i % n, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32,
+                args.seq,
+            );
+            if cta.is_leader() {
+                report(args, r);
+            }
+            i += nb;
+        }
+    }
+}
+
+/// A high-throughput combine of elements `T`: send the partial sums (CTA
+/// `b` takes (source, channel) items `b, b + B, ...`), then every CTA
+/// waits for every rank's partials and the grid adds them.
+///
+/// # Safety
+/// As for `moe_ht_dispatch`, `a` made by `devcomm::moe::EpGroup::combine`
+/// for the dispatch with the same `seq`, `T` of the context's element size.
+#[inline(always)]
+unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
+    let args = &a.args;
+    let ctx = &args.ctx;
+    let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
+    // SAFETY: (all three steps) the contract: this group's live context,
+    // `x` the experts' outputs, the handle's tables, `out` of `num_tokens * hidden`.
+    unsafe {
+        combine_steps(
+            args,
+            n * g,
+            |cta, i| {
+                let (x, rows) = (args.x as *const u8, a.recv_rows as *const u32);
+                ht::combine_send_channel::<T, _>(cta, ctx, (me + 1 + i / g) % n, i % g, x, rows, args.seq)
+            },
+            |cta| ht::combine_wait(cta, ctx, args.seq),
+            |num_tokens| {
+                let (t, nt) = (global_thread_x() as usize, grid_threads_x() as usize);
+                ht::combine_reduce::<T>(t, nt, ctx, a.rank_pos as *const u32, num_tokens, args.out as *mut T)
+            },
+        )
+    }
+}
+
+kernel! {
+    /// A high-throughput combine of f32 tokens (see `ht_combine`).
+    ///
+    /// # Safety
+    /// As for `moe_ht_dispatch`, `a` made by `devcomm::moe::EpGroup::combine`.
+    pub unsafe fn moe_ht_combine_f32(a: MoeHtArgs) {
+        ht_combine::<f32>(&a);
+    }
+
+    /// A high-throughput combine of bf16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_ht_combine_f32`.
+    pub unsafe fn moe_ht_combine_bf16(a: MoeHtArgs) {
+        ht_combine::<Bf16>(&a);
+    }
+
+    /// A high-throughput combine of f16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_ht_combine_f32`.
+    pub unsafe fn moe_ht_combine_f16(a: MoeHtArgs) {
+        ht_combine::<F16>(&a);
     }
 }

@@ -10,7 +10,7 @@
 //! | [`gin`] | [`gin::GinState`] and the proxy's rings: descriptors, slots, tails, the connection and backend codes |
 //! | [`coll`] | [`coll::CollContext`], [`coll::CollArgs`]: the collectives' scratch, barriers and launch arguments |
 //! | [`rma`] | [`rma::RmaWaitList`]: what the host's `wait_signal` hands its kernel |
-//! | [`moe`] | [`moe::MoeContext`], [`moe::MoeArgs`]: the MoE expert-parallel group's window layout and launch arguments |
+//! | [`moe`] | [`moe::MoeContext`], [`moe::MoeArgs`], [`moe::MoeHtArgs`]: the MoE expert-parallel group's window layout and launch arguments |
 //! | [`error`] | [`error::DeviceError`], the one table of error codes kernels report |
 //!
 //! Fields are private: the structures are made through `unsafe`

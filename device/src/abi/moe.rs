@@ -1,7 +1,7 @@
 //! What the host hands the MoE expert-parallel dispatch and combine of
 //! [`crate::moe`]: [`MoeContext`] (the group's symmetric window and its
-//! layout, made once per group) and [`MoeArgs`] (one host-launched
-//! dispatch or combine).
+//! layout, made once per group), [`MoeArgs`] (one host-launched
+//! dispatch or combine) and [`MoeHtArgs`] (the same in high-throughput mode).
 
 use super::{DevComm, WindowDesc};
 
@@ -49,6 +49,9 @@ pub struct MoeContext {
     pub(crate) recv_count_offset: u64,
     pub(crate) comb_offset: u64,
     pub(crate) comb_flag_offset: u64,
+    pub(crate) channels: u32,
+    pub(crate) reserved: u32,
+    pub(crate) meta_offset: u64,
 }
 
 impl MoeContext {
@@ -120,6 +123,9 @@ impl MoeContext {
             recv_count_offset,
             comb_offset,
             comb_flag_offset,
+            channels: 0,
+            reserved: 0,
+            meta_offset: 0,
         }
     }
 
@@ -137,6 +143,146 @@ impl MoeContext {
 
     /// Flag: dispatch sends fp8 e4m3 with per-128 scales.
     pub const FP8_DISPATCH: u32 = 1;
+
+    /// Flag: the high-throughput layout ([`MoeContext::new_high_throughput`]).
+    pub const HIGH_THROUGHPUT: u32 = 2;
+
+    /// Bytes of the window the high-throughput layout needs (`None` on
+    /// overflow); see [`MoeContext::new_high_throughput`].
+    pub const fn window_bytes_ht(
+        nranks: u32,
+        top_k: u32,
+        max_tokens: u32,
+        slot_bytes: u64,
+        channels: u32,
+    ) -> Option<u64> {
+        let nm = nranks as u64 * max_tokens as u64;
+        let slots = match nm.checked_mul(slot_bytes) {
+            Some(x) => x.checked_mul(2),
+            None => None,
+        };
+        let meta = nm.checked_mul(16 * top_k as u64);
+        let words = 16 * nranks as u64 * channels as u64;
+        match (slots, meta) {
+            (Some(a), Some(b)) => match a.checked_add(b) {
+                Some(ab) => ab.checked_add(words),
+                None => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// A context of the high-throughput mode (`devcomm_device::moe::ht`):
+    /// tokens are sent once per destination rank (not once per expert),
+    /// over `channels` channels per destination. With `N` ranks, `M` the
+    /// most tokens per rank, `K` top-k, `B` the slot bytes and `G`
+    /// channels, every rank's copy of the window holds, from byte 0:
+    ///
+    /// * receive slots (`recv_offset`): `N × M` slots, slot `(source s,
+    ///   position p)` ([`MoeContext::ht_recv_slot_offset`]): the `p`-th
+    ///   token `s` sent here; combine stages its GIN sends to `s` there;
+    /// * send slots (`comb_offset`): `N × M` slots, slot `(rank d, p)`
+    ///   ([`MoeContext::ht_send_slot_offset`]): dispatch stages its GIN
+    ///   sends to `d` there, and combine receives `d`'s partial sum of this
+    ///   rank's `p`-th token sent to `d` there;
+    /// * routing (`meta_offset`): `N × M` rows of `K` `i32` expert ids and
+    ///   `K` `f32` weights received with the tokens
+    ///   ([`MoeContext::ht_meta_offset`]), then as many rows staged for GIN
+    ///   sends ([`MoeContext::ht_send_meta_offset`]);
+    /// * dispatch words (`recv_count_offset`): `N × G` `u64`, word `(s,
+    ///   c)` = `(seq << 32) | tokens` of source `s`'s channel `c`;
+    /// * combine words (`comb_flag_offset`): `N × G` `u64`, word `(d, c)`
+    ///   the same for rank `d`'s partial sums of channel `c`.
+    ///
+    /// GIN signal 0 counts dispatch words, signal 1 combine words (from
+    /// ranks outside the LSA team).
+    ///
+    /// Such a context is for the functions of `devcomm_device::moe::ht`
+    /// only, not for the low-latency ones (whose layout it does not have).
+    ///
+    /// # Safety
+    /// As for [`MoeContext::new`] (at least 2 GIN signals), with `window`
+    /// of at least [`MoeContext::window_bytes_ht`] bytes; `channels`
+    /// non-zero, the same on every rank.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new_high_throughput(
+        comm: DevComm,
+        window: WindowDesc,
+        num_experts: u32,
+        hidden: u32,
+        top_k: u32,
+        max_tokens: u32,
+        elem_size: u32,
+        channels: u32,
+    ) -> Self {
+        // SAFETY: the caller's contract covers `new`'s.
+        let mut c = unsafe { Self::new(comm, window, num_experts, hidden, top_k, max_tokens, elem_size) };
+        let nm = comm.nranks as u64 * max_tokens as u64;
+        c.flags = Self::HIGH_THROUGHPUT;
+        c.channels = channels;
+        c.recv_offset = 0;
+        c.comb_offset = nm * c.slot_bytes;
+        c.meta_offset = 2 * nm * c.slot_bytes;
+        c.recv_count_offset = c.meta_offset + 2 * nm * 8 * top_k as u64;
+        c.comb_flag_offset = c.recv_count_offset + 8 * comm.nranks as u64 * channels as u64;
+        c
+    }
+
+    /// Whether this is a high-throughput context.
+    #[inline(always)]
+    pub const fn high_throughput(&self) -> bool {
+        self.flags & Self::HIGH_THROUGHPUT != 0
+    }
+
+    /// Channels per destination rank (high-throughput mode; 0 otherwise).
+    #[inline(always)]
+    pub const fn channels(&self) -> u32 {
+        self.channels
+    }
+
+    /// High-throughput: offset of receive slot `(source, position)`.
+    #[inline(always)]
+    pub const fn ht_recv_slot_offset(&self, src: u32, pos: u32) -> u64 {
+        self.recv_offset + (src as u64 * self.max_tokens as u64 + pos as u64) * self.slot_bytes
+    }
+
+    /// High-throughput: offset of send slot `(rank, position)`.
+    #[inline(always)]
+    pub const fn ht_send_slot_offset(&self, rank: u32, pos: u32) -> u64 {
+        self.comb_offset + (rank as u64 * self.max_tokens as u64 + pos as u64) * self.slot_bytes
+    }
+
+    /// High-throughput: bytes of one routing row (`K` ids, `K` weights).
+    #[inline(always)]
+    pub const fn ht_meta_bytes(&self) -> u64 {
+        8 * self.top_k as u64
+    }
+
+    /// High-throughput: offset of the received routing row `(source, position)`.
+    #[inline(always)]
+    pub const fn ht_meta_offset(&self, src: u32, pos: u32) -> u64 {
+        self.meta_offset + (src as u64 * self.max_tokens as u64 + pos as u64) * self.ht_meta_bytes()
+    }
+
+    /// High-throughput: offset of the staged routing row `(rank, position)`.
+    #[inline(always)]
+    pub const fn ht_send_meta_offset(&self, rank: u32, pos: u32) -> u64 {
+        self.meta_offset
+            + (self.comm.nranks as u64 * self.max_tokens as u64 + rank as u64 * self.max_tokens as u64 + pos as u64)
+                * self.ht_meta_bytes()
+    }
+
+    /// High-throughput: offset of dispatch word `(source, channel)`.
+    #[inline(always)]
+    pub const fn ht_dispatch_word_offset(&self, src: u32, channel: u32) -> u64 {
+        self.recv_count_offset + (src as u64 * self.channels as u64 + channel as u64) * 8
+    }
+
+    /// High-throughput: offset of combine word `(rank, channel)`.
+    #[inline(always)]
+    pub const fn ht_combine_word_offset(&self, rank: u32, channel: u32) -> u64 {
+        self.comb_flag_offset + (rank as u64 * self.channels as u64 + channel as u64) * 8
+    }
 
     /// Whether dispatch sends fp8 e4m3 with per-128 scales.
     #[inline(always)]
@@ -290,6 +436,26 @@ pub struct MoeArgs {
 // SAFETY: #[repr(C)] plain data with the same layout on both targets.
 unsafe impl crate::KernelParam for MoeArgs {}
 
+/// One host-launched high-throughput dispatch or combine: [`MoeArgs`]
+/// (its `pos` unused) and the handle's two high-throughput tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct MoeHtArgs {
+    /// As for the low-latency kernels.
+    pub args: MoeArgs,
+    /// The handle's `u32 [max_tokens][ranks]`: the position of each token
+    /// among those sent to each rank (`NO_POS`: not sent there). Dispatch
+    /// writes, combine reads.
+    pub rank_pos: u64,
+    /// The handle's `u32 [ranks * max_tokens][top_k]`: for each received
+    /// token's top-k entry naming a local expert, its row in the packed
+    /// output. Dispatch writes, combine reads.
+    pub recv_rows: u64,
+}
+
+// SAFETY: #[repr(C)] plain data with the same layout on both targets.
+unsafe impl crate::KernelParam for MoeHtArgs {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,7 +463,8 @@ mod tests {
 
     #[test]
     fn layouts() {
-        assert_eq!(size_of::<MoeContext>(), size_of::<DevComm>() + 40 + 24 + 40);
+        assert_eq!(size_of::<MoeContext>(), size_of::<DevComm>() + 40 + 24 + 40 + 16);
+        assert_eq!(size_of::<MoeHtArgs>(), size_of::<MoeArgs>() + 16);
         assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 10 * 8 + 8);
         assert_eq!(core::mem::offset_of!(MoeContext, window), size_of::<DevComm>());
         assert_eq!(core::mem::offset_of!(MoeContext, slot_bytes), size_of::<DevComm>() + 64);
@@ -318,5 +485,15 @@ mod tests {
         assert_eq!(c.comb_slot_offset(5, 4) + 16, c.recv_count_offset(0, 0));
         assert_eq!(c.recv_count_offset(1, 2) + 8, c.comb_flag_offset(0));
         assert_eq!(c.comb_flag_offset(5) + 8, MoeContext::window_bytes(3, 6, 5, 16).unwrap());
+        // High throughput, 2 channels.
+        // SAFETY: as above.
+        let h = unsafe { MoeContext::new_high_throughput(comm, WindowDesc::NONE, 6, 7, 2, 5, 2, 2) };
+        assert!(h.high_throughput() && !c.high_throughput());
+        assert_eq!(h.ht_recv_slot_offset(2, 4) + 16, h.ht_send_slot_offset(0, 0));
+        assert_eq!(h.ht_send_slot_offset(2, 4) + 16, h.ht_meta_offset(0, 0));
+        assert_eq!(h.ht_meta_offset(2, 4) + 16, h.ht_send_meta_offset(0, 0));
+        assert_eq!(h.ht_send_meta_offset(2, 4) + 16, h.ht_dispatch_word_offset(0, 0));
+        assert_eq!(h.ht_dispatch_word_offset(2, 1) + 8, h.ht_combine_word_offset(0, 0));
+        assert_eq!(h.ht_combine_word_offset(2, 1) + 8, MoeContext::window_bytes_ht(3, 2, 5, 16, 2).unwrap());
     }
 }

@@ -1,5 +1,6 @@
 //! MoE expert-parallel dispatch and combine, callable from a kernel
-//! (low-latency mode, DeepEP's "low latency" kernels and NCCL EP's shape).
+//! (low-latency mode, DeepEP's "low latency" kernels and NCCL EP's shape;
+//! the high-throughput mode is [`ht`]).
 //!
 //! An expert-parallel group ([`MoeContext`], made by the host:
 //! `devcomm::moe::EpGroup`) spreads `E` experts over the `N` ranks of the
@@ -39,7 +40,9 @@
 //! tokens). `seq` numbers the dispatches from 1, the same on every rank;
 //! a combine passes its dispatch's `seq`.
 
-pub use crate::abi::moe::{MoeArgs, MoeContext};
+pub mod ht;
+
+pub use crate::abi::moe::{MoeArgs, MoeContext, MoeHtArgs};
 
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
@@ -110,39 +113,39 @@ impl MoeError {
 
 /// The word that follows a source's tokens (or an expert's outputs).
 #[inline(always)]
-const fn word(seq: u32, count: u32) -> u64 {
+pub(crate) const fn word(seq: u32, count: u32) -> u64 {
     ((seq as u64) << 32) | count as u64
 }
 
 /// Address of byte `offset` of world rank `rank`'s copy of the group's
 /// window, or null when `rank` is not an LSA peer.
 #[inline(always)]
-fn peer_ptr(ctx: &MoeContext, rank: u32, offset: u64) -> *mut u8 {
+pub(crate) fn peer_ptr(ctx: &MoeContext, rank: u32, offset: u64) -> *mut u8 {
     let c = ctx.comm();
     ctx.window().peer_ptr::<u8>(&c.world(), &c.lsa(), c.rank(), offset, rank)
 }
 
 /// Address of byte `offset` of the caller's own copy of the window.
 #[inline(always)]
-fn local_ptr(ctx: &MoeContext, offset: u64) -> *mut u8 {
+pub(crate) fn local_ptr(ctx: &MoeContext, offset: u64) -> *mut u8 {
     ctx.window().local_ptr::<u8>(offset)
 }
 
 /// Whether world rank `rank` is reached over LSA.
 #[inline(always)]
-fn is_lsa(ctx: &MoeContext, rank: u32) -> bool {
+pub(crate) fn is_lsa(ctx: &MoeContext, rank: u32) -> bool {
     !peer_ptr(ctx, rank, 0).is_null()
 }
 
 /// Ranks of the world outside the caller's LSA team.
 #[inline(always)]
-fn gin_ranks(ctx: &MoeContext) -> u32 {
+pub(crate) fn gin_ranks(ctx: &MoeContext) -> u32 {
     ctx.comm().nranks() - ctx.comm().lsa_size()
 }
 
 /// Inclusive prefix sum of `v` over the warp's lanes.
 #[inline(always)]
-fn warp_scan(v: u32) -> u32 {
+pub(crate) fn warp_scan(v: u32) -> u32 {
     let lane = lane_id();
     let mut x = v;
     let mut d = 1;
@@ -700,11 +703,54 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
         Some((local_ptr(ctx, ctx.comb_slot_offset(e as u32, p)) as *const u8, w))
     };
     let row = h * size;
-    if size <= 16 && 16 % size == 0 && row % 16 == 0 && (out as usize) % 16 == 0 {
+    // SAFETY: the contract: `out` holds `num_tokens` rows; the entries'
+    // slots are the window's (16-byte aligned, whole tokens).
+    unsafe {
+        weighted_rows::<T>(
+            t,
+            nt,
+            num_tokens as usize,
+            h,
+            k,
+            |tok| (out as *mut u8).wrapping_add(tok * row),
+            (out as usize) % 16 == 0,
+            |tok, j| entry(tok * k + j),
+        )
+    }
+}
+
+/// Row `r` of the output (`out_row(r)`, `h` elements of `T`) = the sum
+/// over `j < k` of `w * src[..]` for each `entry(r, j) = Some((src, w))`
+/// (`src` a row of `h` elements of `T`), accumulated in f32 in `j` order
+/// and rounded once, for rows `0..rows`; by any set of threads (`t` of
+/// `nt`) over the rows' 16-byte vectors when `aligned` (every `out_row`
+/// and every `src` 16-byte aligned) and a row is a whole number of
+/// vectors, else over single elements, with the same result. Shared by
+/// both modes' combines.
+///
+/// # Safety
+/// `out_row(r)` for `r < rows` and every `src` of an entry are valid rows
+/// (16-byte aligned when `aligned`); no two rows overlap; the `nt` threads
+/// use `t = 0..nt` once each.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
+    t: usize,
+    nt: usize,
+    rows: usize,
+    h: usize,
+    k: usize,
+    out_row: impl Fn(usize) -> *mut u8,
+    aligned: bool,
+    entry: impl Fn(usize, usize) -> Option<(*const u8, f32)>,
+) {
+    let size = core::mem::size_of::<T>();
+    let row = h * size;
+    if size <= 16 && 16 % size == 0 && row % 16 == 0 && aligned {
         let per = 16 / size;
         let vecs = row / 16;
         let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
-        let total = num_tokens as usize * vecs;
+        let total = rows * vecs;
         let mut i = t;
         while i < total {
             let (Some(tok), Some(v)) = (i.checked_div(vecs), i.checked_rem(vecs)) else {
@@ -712,9 +758,9 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
             };
             let mut acc = [0.0f32; 16];
             for j in 0..k {
-                let Some((slot, w)) = entry(tok * k + j) else { continue };
-                // SAFETY: vector `v` of a combine slot (slots are 16-byte
-                // aligned, a token is `vecs` whole vectors).
+                let Some((slot, w)) = entry(tok, j) else { continue };
+                // SAFETY: vector `v` of a source row (16-byte aligned, a
+                // row is `vecs` whole vectors: the contract).
                 let bits = unsafe { arch::load16(slot.add(v * 16)) };
                 for (q, a) in acc.iter_mut().enumerate().take(per) {
                     let b = q * size;
@@ -727,13 +773,13 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
                 let b = q * size;
                 o[b / 4] |= ((T::from_acc(*a).to_bits64() as u32) & mask) << ((b % 4) * 8);
             }
-            // SAFETY: vector `v` of token `tok < num_tokens` of `out`, 16-byte aligned.
-            unsafe { arch::store16((out as *mut u8).add(tok * row + v * 16), o) };
+            // SAFETY: vector `v` of output row `tok < rows`, 16-byte aligned.
+            unsafe { arch::store16(out_row(tok).add(v * 16), o) };
             i += nt.max(1);
         }
         return;
     }
-    let total = num_tokens as usize * h;
+    let total = rows * h;
     let mut i = t;
     while i < total {
         let (Some(tok), Some(el)) = (i.checked_div(h), i.checked_rem(h)) else {
@@ -741,13 +787,13 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
         };
         let mut acc = 0.0f32;
         for j in 0..k {
-            let Some((slot, w)) = entry(tok * k + j) else { continue };
-            // SAFETY: element `el < hidden` of a combine slot of the window.
+            let Some((slot, w)) = entry(tok, j) else { continue };
+            // SAFETY: element `el < hidden` of a source row.
             let y = unsafe { arch::load_volatile((slot as *const T).add(el)) };
             acc += w * y.to_acc();
         }
-        // SAFETY: `i < num_tokens * hidden`: inside `out`.
-        unsafe { *out.add(i) = T::from_acc(acc) };
+        // SAFETY: element `el` of output row `tok < rows`.
+        unsafe { arch::store_volatile((out_row(tok) as *mut T).add(el), T::from_acc(acc)) };
         i += nt.max(1);
     }
 }

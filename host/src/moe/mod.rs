@@ -58,9 +58,19 @@
 //! bf16 tokens travel as fp8 e4m3 with one f32 scale per 128 elements
 //! (DeepEP's low-latency fp8 format); combine stays bf16.
 //!
-//! Not built yet: the high-throughput mode (a layout step and bulk,
-//! per-rank deduplicated transfers); [`EpMode`] has the low-latency mode
-//! only.
+//! High-throughput mode ([`EpMode::HighThroughput`], DeepEP's "normal"
+//! kernels): the same calls and the same outputs, but each token crosses
+//! to a rank once (not once per expert there), in bulk streams per
+//! (destination rank, channel): NVLink stores within the LSA team, GIN
+//! puts in pieces across. The layout (how many tokens each rank sends
+//! each rank, per channel) travels as count words written by the GPUs
+//! after the tokens: no host round trip, fixed output shapes. The
+//! receiver packs per local expert; combine sends back one partial sum
+//! (the rank's local experts' gate-weighted outputs, summed in f32 and
+//! rounded once) per (token, rank), and the token's rank adds the
+//! partials in f32 in rank order. Bf16, f16 and f32 (no fp8). Device side:
+//! [`devcomm_device::moe::ht`]; the handle's [`Handle::rank_positions`]
+//! and [`Handle::recv_rows`] are its tables.
 
 use crate::coll::{CollType, DataType, Fp8E4M3};
 use crate::comm::Communicator;
@@ -75,6 +85,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 pub use devcomm_device::moe::NO_POS;
+
+mod ht;
 
 mod sealed {
     pub trait Sealed {}
@@ -99,6 +111,15 @@ pub enum EpMode {
     #[doc(alias = "low_latency_dispatch")]
     #[default]
     LowLatency,
+    /// DeepEP's high-throughput ("normal") mode: each token crosses to a
+    /// rank once however many of its experts live there, in bulk streams
+    /// per (destination rank, channel) with a count word per channel
+    /// exchanged by the GPUs; the receiver packs per local expert (the
+    /// same output as [`EpMode::LowLatency`]); combine sends back one
+    /// partial sum per (token, rank). See [`devcomm_device::moe::ht`].
+    #[doc(alias = "intranode_dispatch")]
+    #[doc(alias = "internode_dispatch")]
+    HighThroughput,
 }
 
 /// How an [`EpGroup`] is built.
@@ -130,6 +151,12 @@ pub struct EpConfig {
     pub ctas: u32,
     /// Threads per CTA, a multiple of 32 (0: 256 on GPUs, 64 on the emulated runtime).
     pub threads: u32,
+    /// High-throughput mode: channels per destination rank, each a
+    /// contiguous range of the tokens streamed by one CTA (0: `64 / ranks`
+    /// clamped to 1..=32 on GPUs, 2 on the emulated runtime; the same on
+    /// every rank). Ignored in low-latency mode.
+    #[doc(alias = "num_channels")]
+    pub channels: u32,
 }
 
 impl EpConfig {
@@ -146,7 +173,14 @@ impl EpConfig {
             fp8_dispatch: false,
             ctas: 0,
             threads: 0,
+            channels: 0,
         }
+    }
+
+    /// The same in mode `mode`.
+    pub fn with_mode(mut self, mode: EpMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// The same with element type `dtype`.
@@ -173,6 +207,8 @@ pub struct Handle {
     pos: DeviceBuffer<u32>,
     idx: DeviceBuffer<i32>,
     weights: DeviceBuffer<f32>,
+    /// High-throughput mode: `rank_pos` and `recv_rows` (see `MoeHtArgs`).
+    ht: Option<(DeviceBuffer<u32>, DeviceBuffer<u32>)>,
 }
 
 impl std::fmt::Debug for Handle {
@@ -280,7 +316,8 @@ impl<'c> EpGroup<'c> {
     ///
     /// Errors: [`Error::InvalidArgument`] for a config out of range (zero
     /// sizes, experts not a multiple of the rank count, top-k above 32, a
-    /// datatype other than f32/bf16/f16, a window too large); those of
+    /// datatype other than f32/bf16/f16, a window too large, fp8 dispatch
+    /// in high-throughput mode, more than 256 channels); those of
     /// [`Communicator::create_dev_comm`] and
     /// [`Communicator::register_window`].
     #[doc(alias = "ncclEpCreateGroup")]
@@ -304,9 +341,17 @@ impl<'c> EpGroup<'c> {
         }
         if !matches!(c.dtype, DataType::F32 | DataType::Bf16 | DataType::F16) {
             return Err(Error::invalid_argument(format!(
-                "EpConfig: dtype {:?}; the low-latency mode takes F32, Bf16 or F16 tokens",
+                "EpConfig: dtype {:?}; MoE groups take F32, Bf16 or F16 tokens",
                 c.dtype
             )));
+        }
+        if c.fp8_dispatch && c.mode == EpMode::HighThroughput {
+            return Err(Error::invalid_argument(
+                "EpConfig: fp8 dispatch is a low-latency feature (mode HighThroughput sends the tokens' own type)",
+            ));
+        }
+        if c.channels > 256 {
+            return Err(Error::invalid_argument(format!("EpConfig: channels {} above 256", c.channels)));
         }
         if c.fp8_dispatch && (c.dtype != DataType::Bf16 || c.hidden % 128 != 0) {
             return Err(Error::invalid_argument(format!(
@@ -334,7 +379,12 @@ impl<'c> EpGroup<'c> {
         }
         let esize = c.dtype.size() as u64;
         let slot = (h as u64 * esize).div_ceil(16) * 16;
-        let bytes = MoeContext::window_bytes(n as u32, e, m, slot)
+        let channels = ht::channels(c, comm.device().kind(), n);
+        let bytes = match c.mode {
+            EpMode::LowLatency => MoeContext::window_bytes(n as u32, e, m, slot),
+            EpMode::HighThroughput => MoeContext::window_bytes_ht(n as u32, k, m, slot, channels),
+        };
+        let bytes = bytes
             .filter(|&b| b <= (1u64 << 40))
             .ok_or_else(|| Error::invalid_argument("EpConfig: the group's window would exceed 1 TiB"))?;
         let mem = comm.mem_alloc(bytes as usize)?;
@@ -354,13 +404,28 @@ impl<'c> EpGroup<'c> {
         // words are zeroed below on every rank before the barrier that
         // precedes any use; `num_experts` a non-zero multiple of the rank
         // count, `top_k <= 32`, element size 2 or 4 (all checked above).
-        let ctx = unsafe { MoeContext::new(handle.dev_comm(), window.desc(), e, h, k, m, esize as u32) };
+        let ctx = match c.mode {
+            // SAFETY: as said.
+            // SAFETY: as said.
+            EpMode::LowLatency => unsafe {
+                MoeContext::new(handle.dev_comm(), window.desc(), e, h, k, m, esize as u32)
+            },
+            // SAFETY: as above (2 signals at least: `L + 1 >= 2`), the
+            // window of `window_bytes_ht` bytes, `channels` non-zero and
+            // the same on every rank (from the config and the runtime kind).
+            EpMode::HighThroughput => unsafe {
+                MoeContext::new_high_throughput(handle.dev_comm(), window.desc(), e, h, k, m, esize as u32, channels)
+            },
+        };
         // SAFETY: bf16 tokens of a multiple of 128 elements (checked above),
         // the same config on every rank (the collective contract).
         let ctx = if c.fp8_dispatch { unsafe { ctx.with_fp8_dispatch() } } else { ctx };
         // The slots need no zeroing; the count and flag words do (a stale
         // word could carry the next sequence number).
-        let words = ctx.recv_count_offset(0, 0) as usize;
+        let words = match c.mode {
+            EpMode::LowLatency => ctx.recv_count_offset(0, 0) as usize,
+            EpMode::HighThroughput => ctx.ht_dispatch_word_offset(0, 0) as usize,
+        };
         let stream = comm.device().stream();
         window.write(stream, words, &vec![0u8; bytes as usize - words])?;
         stream.synchronize()?;
@@ -368,7 +433,13 @@ impl<'c> EpGroup<'c> {
         let (ctas, threads) = match comm.device().kind() {
             // A CTA per expert (up to one per SM: the launch is co-resident).
             RuntimeKind::Cuda => (
-                if c.ctas == 0 { e.min(comm.device().multiprocessor_count()).clamp(1, 128) } else { c.ctas },
+                if c.ctas != 0 {
+                    c.ctas
+                } else if c.mode == EpMode::HighThroughput {
+                    ht::default_ctas(n as u32, e / n as u32, channels, comm.device().multiprocessor_count())
+                } else {
+                    e.min(comm.device().multiprocessor_count()).clamp(1, 128)
+                },
                 if c.threads == 0 { 256 } else { c.threads },
             ),
             RuntimeKind::Emulated => {
@@ -409,7 +480,9 @@ impl<'c> EpGroup<'c> {
     /// The context kernels of your own pass to [`devcomm_device::moe`]'s
     /// functions. It shares the window with this group's host calls: do
     /// not run both at once, and number your dispatches with
-    /// [`EpGroup::reserve_seq`].
+    /// [`EpGroup::reserve_seq`]. A high-throughput group's context is for
+    /// [`devcomm_device::moe::ht`]'s functions only (its window has the
+    /// high-throughput layout).
     pub fn context(&self) -> MoeContext {
         self.ctx
     }
@@ -548,6 +621,7 @@ impl<'c> EpGroup<'c> {
             pos: dev.alloc::<u32>(mk)?,
             idx: dev.alloc::<i32>(mk)?,
             weights: dev.alloc::<f32>(mk)?,
+            ht: self.alloc_ht_handle()?,
         })
     }
 
@@ -698,6 +772,11 @@ impl<'c> EpGroup<'c> {
             num_tokens: tokens as u32,
             seq,
         };
+        if self.config.mode == EpMode::HighThroughput {
+            self.launch_ht_dispatch(args, handle, stream)?;
+            self.dispatched(seq, tokens, handle);
+            return Ok(());
+        }
         let cfg = LaunchConfig::new(self.ctas, self.threads).co_resident();
         // SAFETY: `args` holds this group's live context and buffers of the
         // sizes the kernel needs (checked by the callers: `x` of `tokens <=
@@ -707,12 +786,17 @@ impl<'c> EpGroup<'c> {
         // waits for the device); the same dispatch on every rank (the
         // collective contract); co-resident, threads a multiple of 32.
         unsafe { stream.launch::<devcomm_kernels::moe::moe_dispatch>(cfg, (args,)) }?;
+        self.dispatched(seq, tokens, handle);
+        Ok(())
+    }
+
+    /// Records dispatch `seq` of `tokens` tokens as queued (its combine pending).
+    fn dispatched(&self, seq: u32, tokens: usize, handle: &mut Handle) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.pending = Some(seq);
         drop(st);
         handle.seq = seq;
         handle.num_tokens = tokens;
-        Ok(())
     }
 
     /// Brings the experts' outputs back: `expert_out` holds, for each local
@@ -805,6 +889,9 @@ impl<'c> EpGroup<'c> {
             num_tokens: handle.num_tokens as u32,
             seq: handle.seq,
         };
+        if self.config.mode == EpMode::HighThroughput {
+            return self.launch_ht_combine::<T>(args, handle, stream);
+        }
         let cfg = LaunchConfig::new(self.ctas, self.threads).co_resident();
         use devcomm_kernels::moe as k;
         // SAFETY: as in `dispatch_into`: live context, `expert_out` and `y`

@@ -2,13 +2,14 @@
 //! [`devcomm_device::moe`]: dispatch, each local expert started as soon as
 //! its own tokens are in (the per-expert receive wait), its output sent
 //! back at once, then combine: what `tests/moe.rs` checks the fused path
-//! and the receive hook with.
+//! and the receive hook with; and the high-throughput dispatch with its
+//! per-expert hook ([`devcomm_device::moe::ht`]) fused with the experts.
 
 use devcomm_device::arch::{block_dim, block_idx, global_thread_x, grid_dim, grid_threads_x, warp_id, WARP_SIZE};
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coop::{Coop, Cta, Warp};
 use devcomm_device::kernel;
-use devcomm_device::moe::{self, MoeArgs, MoeError};
+use devcomm_device::moe::{self, ht, MoeArgs, MoeError, MoeHtArgs};
 
 /// Records the first error in `errors[0]`.
 ///
@@ -19,6 +20,53 @@ unsafe fn report<T>(errors: u64, r: Result<T, MoeError>) {
         // SAFETY: the contract.
         unsafe { atomic::compare_exchange(errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys) };
     }
+}
+
+/// Local expert `l` once its receive hook returned `r` (its token count,
+/// or an error: reported, no tokens): `y = x * (e + 1) + 0.5` with `e` the
+/// global expert id, from its packed rows of `args.out` into the same rows
+/// of `expert_out`; records `count | (k << 24)` in `order[l]`; then joins
+/// the warp.
+///
+/// # Safety
+/// As for the kernels below; every lane of the warp calls it.
+unsafe fn run_expert(
+    warp: &Warp,
+    args: &MoeArgs,
+    l: u32,
+    r: Result<u32, MoeError>,
+    expert_out: *mut f32,
+    order: *mut u32,
+    k: u32,
+) {
+    let ctx = &args.ctx;
+    let (n, m, h) = (ctx.comm().nranks() as usize, ctx.max_tokens() as usize, ctx.hidden() as usize);
+    let count = match r {
+        Ok(c) => c as usize,
+        Err(e) => {
+            if warp.is_leader() {
+                // SAFETY: the contract.
+                unsafe { report(args.errors, Err::<(), _>(e)) };
+            }
+            0
+        }
+    };
+    let expert = (ctx.comm().rank() * ctx.local_experts() + l) as f32;
+    let base = l as usize * n * m * h;
+    let mut j = warp.thread_rank() as usize;
+    while j < count * h {
+        // SAFETY: rows of expert `l` (`count` of them) of both buffers.
+        unsafe {
+            let xin = *(args.out as *const f32).add(base + j);
+            *expert_out.add(base + j) = xin * (expert + 1.0) + 0.5;
+        }
+        j += WARP_SIZE as usize;
+    }
+    if warp.is_leader() {
+        // SAFETY: `l < L`: inside `order`.
+        unsafe { *order.add(l as usize) = count as u32 | (k << 24) };
+    }
+    warp.sync();
 }
 
 kernel! {
@@ -60,33 +108,12 @@ kernel! {
             e += nw;
         }
         let l_all = ctx.local_experts();
-        let (n, m, h) = (ctx.comm().nranks() as usize, ctx.max_tokens() as usize, ctx.hidden() as usize);
         let mut k = 0u32;
         let mut i = w;
         while i < l_all {
             let l = l_all - 1 - i;
             let r = moe::dispatch_recv_expert(&warp, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq);
-            let count = match r {
-                Ok(c) => c as usize,
-                Err(e) => {
-                    if warp.is_leader() {
-                        report(args.errors, Err::<(), _>(e));
-                    }
-                    0
-                }
-            };
-            let expert = (ctx.comm().rank() * l_all + l) as f32;
-            let base = l as usize * n * m * h;
-            let mut j = warp.thread_rank() as usize;
-            while j < count * h {
-                let xin = *(args.out as *const f32).add(base + j);
-                *expert_out.add(base + j) = xin * (expert + 1.0) + 0.5;
-                j += WARP_SIZE as usize;
-            }
-            if warp.is_leader() {
-                *order.add(l as usize) = count as u32 | (k << 24);
-            }
-            warp.sync();
+            run_expert(&warp, &args, l, r, expert_out, order, k);
             let r = moe::combine_send_expert(&warp, ctx, l, expert_out as *const u8, args.seq);
             if warp.is_leader() {
                 report(args.errors, r);
@@ -106,5 +133,60 @@ kernel! {
             global_thread_x() as usize, grid_threads_x() as usize, ctx, args.handle_idx as *const i32,
             args.handle_weights as *const f32, pos, num_tokens, y,
         );
+    }
+}
+
+kernel! {
+    /// A high-throughput dispatch fused with the experts, on f32 tokens:
+    /// prepare, then warp `w` of the grid sends (destination, channel)
+    /// items `w, w + W, ...`, then takes local experts `L - 1 - w, L - 1 -
+    /// w - W, ...` (the last first), each started by its own receive hook
+    /// (`ht::dispatch_recv_expert`: the wait and that expert's packing),
+    /// computes it (`y = x * (e + 1) + 0.5`) into `expert_out`, and
+    /// records `count | (k << 24)` in `order[l]` (`k`: its turn in the
+    /// warp). The library's high-throughput combine kernel follows.
+    ///
+    /// # Safety
+    /// `a` as `devcomm::moe::EpGroup::dispatch_into` fills it on a
+    /// high-throughput f32 group (with the handle's tables), `expert_out`
+    /// of `a.args.out`'s size, `order` of `L` `u32`s; launched
+    /// co-resident, block size a multiple of 32; the same `seq` on every rank.
+    pub unsafe fn moe_ht_fused_experts_f32(a: MoeHtArgs, expert_out: *mut f32, order: *mut u32) {
+        let args = &a.args;
+        let ctx = &args.ctx;
+        let num_tokens = args.num_tokens;
+        let r = moe::dispatch_prepare(
+            global_thread_x() as usize, grid_threads_x() as usize, ctx, args.topk_idx as *const i32,
+            args.topk_weights as *const f32, num_tokens, args.pos as *mut u32, args.handle_idx as *mut i32,
+            args.handle_weights as *mut f32,
+        );
+        report(args.errors, r);
+        let warp = Warp::new();
+        let per_block = block_dim().x / WARP_SIZE;
+        let (w, nw) = (block_idx().x * per_block + warp_id(), grid_dim().x * per_block);
+        let (n, g) = (ctx.comm().nranks(), ctx.channels());
+        let mut i = w;
+        while i < n * g {
+            let r = ht::dispatch_send_channel(
+                &warp, ctx, i / g, i % g, args.x as *const u8, args.topk_idx as *const i32,
+                args.topk_weights as *const f32, num_tokens, a.rank_pos as *mut u32, args.seq,
+            );
+            if warp.is_leader() {
+                report(args.errors, r);
+            }
+            i += nw;
+        }
+        let l_all = ctx.local_experts();
+        let mut k = 0u32;
+        let mut i = w;
+        while i < l_all {
+            let l = l_all - 1 - i;
+            let r = ht::dispatch_recv_expert(
+                &warp, ctx, l, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32, args.seq,
+            );
+            run_expert(&warp, args, l, r, expert_out, order, k);
+            k += 1;
+            i += nw;
+        }
     }
 }

@@ -1,0 +1,668 @@
+//! MoE dispatch and combine in high-throughput mode (DeepEP's "normal"
+//! kernels' idea), callable from a kernel, on a context made with
+//! [`MoeContext::new_high_throughput`].
+//!
+//! **Layout.** A token goes to a rank once, however many of that rank's
+//! experts its top-k names (deduplicated per destination rank). Each
+//! destination's tokens are split over `G` channels ([`channel_tokens`]:
+//! channel `c` takes a contiguous range of the source's tokens); the
+//! channel's coop counts the tokens before its range that go to the
+//! destination (its first position) and gives each of its own the next
+//! position, written to the handle's `rank_pos[token][rank]`
+//! ([`dispatch_send_channel`]).
+//!
+//! **Dispatch.** The channel streams its tokens with their routing rows
+//! (`K` expert ids, `K` weights) into the destination's receive slots
+//! `(source, position)`: stores through the LSA mapping to LSA peers, or
+//! staged in this rank's window and put by GIN in pieces of at most
+//! [`PUT_BYTES`] while the next tokens are staged. Then one word per
+//! channel, `(seq << 32) | tokens` (the layout exchange, done by the
+//! GPUs): a release store over LSA, a put with a signal over GIN. The
+//! receiver waits for every source's words ([`dispatch_wait`]) and packs
+//! per local expert ([`dispatch_pack`]: a token lands once in each local
+//! expert its top-k names, in (source rank, source token) order, the same
+//! `[L][N·M][hidden]` layout and counts as the low-latency mode), recording
+//! each received top-k entry's packed row (`recv_rows`).
+//! [`dispatch_recv_expert`] does both for one local expert (the
+//! per-expert receive hook).
+//!
+//! **Combine.** For each received token the rank sums its local experts'
+//! gate-weighted outputs in f32 (top-k order, rounded once to the element
+//! type) and sends that one partial back per (token, rank) into the
+//! source's send slot `(rank, position)`, with one word per channel
+//! ([`combine_send_channel`]); the source waits for every rank's words
+//! ([`combine_wait`]) and adds the partials in f32 in rank order, writing
+//! each token in its original order ([`combine_reduce`]).
+//!
+//! Signals (GIN): [`DISPATCH_SIGNAL`] counts dispatch words,
+//! [`COMBINE_SIGNAL`] combine words, from ranks outside the LSA team.
+//! Ordering between calls and `seq` as in the [low-latency mode](super).
+
+use super::{gin_ranks, is_lsa, local_ptr, peer_ptr, warp_scan, weighted_rows, word, MoeContext, MoeError, NO_POS};
+use crate::arch::{self, lane_id, WARP_SIZE};
+use crate::atomic::{self, Scope};
+use crate::coll::Element;
+use crate::coop::{Coop, ThreadCoop};
+use crate::gin::{Gin, LocalAction, RemoteAction};
+use crate::lsa::ops::copy_strided;
+use crate::wait::{self, Deadline};
+
+/// The GIN signal dispatch words increment.
+pub const DISPATCH_SIGNAL: u32 = 0;
+/// The GIN signal combine words increment.
+pub const COMBINE_SIGNAL: u32 = 1;
+/// GIN sends go out in pieces of about this many bytes (at least one
+/// warp's 32 tokens), so the proxy moves one piece while the coop stages
+/// the next.
+pub const PUT_BYTES: u64 = 256 * 1024;
+
+/// Tokens `first..end` of channel `channel` of `channels` over `num_tokens` tokens.
+#[inline(always)]
+pub const fn channel_tokens(num_tokens: u32, channels: u32, channel: u32) -> (u32, u32) {
+    let g = if channels == 0 { 1 } else { channels } as u64;
+    let n = num_tokens as u64;
+    ((n * channel as u64 / g) as u32, (n * (channel as u64 + 1) / g) as u32)
+}
+
+/// Whether the `k` expert ids at `idx` name one of experts `lo..lo + l`
+/// (a volatile read: `idx` may be the window's).
+///
+/// # Safety
+/// `idx` holds `k` `i32`s.
+#[inline(always)]
+unsafe fn names(idx: *const i32, k: usize, lo: u32, l: u32) -> bool {
+    let mut hit = false;
+    for j in 0..k {
+        // SAFETY: `j < k`: the contract.
+        let e = unsafe { arch::load_volatile(idx.add(j)) };
+        hit |= e >= 0 && (e as u32).wrapping_sub(lo) < l;
+    }
+    hit
+}
+
+/// The channel words of source (or rank) `s`, at `off(s, c)` of this
+/// rank's window, checked against `seq`: returns (tokens of the channels
+/// before `channel`, tokens of `channel`, tokens of all).
+fn channel_counts(
+    ctx: &MoeContext,
+    s: u32,
+    seq: u32,
+    channel: u32,
+    off: impl Fn(u32, u32) -> u64,
+) -> Result<(u32, u32, u32), MoeError> {
+    let m = ctx.max_tokens();
+    let (mut before, mut own, mut total) = (0u32, 0u32, 0u32);
+    for c in 0..ctx.channels() {
+        let p = local_ptr(ctx, off(s, c)) as *const u64;
+        // SAFETY: a word of this rank's window, written only atomically.
+        let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
+        let n = w as u32;
+        if (w >> 32) as u32 != seq || n > m {
+            return Err(MoeError::OutOfStep);
+        }
+        if c < channel {
+            before += n;
+        } else if c == channel {
+            own = n;
+        }
+        total += n;
+    }
+    if total > m {
+        return Err(MoeError::OutOfStep);
+    }
+    Ok((before, own, total))
+}
+
+/// Tokens of `0..count` for which `hit(i)` holds (each warp of the coop alike).
+#[inline(always)]
+fn count_hits(count: u32, hit: impl Fn(u32) -> bool) -> u32 {
+    let mut c = 0;
+    let mut c0 = 0;
+    while c0 < count {
+        let i = c0 + lane_id();
+        let h = (i < count && hit(i)) as u32;
+        c += arch::shfl(u32::MAX, warp_scan(h) as u64, WARP_SIZE - 1) as u32;
+        c0 += WARP_SIZE;
+    }
+    c
+}
+
+/// The GIN handle of a coop that sends to `peer` (None: an LSA peer).
+fn gin_for<'a, C: Coop>(coop: &C, ctx: &'a MoeContext, peer: u32) -> Result<Option<Gin<'a>>, MoeError> {
+    if is_lsa(ctx, peer) {
+        return Ok(None);
+    }
+    let g = coop.agree(Gin::new(ctx.comm(), 0))?;
+    Ok(Some(g.with_given_release(Scope::Sys)))
+}
+
+/// Puts `bytes` at `src_off` of this rank's window to `dst_off` of
+/// `peer`'s (every thread of the coop, after its stores to the source).
+///
+/// # Safety
+/// `ctx` live, both ranges inside the window.
+unsafe fn put_range<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    gin: &Gin,
+    peer: u32,
+    dst_off: u64,
+    src_off: u64,
+    bytes: u64,
+) -> Result<(), MoeError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    coop.sync();
+    if coop.is_leader() {
+        atomic::fence_acq_rel(Scope::Sys);
+    }
+    let win = ctx.window();
+    // SAFETY: the group's window is in the GIN window table (the context's
+    // contract); both ranges inside it (the caller's).
+    unsafe {
+        gin.put(
+            coop,
+            &ctx.comm().world(),
+            peer,
+            &win,
+            dst_off,
+            &win,
+            src_off,
+            bytes,
+            RemoteAction::None,
+            LocalAction::None,
+        )
+    }?;
+    Ok(())
+}
+
+/// Publishes word `w` at `off` of `peer`'s window after the coop's
+/// stores (LSA: a release store by the leader after a barrier) or puts
+/// (GIN: a put with a strong increment of `signal`).
+///
+/// # Safety
+/// `ctx` live; `off` a word of the window written only this way.
+unsafe fn publish<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    gin: Option<&Gin>,
+    peer: u32,
+    off: u64,
+    w: u64,
+    signal: u32,
+) -> Result<(), MoeError> {
+    coop.sync();
+    let Some(gin) = gin else {
+        if coop.is_leader() {
+            // SAFETY: the contract: an LSA peer's word, written only atomically.
+            unsafe { atomic::store_release(peer_ptr(ctx, peer, off) as *mut u64, w, Scope::Sys) };
+        }
+        return Ok(());
+    };
+    let r = if coop.is_leader() {
+        let action = RemoteAction::SignalInc { signal, strong: true };
+        // SAFETY: the window is in the GIN window table; `off` inside it.
+        unsafe { gin.put_value(&ctx.comm().world(), peer, &ctx.window(), off, w, action, LocalAction::None) }
+    } else {
+        Ok(())
+    };
+    coop.agree(r)?;
+    Ok(())
+}
+
+/// Sends channel `channel` of this rank's tokens to rank `dest` (every
+/// thread of `coop`, whole warps, calls it): scans `topk_idx` (each warp
+/// alike), gives each token of the channel's range whose top-k names an
+/// expert of `dest` its position among the tokens sent to `dest`
+/// (`rank_pos[t * nranks + dest]`, [`NO_POS`] for the others of the
+/// range), stores or puts the tokens and their routing rows into `dest`'s
+/// receive slots, then publishes the channel's word. Returns the tokens sent.
+///
+/// # Safety
+/// `ctx` a live high-throughput context; `x` holds `num_tokens` tokens,
+/// `topk_idx`/`topk_weights` `num_tokens * top_k` entries, `rank_pos`
+/// `num_tokens * nranks`; every thread of the coop calls with the same
+/// arguments; no other coop sends (`dest`, `channel`) in this dispatch;
+/// every (`dest`, `channel`) is sent once on every rank; the previous
+/// dispatch's combine is done on every rank.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_send_channel<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    dest: u32,
+    channel: u32,
+    x: *const u8,
+    topk_idx: *const i32,
+    topk_weights: *const f32,
+    num_tokens: u32,
+    rank_pos: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    let comm = ctx.comm();
+    let (n, me, l) = (comm.nranks(), comm.rank(), ctx.local_experts());
+    if !ctx.high_throughput() || num_tokens > ctx.max_tokens() || dest >= n || channel >= ctx.channels() {
+        return Err(MoeError::BadArgument);
+    }
+    let k = ctx.top_k() as usize;
+    let (lo, row, mb) = (dest * l, ctx.token_bytes() as usize, ctx.ht_meta_bytes() as usize);
+    let (first, end) = channel_tokens(num_tokens, ctx.channels(), channel);
+    // SAFETY: `t < end <= num_tokens`: a row of `topk_idx`.
+    let goes = |t: u32| t < end && unsafe { names(topk_idx.add(t as usize * k), k, lo, l) };
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let wi = coop.thread_rank() / WARP_SIZE;
+    let start = count_hits(first, goes);
+    let gin = gin_for(coop, ctx, dest)?;
+    let mut base = start;
+    let mut pending = start;
+    let mut c0 = first;
+    while c0 < end {
+        let t = c0 + lane_id();
+        let h = goes(t) as u32;
+        let incl = warp_scan(h);
+        let p = base + incl - h;
+        if wi == 0 && t < end {
+            // SAFETY: `t < num_tokens`, `dest < nranks`: inside `rank_pos`;
+            // entry (t, dest) is this coop's alone.
+            unsafe { *rank_pos.add(t as usize * n as usize + dest as usize) = if h != 0 { p } else { NO_POS } };
+        }
+        let mut src_lane = 0;
+        while src_lane < WARP_SIZE {
+            let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
+            let pj = arch::shfl(u32::MAX, p as u64, src_lane) as u32;
+            if hj != 0 {
+                let tj = (c0 + src_lane) as usize;
+                let (dst, meta) = if gin.is_none() {
+                    (
+                        peer_ptr(ctx, dest, ctx.ht_recv_slot_offset(me, pj)),
+                        peer_ptr(ctx, dest, ctx.ht_meta_offset(me, pj)),
+                    )
+                } else {
+                    (
+                        local_ptr(ctx, ctx.ht_send_slot_offset(dest, pj)),
+                        local_ptr(ctx, ctx.ht_send_meta_offset(dest, pj)),
+                    )
+                };
+                // SAFETY: token `tj < num_tokens` of `x` and its routing
+                // rows; the slot (`slot_bytes >= row`) and the routing row
+                // (`8 * k` bytes) at position `pj < num_tokens <= max_tokens`
+                // are this coop's alone in this dispatch.
+                unsafe {
+                    copy_strided(tr, nt, dst, x.add(tj * row), row);
+                    copy_strided(tr, nt, meta, topk_idx.add(tj * k) as *const u8, 4 * k);
+                    copy_strided(tr, nt, meta.add(4 * k), topk_weights.add(tj * k) as *const u8, 4 * k);
+                }
+            }
+            src_lane += 1;
+        }
+        base += arch::shfl(u32::MAX, incl as u64, WARP_SIZE - 1) as u32;
+        c0 += WARP_SIZE;
+        if let Some(gin) = &gin {
+            let ready = base - pending;
+            if ready > 0 && (c0 >= end || ready as u64 * ctx.slot_bytes() >= PUT_BYTES) {
+                // SAFETY: positions `pending..base` of both areas, staged above.
+                unsafe {
+                    let bytes = ready as u64 * ctx.slot_bytes();
+                    let (d, s) = (ctx.ht_recv_slot_offset(me, pending), ctx.ht_send_slot_offset(dest, pending));
+                    put_range(coop, ctx, gin, dest, d, s, bytes)?;
+                    let (d, s) = (ctx.ht_meta_offset(me, pending), ctx.ht_send_meta_offset(dest, pending));
+                    put_range(coop, ctx, gin, dest, d, s, ready as u64 * mb as u64)?;
+                }
+                pending = base;
+            }
+        }
+    }
+    let sent = base - start;
+    let off = ctx.ht_dispatch_word_offset(me, channel);
+    // SAFETY: the channel's word, written only by this coop (LSA or GIN).
+    unsafe { publish(coop, ctx, gin.as_ref(), dest, off, word(seq, sent), DISPATCH_SIGNAL) }?;
+    Ok(sent)
+}
+
+/// Waits until every word `off(rank, channel)` of this rank's window
+/// carries `seq` (LSA ranks) and signal `signal` counts every GIN rank's
+/// channels, then checks every word.
+///
+/// # Safety
+/// `ctx` a live high-throughput context; every thread of `coop` calls it.
+unsafe fn wait_words<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    seq: u32,
+    signal: u32,
+    off: impl Fn(u32, u32) -> u64 + Copy,
+) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (n, g) = (comm.nranks(), ctx.channels());
+    if !ctx.high_throughput() || g == 0 {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let (t, nt) = (coop.thread_rank(), coop.size());
+    let r = (|| -> Result<(), MoeError> {
+        let mut deadline = Deadline::new(&comm.abort());
+        let mut i = t;
+        while i < n * g {
+            let s = i / g;
+            if is_lsa(ctx, s) {
+                let p = local_ptr(ctx, off(s, i % g)) as *const u64;
+                // SAFETY: this rank's word, written only atomically.
+                unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+            }
+            i += nt;
+        }
+        let gr = gin_ranks(ctx);
+        if gr > 0 && coop.is_leader() {
+            Gin::new(comm, 0)?.wait_signal(&ThreadCoop, signal, seq as u64 * gr as u64 * g as u64)?;
+        }
+        Ok(())
+    })();
+    coop.agree(r)?;
+    let mut r = Ok(());
+    let mut s = t;
+    while s < n {
+        if let Err(e) = channel_counts(ctx, s, seq, 0, off) {
+            r = Err(e);
+        }
+        s += nt;
+    }
+    coop.agree(r)
+}
+
+/// Waits until every source's tokens of dispatch `seq` are in (every
+/// channel word of every rank).
+///
+/// # Safety
+/// `ctx` a live high-throughput context; every thread of `coop` calls it.
+pub unsafe fn dispatch_wait<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Result<(), MoeError> {
+    // SAFETY: the contract.
+    unsafe { wait_words(coop, ctx, seq, DISPATCH_SIGNAL, |s, c| ctx.ht_dispatch_word_offset(s, c)) }
+}
+
+/// Tokens received from `src` in dispatch `seq` (after [`dispatch_wait`]).
+pub fn source_tokens(ctx: &MoeContext, src: u32, seq: u32) -> Result<u32, MoeError> {
+    if !ctx.high_throughput() || src >= ctx.comm().nranks() {
+        return Err(MoeError::BadArgument);
+    }
+    channel_counts(ctx, src, seq, 0, |s, c| ctx.ht_dispatch_word_offset(s, c)).map(|c| c.2)
+}
+
+/// Packs source `src`'s `count` received tokens that name local expert
+/// `local` into `out` rows from `row0` on; returns how many.
+///
+/// # Safety
+/// As for [`dispatch_pack`], `count` the source's tokens.
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_source<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    src: u32,
+    count: u32,
+    row0: usize,
+    out: *mut u8,
+    recv_rows: *mut u32,
+) -> u32 {
+    let (k, m) = (ctx.top_k() as usize, ctx.max_tokens() as usize);
+    let g = ctx.comm().rank() * ctx.local_experts() + local;
+    let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let meta = |p: u32| local_ptr(ctx, ctx.ht_meta_offset(src, p)) as *const i32;
+    let mut at = 0u32;
+    let mut c0 = 0;
+    while c0 < count {
+        let p = c0 + lane_id();
+        // SAFETY: `p < count <= max_tokens`: a routing row of the window.
+        let h = (p < count && unsafe { names(meta(p), k, g, 1) }) as u32;
+        let incl = warp_scan(h);
+        let r = row0 + (at + incl - h) as usize;
+        if h != 0 && coop.thread_rank() < WARP_SIZE {
+            for j in 0..k {
+                // SAFETY: entry `j < k` of the routing row and of `recv_rows`
+                // (`(src * M + p) * K + j`); entries naming `g` are this coop's.
+                unsafe {
+                    if arch::load_volatile(meta(p).add(j)) == g as i32 {
+                        *recv_rows.add((src as usize * m + p as usize) * k + j) = r as u32;
+                    }
+                }
+            }
+        }
+        let mut src_lane = 0;
+        while src_lane < WARP_SIZE {
+            let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
+            let rj = arch::shfl(u32::MAX, r as u64, src_lane) as usize;
+            if hj != 0 {
+                let s = local_ptr(ctx, ctx.ht_recv_slot_offset(src, c0 + src_lane));
+                // SAFETY: a received slot (`slot >= row` bytes); row `rj` of
+                // `out`, below `(local + 1) * N * M` (at most N * M tokens
+                // name `local`), this coop's alone.
+                unsafe { copy_strided(tr, nt, out.add(rj * row), s, row.min(slot)) };
+            }
+            src_lane += 1;
+        }
+        at += arch::shfl(u32::MAX, incl as u64, WARP_SIZE - 1) as u32;
+        c0 += WARP_SIZE;
+    }
+    at
+}
+
+/// After [`dispatch_wait`]: packs source `src`'s tokens that name local
+/// expert `local` into `out[local][..]` (rows of `hidden` elements, after
+/// those of the sources before `src`, in token order), records each of
+/// their top-k entries naming `local` in `recv_rows[(src * M + p) * K +
+/// j]` (the packed row), and, for the last source, the expert's total in
+/// `out_count[local]`. Returns the tokens packed. Any coop may take any
+/// (`local`, `src`); together they must cover all for the output to be complete.
+///
+/// # Safety
+/// `ctx` a live high-throughput context, after [`dispatch_wait`] of
+/// `seq` on this rank; `out` holds `local_experts * nranks * max_tokens`
+/// rows, `out_count` `local_experts` `u32`s, `recv_rows` `nranks *
+/// max_tokens * top_k` `u32`s; every thread of `coop` calls with the same
+/// arguments; no other coop packs (`local`, `src`).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_pack<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    src: u32,
+    out: *mut u8,
+    out_count: *mut u32,
+    recv_rows: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    let (n, l) = (ctx.comm().nranks(), ctx.local_experts());
+    if !ctx.high_throughput() || local >= l || src >= n {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let k = ctx.top_k() as usize;
+    let g = ctx.comm().rank() * l + local;
+    let mut prefix = 0u32;
+    let mut r = Ok(());
+    for q in 0..src {
+        match source_tokens(ctx, q, seq) {
+            Ok(c) => {
+                let meta = |p: u32| local_ptr(ctx, ctx.ht_meta_offset(q, p)) as *const i32;
+                // SAFETY: `p < c <= max_tokens`: a routing row of the window.
+                prefix += count_hits(c, |p| unsafe { names(meta(p), k, g, 1) });
+            }
+            Err(e) => r = Err(e),
+        }
+    }
+    let count = coop.agree(r.and(source_tokens(ctx, src, seq)))?;
+    let row0 = (local * n) as usize * ctx.max_tokens() as usize + prefix as usize;
+    // SAFETY: the contract.
+    let got = unsafe { pack_source(coop, ctx, local, src, count, row0, out, recv_rows) };
+    if src == n - 1 && coop.is_leader() {
+        // SAFETY: `local < local_experts`.
+        unsafe { *out_count.add(local as usize) = prefix + got };
+    }
+    coop.sync();
+    Ok(got)
+}
+
+/// The per-expert receive hook: waits for dispatch `seq` ([`dispatch_wait`]),
+/// then packs every source's tokens for local expert `local` (as
+/// [`dispatch_pack`] for each source) and returns the expert's token count.
+///
+/// # Safety
+/// As for [`dispatch_pack`], for every source of `local`.
+pub unsafe fn dispatch_recv_expert<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    out: *mut u8,
+    out_count: *mut u32,
+    recv_rows: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    let (n, l) = (ctx.comm().nranks(), ctx.local_experts());
+    if local >= l {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    // SAFETY: the contract.
+    unsafe { dispatch_wait(coop, ctx, seq) }?;
+    let mut total = 0u32;
+    let row0 = (local * n) as usize * ctx.max_tokens() as usize;
+    for s in 0..n {
+        let count = coop.agree(source_tokens(ctx, s, seq))?;
+        // SAFETY: the contract.
+        total += unsafe { pack_source(coop, ctx, local, s, count, row0 + total as usize, out, recv_rows) };
+    }
+    if coop.is_leader() {
+        // SAFETY: `local < local_experts`.
+        unsafe { *out_count.add(local as usize) = total };
+    }
+    coop.sync();
+    Ok(total)
+}
+
+/// Sends channel `channel`'s partial sums back to source `src`: for each
+/// token `src` sent here on that channel, the sum of this rank's local
+/// experts' outputs for it (rows of `expert_out`, laid out as the packed
+/// dispatch output, found through `recv_rows`) weighted by its gates, in
+/// f32 in top-k order, rounded once to `T`; into `src`'s send slots
+/// `(this rank, position)` (LSA stores, or staged in this rank's receive
+/// slots and put by GIN in pieces), then the channel's combine word.
+///
+/// # Safety
+/// `ctx` a live high-throughput context, `T` of its element size;
+/// dispatch `seq` was received and packed on this rank, `recv_rows` its
+/// table; `expert_out` holds `local_experts * nranks * max_tokens` rows;
+/// every thread of `coop` calls with the same arguments; every (`src`,
+/// `channel`) is sent by one coop of every rank.
+pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    src: u32,
+    channel: u32,
+    expert_out: *const u8,
+    recv_rows: *const u32,
+    seq: u32,
+) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (n, me, l) = (comm.nranks(), comm.rank(), ctx.local_experts());
+    if !ctx.high_throughput() || src >= n || channel >= ctx.channels() {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let (k, m, h) = (ctx.top_k() as usize, ctx.max_tokens() as usize, ctx.hidden() as usize);
+    let row = ctx.token_bytes() as usize;
+    let (first, count, _) =
+        coop.agree(channel_counts(ctx, src, seq, channel, |s, c| ctx.ht_dispatch_word_offset(s, c)))?;
+    let gin = gin_for(coop, ctx, src)?;
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let lo = me * l;
+    let chunk = (PUT_BYTES / ctx.slot_bytes()).max(WARP_SIZE as u64) as u32;
+    let mut p0 = first;
+    while p0 < first + count {
+        let rows = chunk.min(first + count - p0);
+        let out_row = |r: usize| {
+            let p = p0 + r as u32;
+            if gin.is_none() {
+                peer_ptr(ctx, src, ctx.ht_send_slot_offset(me, p))
+            } else {
+                local_ptr(ctx, ctx.ht_recv_slot_offset(src, p))
+            }
+        };
+        let entry = |r: usize, j: usize| -> Option<(*const u8, f32)> {
+            let p = p0 as usize + r;
+            let meta = local_ptr(ctx, ctx.ht_meta_offset(src, p as u32));
+            // SAFETY: entry `j < k` of a received routing row (ids, then weights).
+            let (e, w) = unsafe {
+                (arch::load_volatile((meta as *const i32).add(j)), arch::load_volatile((meta as *const f32).add(k + j)))
+            };
+            if e < 0 || (e as u32).wrapping_sub(lo) >= l {
+                return None;
+            }
+            // SAFETY: entry (src, p, j) of `recv_rows`, written by the pack.
+            let r = unsafe { *recv_rows.add((src as usize * m + p) * k + j) } as usize;
+            // SAFETY: a packed row of `expert_out` (below L * N * M).
+            Some((unsafe { expert_out.add(r * row) }, w))
+        };
+        // SAFETY: the partial rows are slots of the window (16-byte
+        // aligned), each this coop's alone; the sources rows of `expert_out`.
+        unsafe { weighted_rows::<T>(tr, nt, rows as usize, h, k, out_row, (expert_out as usize) % 16 == 0, entry) };
+        if let Some(gin) = &gin {
+            let bytes = rows as u64 * ctx.slot_bytes();
+            let (d, s) = (ctx.ht_send_slot_offset(me, p0), ctx.ht_recv_slot_offset(src, p0));
+            // SAFETY: the rows just written, inside the window on both sides.
+            unsafe { put_range(coop, ctx, gin, src, d, s, bytes) }?;
+        }
+        p0 += rows;
+    }
+    let off = ctx.ht_combine_word_offset(me, channel);
+    // SAFETY: the channel's combine word, written only by this coop.
+    unsafe { publish(coop, ctx, gin.as_ref(), src, off, word(seq, count), COMBINE_SIGNAL) }
+}
+
+/// Waits until every rank's partial sums of dispatch `seq` are back on
+/// this rank (every combine word).
+///
+/// # Safety
+/// `ctx` a live high-throughput context; every thread of `coop` calls it.
+pub unsafe fn combine_wait<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Result<(), MoeError> {
+    // SAFETY: the contract.
+    unsafe { wait_words(coop, ctx, seq, COMBINE_SIGNAL, |d, c| ctx.ht_combine_word_offset(d, c)) }
+}
+
+/// `out[t] = sum over ranks d (in order) of the partial d sent back for
+/// token t` (tokens whose top-k names none of d's experts add nothing),
+/// in f32, rounded once; by any set of threads (`t` of `nt`). Call after
+/// [`combine_wait`] (by every thread that reads).
+///
+/// # Safety
+/// `ctx` a live high-throughput context, `T` of its element size;
+/// `rank_pos` the dispatch's (`num_tokens * nranks`); `out` holds
+/// `num_tokens * hidden` elements; the `nt` threads use `t = 0..nt` once each.
+pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
+    t: usize,
+    nt: usize,
+    ctx: &MoeContext,
+    rank_pos: *const u32,
+    num_tokens: u32,
+    out: *mut T,
+) {
+    let n = ctx.comm().nranks() as usize;
+    let row = ctx.hidden() as usize * core::mem::size_of::<T>();
+    let entry = |tok: usize, d: usize| -> Option<(*const u8, f32)> {
+        // SAFETY: `tok < num_tokens`, `d < nranks`: inside `rank_pos`.
+        let p = unsafe { *rank_pos.add(tok * n + d) };
+        if p == NO_POS || p >= ctx.max_tokens() {
+            return None;
+        }
+        Some((local_ptr(ctx, ctx.ht_send_slot_offset(d as u32, p)) as *const u8, 1.0))
+    };
+    let out_row = |tok: usize| (out as *mut u8).wrapping_add(tok * row);
+    // SAFETY: the contract; the partials are slots of the window (16-byte aligned).
+    unsafe {
+        weighted_rows::<T>(
+            t,
+            nt,
+            num_tokens as usize,
+            ctx.hidden() as usize,
+            n,
+            out_row,
+            (out as usize) % 16 == 0,
+            entry,
+        )
+    };
+}
