@@ -43,8 +43,10 @@
 //! In a world of several LSA teams (several nodes, or `DEVCOMM_LSA_SIZE`
 //! below the rank count), channels to ranks of other teams go over GIN
 //! (the `Collectives` then creates its device communicator with GIN,
-//! connection `Full`). All-reduce, reduce-scatter, all-gather, broadcast
-//! and reduce then run **hierarchically**: LSA inside each team (the same
+//! connection `Full`). With [`MultiTeam::Hierarchical`] (not yet the
+//! default: it passes on the emulator, not yet on a GPU — see
+//! [`MultiTeam::Auto`]) all-reduce, reduce-scatter, all-gather, broadcast
+//! and reduce run **hierarchically**: LSA inside each team (the same
 //! kernels as above, over the team), GIN only between the ranks of a rail
 //! (same LSA rank, other teams), so about `1/L` of the bytes a flat
 //! exchange moves cross the network (`L` ranks per team). The steps, and

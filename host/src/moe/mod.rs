@@ -550,7 +550,10 @@ impl<'c> EpGroup<'c> {
     }
 
     /// What this rank's dispatch and combine waits see now, for the last
-    /// dispatch `seq`: per local expert, each source's count word (`seq:count`,
+    /// dispatch `seq`. High-throughput mode: each rank's per-channel
+    /// dispatch and combine words (`seq:count`) and, over GIN, the two
+    /// counting signals against `seq × outside ranks × channels`.
+    /// Low-latency mode: per local expert, each source's count word (`seq:count`,
     /// written by the source's dispatch) and, over GIN, the expert's signal
     /// against the `seq × (ranks outside the LSA team)` its wait needs; per
     /// expert, its combine flag word, and over GIN the combine signal
@@ -562,24 +565,43 @@ impl<'c> EpGroup<'c> {
         use std::fmt::Write;
         let seq = self.state.lock().unwrap_or_else(|p| p.into_inner()).seq as u64;
         let (n, l) = (self.comm.count(), self.local_experts());
-        let e = self.config.num_experts;
-        let mut words = vec![0u64; l * n + e];
-        self.window.read(stream, self.ctx.recv_count_offset(0, 0) as usize, &mut words)?;
-        let word = |w: u64| format!("{}:{}", w >> 32, w as u32);
         let outside = (n - self.comm.lsa_size()?) as u64;
+        let word = |w: &u64| format!("{}:{}", w >> 32, *w as u32);
+        let signal = |id: usize, want: u64| -> Result<String> {
+            Ok(if outside > 0 {
+                format!(" signal {}/{want}", self.handle.read_gin_signal(id as u32)?)
+            } else {
+                String::new()
+            })
+        };
         let mut s = format!("rank {} at dispatch {seq}:", self.comm.rank());
-        for x in 0..l {
-            let counts: Vec<String> = words[x * n..(x + 1) * n].iter().map(|&w| word(w)).collect();
-            let _ = write!(s, " expert {x} counts [{}]", counts.join(" "));
-            if outside > 0 {
-                let _ = write!(s, " signal {}/{}", self.handle.read_gin_signal(x as u32)?, seq * outside);
+        if self.config.mode == EpMode::HighThroughput {
+            // Per source rank (dispatch) and destination rank (combine), one
+            // word per channel; one counting signal each way (see `moe::ht`).
+            let g = self.ctx.channels() as usize;
+            let mut words = vec![0u64; n * g];
+            let mut part = |what: &str, off: u64, id: usize| -> Result<()> {
+                self.window.read(stream, off as usize, &mut words)?;
+                let per_rank: Vec<String> =
+                    words.chunks(g).map(|c| c.iter().map(word).collect::<Vec<_>>().join(",")).collect();
+                let _ = write!(s, " {what} words [{}]{};", per_rank.join(" "), signal(id, seq * outside * g as u64)?);
+                Ok(())
+            };
+            part(
+                "dispatch",
+                self.ctx.ht_dispatch_word_offset(0, 0),
+                devcomm_device::moe::ht::DISPATCH_SIGNAL as usize,
+            )?;
+            part("combine", self.ctx.ht_combine_word_offset(0, 0), devcomm_device::moe::ht::COMBINE_SIGNAL as usize)?;
+        } else {
+            let mut words = vec![0u64; l * n + self.config.num_experts];
+            self.window.read(stream, self.ctx.recv_count_offset(0, 0) as usize, &mut words)?;
+            for x in 0..l {
+                let counts: Vec<String> = words[x * n..(x + 1) * n].iter().map(word).collect();
+                let _ = write!(s, " expert {x} counts [{}]{};", counts.join(" "), signal(x, seq * outside)?);
             }
-            s.push(';');
-        }
-        let flags: Vec<String> = words[l * n..].iter().map(|&w| word(w)).collect();
-        let _ = write!(s, " combine flags [{}]", flags.join(" "));
-        if outside > 0 {
-            let _ = write!(s, " signal {}/{}", self.handle.read_gin_signal(l as u32)?, seq * outside * l as u64);
+            let flags: Vec<String> = words[l * n..].iter().map(word).collect();
+            let _ = write!(s, " combine flags [{}]{}", flags.join(" "), signal(l, seq * outside * l as u64)?);
         }
         if let Some(p) = self.handle.gin_progress() {
             let _ = write!(s, "; GIN {}", p?);
