@@ -294,15 +294,25 @@ impl<'a, T: CollType> Operand<'a, T> {
     ///
     /// Errors: [`Error::InvalidArgument`] for a range past the buffer's end.
     pub fn range(buffer: &'a DeviceBuffer<T>, start: usize, len: usize) -> Result<Self> {
-        if start.checked_add(len).is_none_or(|e| e > buffer.len()) {
+        Operand::from(buffer).sub(start, len)
+    }
+
+    /// Elements `start..start + len` of this operand (a window operand's
+    /// window offset moves with it).
+    pub(super) fn sub(&self, start: usize, len: usize) -> Result<Self> {
+        if start.checked_add(len).is_none_or(|e| e > self.len) {
             return Err(Error::invalid_argument(format!(
-                "operand range {start}..{start}+{len} past the buffer's {} elements",
-                buffer.len()
+                "operand range {start}..{start}+{len} past the operand's {} elements",
+                self.len
             )));
         }
-        let mut op = Operand::from(buffer);
-        op.ptr += (start * std::mem::size_of::<T>()) as u64;
+        let skip = (start * std::mem::size_of::<T>()) as u64;
+        let mut op = *self;
+        op.ptr += skip;
         op.len = len;
+        if let Some((w, off, key)) = op.window {
+            op.window = Some((w, off + skip, key));
+        }
         Ok(op)
     }
 

@@ -555,26 +555,6 @@ impl<'c> Collectives<'c> {
     }
 }
 
-impl<'a, T: CollType> Operand<'a, T> {
-    /// Elements `start..start + len` of this operand.
-    pub(super) fn sub(&self, start: usize, len: usize) -> Result<Self> {
-        if start.checked_add(len).is_none_or(|e| e > self.len) {
-            return Err(Error::invalid_argument(format!(
-                "range {start}..{start}+{len} past the operand's {} elements",
-                self.len
-            )));
-        }
-        let skip = (start * std::mem::size_of::<T>()) as u64;
-        let mut op = *self;
-        op.ptr += skip;
-        op.len = len;
-        if let Some((w, off, key)) = op.window {
-            op.window = Some((w, off + skip, key));
-        }
-        Ok(op)
-    }
-}
-
 /// Launches the local reduction kernel for `dtype`.
 ///
 /// # Safety
