@@ -398,33 +398,15 @@ impl<'c> HostRma<'c> {
     }
 
     fn check_signal(&self, signal: u32, what: &str) -> Result<()> {
-        if signal >= self.config.signals {
-            return Err(Error::invalid_argument(format!(
-                "{what}: signal {signal} is not below RmaConfig::signals ({})",
-                self.config.signals
-            )));
-        }
-        Ok(())
+        below(signal as usize, self.config.signals as usize, what, "signal", "RmaConfig::signals")
     }
 
     fn check_context(&self, context: u32, what: &str) -> Result<()> {
-        if context >= self.config.contexts {
-            return Err(Error::invalid_argument(format!(
-                "{what}: context {context} is not below RmaConfig::contexts ({})",
-                self.config.contexts
-            )));
-        }
-        Ok(())
+        below(context as usize, self.config.contexts as usize, what, "context", "RmaConfig::contexts")
     }
 
     fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
-        if peer >= self.comm.count() {
-            return Err(Error::invalid_argument(format!(
-                "{what}: peer {peer} is not below the rank count {}",
-                self.comm.count()
-            )));
-        }
-        Ok(())
+        below(peer, self.comm.count(), what, "peer", "the rank count")
     }
 
     /// The kept failure, as an `Err`.
@@ -710,4 +692,12 @@ impl<'c> HostRma<'c> {
         }
         Ok(())
     }
+}
+
+/// `Err(InvalidArgument)` "`what`: `name` `value` is not below `limit_name` (`limit`)" unless `value < limit`.
+fn below(value: usize, limit: usize, what: &str, name: &str, limit_name: &str) -> Result<()> {
+    if value >= limit {
+        return Err(Error::invalid_argument(format!("{what}: {name} {value} is not below {limit_name} ({limit})")));
+    }
+    Ok(())
 }
