@@ -556,6 +556,91 @@ fn gin_dead_peer_ends_device_waits() {
     assert_eq!(statuses[1].code(), Some(3), "{statuses:?}");
 }
 
+// ---- Issue 15: freeing memory while a kernel waits on the proxy. ----
+
+/// Round trips of the ping-pong that runs while the host frees memory.
+const FREE_PINGPONG_ITERS: u32 = 300;
+
+#[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
+fn child_gin_free_while_waiting() {
+    if !is_child("child_gin_free_while_waiting") {
+        return;
+    }
+    let comm = Communicator::init_from_env().unwrap();
+    let dev = comm.device().clone();
+    let stream = dev.new_stream().unwrap();
+    let kernels = test_kernels(&dev);
+    let mem = comm.mem_alloc(1 << 20).unwrap();
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    let mut req = gin_requirements(GinConnectionType::Full, 4);
+    req.use_window(&window);
+    let handle = comm.create_dev_comm(&req).unwrap();
+    let out = dev.alloc_from(&[0u64]).unwrap();
+    let err = dev.alloc_from(&[0u32; 2]).unwrap();
+    comm.bootstrap_barrier().unwrap();
+    if comm.rank() == 1 {
+        // Rank 0's kernel is in flight, waiting for this rank, while its
+        // host frees memory below.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let t = Instant::now();
+    // SAFETY: two ranks, the 1 MiB window holds 4096 bytes at offsets 0 and
+    // 4096, signal 3 starts at 0; `out` and `err` outlive the launch (read below).
+    unsafe {
+        stream
+            .launch_in::<gin_pingpong>(
+                &kernels,
+                LaunchConfig::new(1, 32),
+                (handle.dev_comm(), window.desc(), 4096u64, FREE_PINGPONG_ITERS, out.as_mut_ptr(), err.as_mut_ptr()),
+            )
+            .unwrap()
+    };
+    // While the kernel runs: memory allocated and freed (device memory,
+    // growing as a collective's scratch does). On CUDA a free waits for
+    // the device while holding the driver's lock: if the library let it,
+    // this rank's proxy (whose copies need the driver) would stall, and
+    // with it the kernel the free waits for, until the device timeout.
+    for i in 0..8usize {
+        let b = dev.alloc::<u8>(4096 << i).unwrap();
+        drop(b);
+    }
+    let freed = t.elapsed();
+    let e = errors_of(&stream, &err, "ping-pong while the host frees memory");
+    let state = handle.gin_progress().unwrap().unwrap();
+    assert_eq!(e, 0, "device error {e} (rank {}, frees done after {freed:?}): {state}", comm.rank());
+    eprintln!("rank {}: ping-pong with frees in flight took {:?} (frees returned after {freed:?})", comm.rank(), t.elapsed());
+    comm.bootstrap_barrier().unwrap();
+}
+
+/// Freeing device memory while a kernel waits for the GIN proxy neither
+/// stalls the proxy nor the kernel (copy engine and TCP).
+#[test]
+fn gin_frees_while_a_kernel_waits_on_the_proxy() {
+    common::run_on_runtime("child_gin_free_while_waiting", 2, &[("DEVCOMM_LSA_SIZE", "1".into()), wait_timeout()]);
+    ranks_tcp("child_gin_free_while_waiting", 2, 1);
+}
+
+/// The hazard the test above guards against, shown: with frees that do
+/// not wait for the device first (`NO_DRAIN_ENV`), a free's wait holds the
+/// driver's lock, the proxy's copies wait for it, and the kernel the free
+/// waits for waits for the proxy — until its device wait times out. On
+/// CUDA this is the driver; the emulator models the lock
+/// (`DEVCOMM_EMU_DRIVER_LOCK=1`, set here and in CI). Every rank must
+/// fail instead of passing by luck.
+#[test]
+fn frees_without_draining_deadlock_until_the_device_wait_times_out() {
+    let opts = common::child_job("child_gin_free_while_waiting", 2)
+        .env("DEVCOMM_RUNTIME", runtime())
+        .env("DEVCOMM_LSA_SIZE", "1")
+        .env("DEVCOMM_OP_TIMEOUT_MS", "2000")
+        .env("DEVCOMM_EMU_DRIVER_LOCK", "1")
+        .env(devcomm::runtime::NO_DRAIN_ENV, "1")
+        .kill_on_failure(false);
+    let statuses = run(&opts);
+    assert!(statuses.iter().all(|s| !s.success()), "the free/proxy deadlock did not happen: {statuses:?}");
+}
+
 // ---- Issue 13: an MoE-style dispatch over GIN (see `gin_dispatch`). ----
 
 /// Row words per peer (4 tokens x 8 floats = 128 bytes).

@@ -31,7 +31,7 @@ use crate::ring::Rings;
 use crate::transport::{GetSource, PeerFailure, PutTarget, Transport};
 use crate::{GinDescriptor, GinHostError, GinHostMemory, GinResult, LocalMemory};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,6 +49,10 @@ pub const MAX_IDLE_SLEEP: Duration = Duration::from_micros(500);
 const BATCH: usize = 64;
 /// Longest time `stop` waits for work in flight to retire.
 const STOP_DRAIN: Duration = Duration::from_secs(60);
+/// How often the watchdog looks at the proxy's loop.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+/// How long the loop may stay inside one call before the watchdog warns.
+pub const STALL_WARN: Duration = Duration::from_secs(2);
 
 const RUN: u8 = 0;
 const STOP: u8 = 1;
@@ -57,6 +61,12 @@ const ABORT: u8 = 2;
 struct Shared {
     command: AtomicU8,
     error: Mutex<Option<GinHostError>>,
+    /// Turns of the proxy's loop so far: it stops moving only while the
+    /// thread is inside one call (see [`ProxyMonitor::stalled`]).
+    turns: AtomicU64,
+    /// Milliseconds the loop has not turned for, as the watchdog last saw
+    /// (0: it turns).
+    stalled_ms: AtomicU64,
 }
 
 impl Shared {
@@ -101,7 +111,12 @@ impl Proxy {
         if rank >= mem.nranks as usize {
             return Err(GinHostError::Invalid(format!("rank {rank} of {} ranks", mem.nranks)));
         }
-        let shared = Arc::new(Shared { command: AtomicU8::new(RUN), error: Mutex::new(None) });
+        let shared = Arc::new(Shared {
+            command: AtomicU8::new(RUN),
+            error: Mutex::new(None),
+            turns: AtomicU64::new(0),
+            stalled_ms: AtomicU64::new(0),
+        });
         let limits = Limits { nranks: mem.nranks, total_signals: mem.total_signals, counters: mem.counters_len };
         let served = (0..rings.count()).map(|q| rings.completed(q)).collect();
         let unpublished = vec![0; rings.count()];
@@ -124,6 +139,10 @@ impl Proxy {
             .name(format!("gin-proxy{rank}"))
             .spawn(move || worker.run())
             .map_err(|e| GinHostError::System(format!("spawning the GIN proxy thread: {e}")))?;
+        let watched = Arc::downgrade(&shared);
+        if let Err(e) = std::thread::Builder::new().name(format!("gin-watch{rank}")).spawn(move || watch(watched, rank)) {
+            tracing::warn!("GIN proxy of rank {rank}: no watchdog ({e}); a stalled proxy is not reported");
+        }
         Ok(Proxy { shared, thread: Some(thread) })
     }
 
@@ -188,6 +207,53 @@ impl ProxyMonitor {
     /// The first error the proxy met, as [`Proxy::error`] (also after it stopped).
     pub fn error(&self) -> Option<GinHostError> {
         self.0.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// How long the proxy's thread has been inside one call, if longer
+    /// than the watchdog's period (about 100 ms): kernels waiting on the
+    /// proxy wait as long. The usual cause is a CUDA driver call of the
+    /// proxy (a copy, a read of a put's source) held up by another thread
+    /// of the process inside a driver call that waits for the device
+    /// while holding the driver's lock — `cudaFree`/`cuMemFree`,
+    /// `cudaFreeHost`, module loading — which in turn waits for the kernel
+    /// that waits for the proxy: a deadlock until the kernel's timeout.
+    pub fn stalled(&self) -> Option<Duration> {
+        match self.0.stalled_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+}
+
+/// The watchdog of a proxy: while it runs, notes how long its loop has
+/// not turned ([`ProxyMonitor::stalled`]) and warns once per stall that
+/// lasts [`STALL_WARN`].
+fn watch(shared: std::sync::Weak<Shared>, rank: usize) {
+    let (mut last, mut since, mut warned) = (u64::MAX, Instant::now(), false);
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let Some(sh) = shared.upgrade() else { return };
+        if sh.command.load(Ordering::Relaxed) != RUN {
+            return;
+        }
+        let turns = sh.turns.load(Ordering::Relaxed);
+        if turns != last {
+            (last, since, warned) = (turns, Instant::now(), false);
+            sh.stalled_ms.store(0, Ordering::Relaxed);
+            continue;
+        }
+        let t = since.elapsed();
+        sh.stalled_ms.store(t.as_millis().max(1) as u64, Ordering::Relaxed);
+        if t >= STALL_WARN && !warned {
+            warned = true;
+            tracing::warn!(
+                "GIN proxy of rank {rank} has been inside one call for {:.1} s: kernels waiting on it stall. \
+                 Usual cause: another thread of this process is in a CUDA call that waits for the device while \
+                 holding the driver's lock (cudaFree/cuMemFree, cudaFreeHost, loading a module) — it waits for the \
+                 kernel that waits for this proxy. Free device memory only when no kernel that uses GIN is in flight",
+                t.as_secs_f64()
+            );
+        }
     }
 }
 
@@ -294,7 +360,10 @@ impl Worker {
     fn serve_until_stopped(&mut self) {
         let _guard = PanicGuard(self.rings.clone());
         let (mut idle, mut idle_since) = (0u32, None);
+        let mut turns = 0u64;
         loop {
+            turns += 1;
+            self.shared.turns.store(turns, Ordering::Relaxed);
             let command = self.shared.command.load(Ordering::SeqCst);
             if command == ABORT {
                 for q in 0..self.rings.count() {

@@ -363,10 +363,17 @@ impl<'c> DevCommHandle<'c> {
         self.gin.as_ref().and_then(|g| g.error())
     }
 
-    /// Where this device communicator's GIN rings stand (see
-    /// `GinResources::progress`), for diagnosing a stalled kernel; `None`
-    /// without GIN.
-    pub(crate) fn gin_progress(&self) -> Option<Result<String>> {
+    /// Where this device communicator's GIN rings stand, in words, for
+    /// diagnosing a stalled kernel; `None` without GIN. Per ring with
+    /// traffic, `ring (context, peer): posted P, completed C` (tickets the
+    /// device took, tickets the proxy completed), then `failed`, `next
+    /// ready` (the proxy has not served a published descriptor) or `next
+    /// unpublished` (it waits for the producer); and, when the proxy's
+    /// thread has been inside one call for more than about 100 ms, for how
+    /// long (usually another thread of the process in `cudaFree` or another
+    /// driver call that waits for the device while holding the driver's
+    /// lock). Reads the device's ticket counters on the device's stream.
+    pub fn gin_progress(&self) -> Option<Result<String>> {
         self.gin.as_ref().map(|g| g.progress(self.comm.device()))
     }
 

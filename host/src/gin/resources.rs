@@ -521,6 +521,13 @@ impl GinResources {
             };
             out.push(format!("ring ({c}, {p}): posted {posted}, completed {done}{state}"));
         }
+        if let Some(t) = self.proxy.as_ref().map(|p| p.monitor()).and_then(|m| m.stalled()) {
+            out.push(format!(
+                "the proxy has been inside one call for {:.1} s (see ProxyMonitor::stalled: usually another \
+                 thread in cudaFree/cuMemFree or another driver call that waits for the device)",
+                t.as_secs_f64()
+            ));
+        }
         Ok(if out.is_empty() { "no GIN traffic".into() } else { out.join("; ") })
     }
 

@@ -505,16 +505,28 @@ impl<'c> EpGroup<'c> {
     /// still to come, or after `u32::MAX` dispatches.
     pub fn reserve_seq(&self) -> Result<u32> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = st.pending {
-            return Err(Error::invalid_usage(format!(
-                "dispatch {s}'s combine has not been queued: each dispatch needs its combine before the next"
-            )));
-        }
+        Self::no_pending(&st)?;
         st.seq = st
             .seq
             .checked_add(1)
             .ok_or_else(|| Error::invalid_usage("u32::MAX dispatches on one EpGroup: make a new group"))?;
         Ok(st.seq)
+    }
+
+    /// `InvalidUsage` while a host dispatch's combine is still to come.
+    fn no_pending(st: &State) -> Result<()> {
+        match st.pending {
+            Some(s) => Err(Error::invalid_usage(format!(
+                "dispatch {s}'s combine has not been queued: each dispatch needs its combine before the next"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// What a dispatch checks before it allocates its outputs (a refused
+    /// call allocates and frees nothing).
+    fn check_dispatch_usage(&self) -> Result<()> {
+        Self::no_pending(&self.state.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The failure a kernel of this group reported, if any (kept until the
@@ -670,6 +682,7 @@ impl<'c> EpGroup<'c> {
         stream: &Stream,
     ) -> Result<Dispatched<T>> {
         self.check_dispatch(x, topk_idx, topk_weights)?;
+        self.check_dispatch_usage()?;
         let mut out = self.alloc_output::<T>()?;
         self.dispatch_into(x, topk_idx, topk_weights, &mut out, stream)?;
         Ok(out)
@@ -722,6 +735,7 @@ impl<'c> EpGroup<'c> {
             return Err(Error::invalid_usage("dispatch_fp8 on a group made without EpConfig::fp8_dispatch"));
         }
         self.check_dispatch(x, topk_idx, topk_weights)?;
+        self.check_dispatch_usage()?;
         let mut out = self.alloc_output_fp8()?;
         self.dispatch_fp8_into(x, topk_idx, topk_weights, &mut out, stream)?;
         Ok(out)
@@ -838,6 +852,7 @@ impl<'c> EpGroup<'c> {
         handle: &Handle,
         stream: &Stream,
     ) -> Result<DeviceBuffer<T>> {
+        self.check_combine(expert_out, handle)?;
         let mut y = self.comm.device().alloc::<T>(handle.num_tokens * self.config.hidden)?;
         self.combine_into(expert_out, handle, &mut y, stream)?;
         Ok(y)
@@ -854,16 +869,8 @@ impl<'c> EpGroup<'c> {
         y: &mut DeviceBuffer<T>,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_type::<T>()?;
-        let (l, n, m, h) =
-            (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.hidden);
-        if expert_out.len() != l * n * m * h {
-            return Err(Error::invalid_argument(format!(
-                "combine: expert_out holds {} elements, the group's layout {l} local experts × {n} ranks × {m} tokens × {h} = {}",
-                expert_out.len(),
-                l * n * m * h
-            )));
-        }
+        self.check_combine(expert_out, handle)?;
+        let h = self.config.hidden;
         if y.len() != handle.num_tokens * h {
             return Err(Error::invalid_argument(format!(
                 "combine: the output holds {} elements, the dispatch's {} tokens × {h} = {}",
@@ -872,29 +879,12 @@ impl<'c> EpGroup<'c> {
                 handle.num_tokens * h
             )));
         }
-        self.check_device("combine expert_out", expert_out.device().ordinal())?;
         self.check_device("combine output", y.device().ordinal())?;
-        if handle.group != self.id {
-            return Err(Error::invalid_argument("combine: the handle comes from another EpGroup"));
-        }
         self.reported(stream)?;
         {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            match st.pending {
-                Some(s) if s == handle.seq => st.pending = None,
-                Some(s) => {
-                    return Err(Error::invalid_argument(format!(
-                        "combine: the handle is of dispatch {}, the latest dispatch is {s}",
-                        handle.seq
-                    )))
-                }
-                None => {
-                    return Err(Error::invalid_usage(format!(
-                        "combine: dispatch {} was combined already (or never ran)",
-                        handle.seq
-                    )))
-                }
-            }
+            Self::awaits_combine(&st, handle.seq)?;
+            st.pending = None;
         }
         let args = MoeArgs {
             ctx: self.ctx,
@@ -926,6 +916,38 @@ impl<'c> EpGroup<'c> {
                 DataType::Bf16 => stream.launch::<k::moe_combine_bf16>(cfg, (args,)),
                 _ => stream.launch::<k::moe_combine_f16>(cfg, (args,)),
             }
+        }
+    }
+
+    /// What a combine checks before it allocates its output or reads the
+    /// group's state: the type, `expert_out`'s shape and device, the
+    /// handle's group, and that the handle's dispatch awaits its combine.
+    fn check_combine<T: MoeType>(&self, expert_out: &DeviceBuffer<T>, handle: &Handle) -> Result<()> {
+        self.check_type::<T>()?;
+        let (l, n, m, h) =
+            (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.hidden);
+        if expert_out.len() != l * n * m * h {
+            return Err(Error::invalid_argument(format!(
+                "combine: expert_out holds {} elements, the group's layout {l} local experts × {n} ranks × {m} tokens × {h} = {}",
+                expert_out.len(),
+                l * n * m * h
+            )));
+        }
+        self.check_device("combine expert_out", expert_out.device().ordinal())?;
+        if handle.group != self.id {
+            return Err(Error::invalid_argument("combine: the handle comes from another EpGroup"));
+        }
+        Self::awaits_combine(&self.state.lock().unwrap_or_else(|p| p.into_inner()), handle.seq)
+    }
+
+    /// `Ok` when dispatch `seq` is the one whose combine is to come.
+    fn awaits_combine(st: &State, seq: u32) -> Result<()> {
+        match st.pending {
+            Some(s) if s == seq => Ok(()),
+            Some(s) => Err(Error::invalid_argument(format!(
+                "combine: the handle is of dispatch {seq}, the latest dispatch is {s}"
+            ))),
+            None => Err(Error::invalid_usage(format!("combine: dispatch {seq} was combined already (or never ran)"))),
         }
     }
 

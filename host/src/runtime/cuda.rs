@@ -193,6 +193,23 @@ impl CudaDevice {
         self.ctx.synchronize().map_err(cuda_err("cuCtxSynchronize"))
     }
 
+    /// Waits for the context's work before a driver call that frees or
+    /// unmaps memory (`cuMemFree`, `cuMemFreeHost`, `cuMemHostUnregister`,
+    /// `cuMemUnmap`). Those wait for the device themselves, but while
+    /// holding the driver's context lock, so every other thread's driver
+    /// call waits too — the GIN proxy's copies and reads among them — and
+    /// a kernel that waits for the proxy then deadlocks with the free
+    /// until its device timeout (seen on GPUs: a collective's scratch
+    /// growing, an MoE output dropped on an error path; both issue 15).
+    /// `cuCtxSynchronize` waits without that lock, so the proxy keeps
+    /// serving; the free that follows finds the device idle. Errors are
+    /// left to the free (a faulted context frees what it can).
+    pub(crate) fn drain_before_free(&self) {
+        if !super::drain_disabled() && self.bind().is_ok() {
+            let _ = self.ctx.synchronize();
+        }
+    }
+
     pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<CudaAlloc> {
         self.bind()?;
         // cuMemAlloc rejects 0 bytes; keep a valid, unique address anyway.
@@ -605,6 +622,7 @@ impl CudaAlloc {
 
 impl Drop for CudaAlloc {
     fn drop(&mut self) {
+        self.device.drain_before_free();
         if self.device.bind().is_ok() {
             // SAFETY: owned pointer, freed exactly once.
             let _ = unsafe { result::free_sync(self.ptr) };

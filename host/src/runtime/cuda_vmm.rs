@@ -206,6 +206,10 @@ impl VmmRange {
     }
 
     fn unmap_all(&mut self) {
+        if self.mapped.is_empty() {
+            return;
+        }
+        self.dev.drain_before_free();
         if self.dev.bind().is_err() {
             return;
         }

@@ -103,6 +103,7 @@ impl Drop for HostMappedBuffer {
                 unsafe { std::alloc::dealloc(self.host, *layout) }
             }
             Backing::Cuda { dev } => {
+                dev.drain_before_free();
                 if dev.bind().is_ok() {
                     // SAFETY: allocated with cuMemHostAlloc, freed once.
                     unsafe { sys::cuMemFreeHost(self.host as *mut c_void) };

@@ -92,6 +92,7 @@ impl HostMappedWord {
 impl Drop for HostMappedWord {
     fn drop(&mut self) {
         if let Backing::Cuda { dev, host } = &self.backing {
+            dev.drain_before_free();
             if dev.bind().is_ok() {
                 // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
                 unsafe { sys::cuMemFreeHost(*host) };

@@ -658,6 +658,17 @@ pub(crate) fn preload_disabled() -> bool {
     std::env::var_os(NO_PRELOAD_ENV).is_some()
 }
 
+/// Set (to anything) to free device and pinned memory without waiting for
+/// the device first: the free's own wait then holds the driver's lock
+/// while kernels run, as a plain `cudaFree` does. For tests of that hazard
+/// only: a kernel waiting for the GIN proxy then deadlocks with the free
+/// until its device wait times out (issue 15; `tests/gin.rs`).
+pub const NO_DRAIN_ENV: &str = "DEVCOMM_NO_DRAIN_BEFORE_FREE";
+
+pub(crate) fn drain_disabled() -> bool {
+    std::env::var_os(NO_DRAIN_ENV).is_some()
+}
+
 /// An in-order queue of work on one device. Cheap to clone.
 #[derive(Clone)]
 pub struct Stream {
@@ -998,13 +1009,19 @@ impl<T> fmt::Debug for DeviceBuffer<T> {
 }
 
 impl<T> Drop for DeviceBuffer<T> {
-    /// On the emulated runtime, waits for the device first, as freeing
-    /// device memory does on CUDA (`cuMemFree` waits for the work queued
-    /// before it): stream-ordered work that reads the buffer finishes
-    /// before the memory goes.
+    /// Waits for the device, then frees: work queued before the drop that
+    /// reads the buffer finishes before the memory goes. On CUDA the wait
+    /// comes first on its own (`cuCtxSynchronize`), because `cuMemFree`'s
+    /// own wait holds the driver's lock, which would stall the GIN proxy
+    /// and with it any kernel waiting on the proxy (see
+    /// `CudaDevice::drain_before_free`); the emulator does the same, and
+    /// models that lock under `DEVCOMM_EMU_DRIVER_LOCK=1`.
     fn drop(&mut self) {
-        if matches!(self.raw, RawAlloc::Emulated(_)) {
-            let _ = self.device.synchronize();
+        if let RawAlloc::Emulated(_) = self.raw {
+            if !drain_disabled() {
+                let _ = self.device.synchronize();
+            }
+            let _ = emulated::free_waits(self.device.ordinal());
         }
     }
 }

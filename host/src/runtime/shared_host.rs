@@ -90,6 +90,7 @@ impl SharedHostBuffer {
 impl Drop for SharedHostBuffer {
     fn drop(&mut self) {
         if let Some(d) = &self.registered {
+            d.drain_before_free();
             if d.bind().is_ok() {
                 // SAFETY: registered in `new`, unregistered once.
                 unsafe { sys::cuMemHostUnregister(self.host.as_ptr()) };

@@ -77,7 +77,34 @@ use std::time::Instant;
 /// (what CUDA does without preloading). CI runs the tests with it on.
 pub(crate) const LAZY_LOADING_ENV: &str = "DEVCOMM_EMU_LAZY_LOADING";
 
-/// The context lock and loaded kernels of one emulated device (see [`LAZY_LOADING_ENV`]).
+/// Set to `1` to model the CUDA driver's context lock around frees
+/// (issue 15): freeing device memory waits until every stream of the
+/// device is idle while holding the lock, so every other call that queues
+/// work on the device — the GIN proxy's copies among them — waits for it,
+/// as `cuMemFree` makes them on CUDA. `DeviceBuffer`'s drop waits for the
+/// device first, without the lock (unless [`super::NO_DRAIN_ENV`] is set),
+/// as it does on CUDA. CI runs the tests with it on.
+pub(crate) const DRIVER_LOCK_ENV: &str = "DEVCOMM_EMU_DRIVER_LOCK";
+
+fn driver_lock() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var(DRIVER_LOCK_ENV).is_ok_and(|v| v.trim() == "1"))
+}
+
+/// What freeing memory of device `ordinal` does under [`DRIVER_LOCK_ENV`]:
+/// waits until the device is idle, holding its context lock. Nothing
+/// otherwise.
+pub(crate) fn free_waits(ordinal: usize) -> Result<()> {
+    if driver_lock() {
+        let ls = load_state(ordinal);
+        let _ctx = ls.ctx.write().unwrap_or_else(|p| p.into_inner());
+        EmuDevice::open(ordinal)?.synchronize()?;
+    }
+    Ok(())
+}
+
+/// The context lock and loaded kernels of one emulated device (see
+/// [`LAZY_LOADING_ENV`] and [`DRIVER_LOCK_ENV`]).
 #[derive(Default)]
 struct LoadState {
     ctx: std::sync::RwLock<()>,
@@ -269,8 +296,9 @@ impl EmuStream {
     }
 
     fn submit(&self, op: Op) -> Result<()> {
-        // A kernel being loaded holds the context: queueing work waits.
-        let ls = lazy_loading().then(|| load_state(self.ordinal));
+        // A kernel being loaded or memory being freed holds the context:
+        // queueing work waits.
+        let ls = (lazy_loading() || driver_lock()).then(|| load_state(self.ordinal));
         let _ctx = ls.as_ref().map(|l| l.ctx.read().unwrap_or_else(|p| p.into_inner()));
         let tx = self.tx.lock().map_err(|_| Error::internal("stream poisoned"))?;
         let tx = tx.as_ref().ok_or_else(|| Error::invalid_usage("stream is destroyed"))?;
