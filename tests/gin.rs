@@ -609,7 +609,11 @@ fn child_gin_free_while_waiting() {
     let e = errors_of(&stream, &err, "ping-pong while the host frees memory");
     let state = handle.gin_progress().unwrap().unwrap();
     assert_eq!(e, 0, "device error {e} (rank {}, frees done after {freed:?}): {state}", comm.rank());
-    eprintln!("rank {}: ping-pong with frees in flight took {:?} (frees returned after {freed:?})", comm.rank(), t.elapsed());
+    eprintln!(
+        "rank {}: ping-pong with frees in flight took {:?} (frees returned after {freed:?})",
+        comm.rank(),
+        t.elapsed()
+    );
     comm.bootstrap_barrier().unwrap();
 }
 

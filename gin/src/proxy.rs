@@ -140,7 +140,8 @@ impl Proxy {
             .spawn(move || worker.run())
             .map_err(|e| GinHostError::System(format!("spawning the GIN proxy thread: {e}")))?;
         let watched = Arc::downgrade(&shared);
-        if let Err(e) = std::thread::Builder::new().name(format!("gin-watch{rank}")).spawn(move || watch(watched, rank)) {
+        if let Err(e) = std::thread::Builder::new().name(format!("gin-watch{rank}")).spawn(move || watch(watched, rank))
+        {
             tracing::warn!("GIN proxy of rank {rank}: no watchdog ({e}); a stalled proxy is not reported");
         }
         Ok(Proxy { shared, thread: Some(thread) })

@@ -65,7 +65,37 @@ pub(crate) unsafe fn reduce_into<T: Element>(
         aligned &= (out(q) as usize + begin * size_of::<T>()) % 16 == 0;
     }
     let packs = if aligned { (end - begin) / lanes } else { 0 };
-    let mut k = t;
+    if size_of::<T>() == 8 {
+        // Two lanes, kept in registers: no lane arrays in local memory,
+        // which the sm_90 toolchain miscompiled for f64 (sums came out
+        // with their low 32 bits replaced: issue 14's hierarchical f64
+        // all-reduce; see `F16::to_f32` for the same class of bug).
+        let mut k = t;
+        while k < packs {
+            let at = begin + k * 2;
+            let two = |v: [u32; 4]| {
+                (T::from_bits64(v[0] as u64 | (v[1] as u64) << 32), T::from_bits64(v[2] as u64 | (v[3] as u64) << 32))
+            };
+            // SAFETY: `at + 2 <= end`: the pack lies in every source
+            // (valid, 16-byte aligned: checked above).
+            let (x0, x1) = two(unsafe { load16(src(0).add(at) as *const u8) });
+            let (mut a0, mut a1) = (red.first(x0), red.first(x1));
+            for p in 1..n {
+                // SAFETY: as above, peer `p < n`.
+                let (y0, y1) = two(unsafe { load16(src(p).add(at) as *const u8) });
+                a0 = red.step(a0, y0);
+                a1 = red.step(a1, y1);
+            }
+            let (b0, b1) = (red.finish(a0).to_bits64(), red.finish(a1).to_bits64());
+            let r = [b0 as u32, (b0 >> 32) as u32, b1 as u32, (b1 >> 32) as u32];
+            for q in 0..nout {
+                // SAFETY: the pack lies in every output (valid, aligned).
+                unsafe { store16(out(q).add(at) as *mut u8, r) };
+            }
+            k += nt;
+        }
+    }
+    let mut k = if size_of::<T>() == 8 { packs } else { t };
     while k < packs {
         let at = begin + k * lanes;
         // SAFETY: `at + lanes <= end`: the pack lies in every source

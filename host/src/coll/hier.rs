@@ -46,13 +46,11 @@ pub const HIER_SPLIT_MIN_BYTES: usize = 64 << 10;
 /// [module docs](super#several-lsa-teams)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MultiTeam {
-    /// Flat for now: the hierarchical path passes every test on the
-    /// emulator but not yet on a GPU (on one H100, 2026-11-23: f64 sums
-    /// off by an f32 rounding and device timeouts, see
-    /// `benches/results/2026-11-23-h100-moe-gin-hier.md`); once it does,
-    /// `Auto` becomes hierarchical for all-reduce, reduce-scatter,
-    /// all-gather, broadcast and reduce when the LSA teams have more than
-    /// one rank.
+    /// Hierarchical for all-reduce, reduce-scatter, all-gather, broadcast
+    /// and reduce when the LSA teams have more than one rank; flat
+    /// otherwise (gather, scatter, all-to-all always; one-rank teams,
+    /// where there is nothing to share inside a team). Checked on 2 × H200
+    /// (`benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`).
     #[default]
     Auto,
     /// Every collective flat: each rank exchanges with every rank
@@ -141,8 +139,7 @@ impl Collectives<'_> {
                 && 2 * g.teams <= MAX_GROUP_OPS;
         match self.config.multi_team {
             MultiTeam::Flat => false,
-            // Not until the hierarchical path has passed on a GPU (see `MultiTeam::Auto`).
-            MultiTeam::Auto => false,
+            MultiTeam::Auto => applies && g.lsa > 1,
             MultiTeam::Hierarchical => applies,
         }
     }
