@@ -11,6 +11,7 @@
 
 use super::element::Element;
 use super::op::Reduction;
+use super::pack::each_lane;
 use super::{CollContext, CollError, Part};
 use crate::atomic::{self, Scope};
 use crate::coop::Coop;
@@ -131,7 +132,7 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
     let mut result = Ok(());
     let mut w = wb + t;
     'words: while w < we {
-        let mut acc = [red.first(lane::<T>(0, 0)); 8];
+        let mut acc = [red.first(lane::<T>(0, 0)); 16]; // 16: `each_lane!` covers up to 16 lanes (8 used at most)
         for p in 0..n {
             let v = if p == me {
                 // SAFETY: as for the send.
@@ -150,18 +151,18 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
                     }
                 }
             };
-            for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+            each_lane!(lanes, |l| {
                 let x = lane::<T>(v, l);
-                *a = if p == 0 { red.first(x) } else { red.step(*a, x) };
-            }
+                acc[l] = if p == 0 { red.first(x) } else { red.step(acc[l], x) };
+            });
         }
         let mut out = 0u64;
-        for (l, a) in acc.iter().enumerate().take(lanes) {
-            let bits = red.finish(*a).to_bits64();
+        each_lane!(lanes, |l| {
+            let bits = red.finish(acc[l]).to_bits64();
             let width = size_of::<T>() * 8;
             let bits = if width == 64 { bits } else { bits & ((1u64 << width) - 1) };
             out |= bits << (l * width);
-        }
+        });
         // SAFETY: `8w < bytes`, inside `dst`; word `w` is this thread's.
         unsafe { write_word(dst8, bytes, w, out) };
         w += nt;

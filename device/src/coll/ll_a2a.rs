@@ -28,6 +28,7 @@
 use super::element::Element;
 use super::ll::{lane, poll_flagged, store_flagged};
 use super::op::Reduction;
+use super::pack::each_lane;
 use super::{CollContext, CollError};
 use crate::atomic::{self, Scope};
 use crate::coop::Coop;
@@ -175,21 +176,21 @@ impl<'a> LlA2aSession<'a> {
         red: &Reduction<T>,
     ) -> Result<u64, CollError> {
         let lanes = 8 / size_of::<T>();
-        let mut acc = [red.first(lane::<T>(0, 0)); 8];
+        let mut acc = [red.first(lane::<T>(0, 0)); 16]; // 16: `each_lane!` covers up to 16 lanes (8 used at most)
         for k in 0..count.max(1) {
             // SAFETY: this function's contract.
             let v = unsafe { self.recv(first.wrapping_add(k.wrapping_mul(stride))) }?;
-            for (l, a) in acc.iter_mut().enumerate().take(lanes) {
+            each_lane!(lanes, |l| {
                 let x = lane::<T>(v, l);
-                *a = if k == 0 { red.first(x) } else { red.step(*a, x) };
-            }
+                acc[l] = if k == 0 { red.first(x) } else { red.step(acc[l], x) };
+            });
         }
         let (mut out, width) = (0u64, size_of::<T>() * 8);
-        for (l, a) in acc.iter().enumerate().take(lanes) {
-            let bits = red.finish(*a).to_bits64();
+        each_lane!(lanes, |l| {
+            let bits = red.finish(acc[l]).to_bits64();
             let bits = if width == 64 { bits } else { bits & ((1u64 << width) - 1) };
             out |= bits << (l * width);
-        }
+        });
         Ok(out)
     }
 

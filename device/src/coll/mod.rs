@@ -60,7 +60,7 @@ pub mod ll_a2a;
 mod movement;
 pub mod op;
 pub mod p2p;
-mod pack;
+pub(crate) mod pack;
 mod reduce;
 mod staging;
 

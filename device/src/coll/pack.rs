@@ -5,6 +5,31 @@ use super::op::Reduction;
 use crate::arch::{load16, store16};
 use core::mem::size_of;
 
+/// Runs `$body` with `$l` bound to each constant `0..16` below `$n` (the
+/// lanes of a 16-byte vector): unrolled, so every lane index is a constant
+/// and lane arrays stay in registers. Loops over the lanes kept them in
+/// local memory — slow, and for f64 miscompiled by the sm_90 toolchain
+/// (results with their low 32 bits lost: issue 14's hierarchical f64
+/// all-reduce, `benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`).
+/// `$body` must not `break` or `continue` an enclosing loop.
+macro_rules! each_lane {
+    ($n:expr, |$l:ident| $body:block) => {
+        $crate::coll::pack::each_lane!(@ $n, $l, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $n:expr, $l:ident, $body:block, $($i:literal)*) => {
+        $(
+            {
+                const LANE: usize = $i;
+                if LANE < $n {
+                    let $l = LANE;
+                    $body
+                }
+            }
+        )*
+    };
+}
+pub(crate) use each_lane;
+
 /// Lane `l` of a 16-byte vector as `T`, by shifts (no byte access to a
 /// local array: on sm_90 the current toolchain miscompiled such stores,
 /// see `F16::to_f32`).
@@ -65,57 +90,27 @@ pub(crate) unsafe fn reduce_into<T: Element>(
         aligned &= (out(q) as usize + begin * size_of::<T>()) % 16 == 0;
     }
     let packs = if aligned { (end - begin) / lanes } else { 0 };
-    if size_of::<T>() == 8 {
-        // Two lanes, kept in registers: no lane arrays in local memory,
-        // which the sm_90 toolchain miscompiled for f64 (sums came out
-        // with their low 32 bits replaced: issue 14's hierarchical f64
-        // all-reduce; see `F16::to_f32` for the same class of bug).
-        let mut k = t;
-        while k < packs {
-            let at = begin + k * 2;
-            let two = |v: [u32; 4]| {
-                (T::from_bits64(v[0] as u64 | (v[1] as u64) << 32), T::from_bits64(v[2] as u64 | (v[3] as u64) << 32))
-            };
-            // SAFETY: `at + 2 <= end`: the pack lies in every source
-            // (valid, 16-byte aligned: checked above).
-            let (x0, x1) = two(unsafe { load16(src(0).add(at) as *const u8) });
-            let (mut a0, mut a1) = (red.first(x0), red.first(x1));
-            for p in 1..n {
-                // SAFETY: as above, peer `p < n`.
-                let (y0, y1) = two(unsafe { load16(src(p).add(at) as *const u8) });
-                a0 = red.step(a0, y0);
-                a1 = red.step(a1, y1);
-            }
-            let (b0, b1) = (red.finish(a0).to_bits64(), red.finish(a1).to_bits64());
-            let r = [b0 as u32, (b0 >> 32) as u32, b1 as u32, (b1 >> 32) as u32];
-            for q in 0..nout {
-                // SAFETY: the pack lies in every output (valid, aligned).
-                unsafe { store16(out(q).add(at) as *mut u8, r) };
-            }
-            k += nt;
-        }
-    }
-    let mut k = if size_of::<T>() == 8 { packs } else { t };
+    let mut k = t;
     while k < packs {
         let at = begin + k * lanes;
         // SAFETY: `at + lanes <= end`: the pack lies in every source
         // (valid, 16-byte aligned: checked above).
         let v0 = unsafe { load16(src(0).add(at) as *const u8) };
         let mut acc = [red.first(lane::<T>(&v0, 0)); 16];
-        for (l, a) in acc.iter_mut().enumerate().take(lanes).skip(1) {
-            *a = red.first(lane::<T>(&v0, l));
-        }
+        each_lane!(lanes, |l| {
+            acc[l] = red.first(lane::<T>(&v0, l));
+        });
         for p in 1..n {
             // SAFETY: as for `v0`, peer `p < n`.
             let vp = unsafe { load16(src(p).add(at) as *const u8) };
-            for (l, a) in acc.iter_mut().enumerate().take(lanes) {
-                *a = red.step(*a, lane::<T>(&vp, l));
-            }
+            each_lane!(lanes, |l| {
+                acc[l] = red.step(acc[l], lane::<T>(&vp, l));
+            });
         }
         let mut r = [0u32; 4];
-        for (l, a) in acc.iter().enumerate().take(lanes) {
-            set_lane::<T>(&mut r, l, red.finish(*a));
-        }
+        each_lane!(lanes, |l| {
+            set_lane::<T>(&mut r, l, red.finish(acc[l]));
+        });
         for q in 0..nout {
             // SAFETY: the pack lies in every output (valid, aligned).
             unsafe { store16(out(q).add(at) as *mut u8, r) };

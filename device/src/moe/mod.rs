@@ -46,6 +46,7 @@ pub use crate::abi::moe::{MoeArgs, MoeContext, MoeHtArgs};
 
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
+use crate::coll::pack::each_lane;
 use crate::coll::{Bf16, Element, Fp8E4M3};
 use crate::coop::{Coop, ThreadCoop};
 use crate::error::{DeviceError, ErrorCode};
@@ -762,17 +763,17 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
                 // SAFETY: vector `v` of a source row (16-byte aligned, a
                 // row is `vecs` whole vectors: the contract).
                 let bits = unsafe { arch::load16(slot.add(v * 16)) };
-                for (q, a) in acc.iter_mut().enumerate().take(per) {
+                each_lane!(per, |q| {
                     let b = q * size;
                     let x = (bits[b / 4] >> ((b % 4) * 8)) & mask;
-                    *a += w * T::from_bits64(x as u64).to_acc();
-                }
+                    acc[q] += w * T::from_bits64(x as u64).to_acc();
+                });
             }
             let mut o = [0u32; 4];
-            for (q, a) in acc.iter().enumerate().take(per) {
+            each_lane!(per, |q| {
                 let b = q * size;
-                o[b / 4] |= ((T::from_acc(*a).to_bits64() as u32) & mask) << ((b % 4) * 8);
-            }
+                o[b / 4] |= ((T::from_acc(acc[q]).to_bits64() as u32) & mask) << ((b % 4) * 8);
+            });
             // SAFETY: vector `v` of output row `tok < rows`, 16-byte aligned.
             unsafe { arch::store16(out_row(tok).add(v * 16), o) };
             i += nt.max(1);

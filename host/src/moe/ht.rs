@@ -22,10 +22,13 @@ pub(super) fn channels(c: &EpConfig, kind: RuntimeKind, nranks: usize) -> u32 {
 }
 
 /// CTAs of the high-throughput kernels on a GPU: one per send item
-/// (destination, channel) or pack item (local expert, source), whichever
-/// is more, up to one per SM (the launch is co-resident) and 128.
-pub(super) fn default_ctas(nranks: u32, local_experts: u32, channels: u32, sms: u32) -> u32 {
-    (nranks * channels).max(local_experts * nranks).min(sms).clamp(1, 128)
+/// (destination, channel), up to one per SM (the launch is co-resident)
+/// and 128; the pack items (local expert, source) share them. CTAs beyond
+/// the send items only wait, and on 2 × H200 they slowed the others badly
+/// (4096 tokens, 2 ranks, 64 send items: combine 2.3 ms with 64 CTAs, 88
+/// ms with 128; `benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`).
+pub(super) fn default_ctas(nranks: u32, channels: u32, sms: u32) -> u32 {
+    (nranks * channels).min(sms).clamp(1, 128)
 }
 
 impl Handle {

@@ -436,7 +436,7 @@ impl<'c> EpGroup<'c> {
                 if c.ctas != 0 {
                     c.ctas
                 } else if c.mode == EpMode::HighThroughput {
-                    ht::default_ctas(n as u32, e / n as u32, channels, comm.device().multiprocessor_count())
+                    ht::default_ctas(n as u32, channels, comm.device().multiprocessor_count())
                 } else {
                     e.min(comm.device().multiprocessor_count()).clamp(1, 128)
                 },
