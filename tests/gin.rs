@@ -493,6 +493,33 @@ fn gin_unusable_window_fails_the_ring_not_a_timeout() {
     ranks("child_gin_unusable_window", 2, 1);
 }
 
+/// The two ranks' setup of the ping-pong children (`gin_pingpong` on a
+/// 1 MiB window, 4 signals, queue depth 4; the test kernels' module loaded
+/// whole before any GIN kernel runs, as `create_dev_comm` loads the
+/// library's: issue 13), after a bootstrap barrier.
+fn pingpong_child(
+    body: impl FnOnce(
+        &Communicator,
+        &devcomm::Device,
+        &Stream,
+        &devcomm::Module,
+        &devcomm::Window<'_>,
+        &devcomm::DevCommHandle<'_>,
+    ),
+) {
+    let comm = Communicator::init_from_env().unwrap();
+    let dev = comm.device().clone();
+    let stream = dev.new_stream().unwrap();
+    let kernels = test_kernels(&dev);
+    let mem = comm.mem_alloc(1 << 20).unwrap();
+    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    let mut req = gin_requirements(GinConnectionType::Full, 4);
+    req.use_window(&window);
+    let handle = comm.create_dev_comm(&req).unwrap();
+    comm.bootstrap_barrier().unwrap();
+    body(&comm, &dev, &stream, &kernels, &window, &handle);
+}
+
 /// Child: rank 0 keeps putting to rank 1 and waits for its reply signal;
 /// rank 1 dies. Rank 0's kernel ends with an error code (ring failed or
 /// aborted) and its communicator reports the failure — no hang.
@@ -502,47 +529,37 @@ fn child_gin_peer_dies() {
     if !is_child("child_gin_peer_dies") {
         return;
     }
-    let comm = Communicator::init_from_env().unwrap();
-    let dev = comm.device().clone();
-    let stream = dev.new_stream().unwrap();
-    // The test kernels' module, loaded whole before any GIN kernel runs (as
-    // `create_dev_comm` loads the library's: issue 13).
-    let kernels = test_kernels(&dev);
-    let mem = comm.mem_alloc(1 << 20).unwrap();
-    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
-    let mut req = gin_requirements(GinConnectionType::Full, 4);
-    req.use_window(&window);
-    let handle = comm.create_dev_comm(&req).unwrap();
-    comm.bootstrap_barrier().unwrap();
-    if comm.rank() == 1 {
-        std::thread::sleep(Duration::from_millis(300));
-        std::process::exit(3);
-    }
-    let t = Instant::now();
-    let out = dev.alloc_from(&[0u64]).unwrap();
-    let e = launch_errors(&stream, &dev, "ping-pong with a dead peer", |err| unsafe {
-        // SAFETY: two ranks, the 1 MiB window holds `bytes` (4096) at offsets 0 and 4096, signal 3
-        // starts at 0; `out` and `err` outlive the launch (`errors_of` synchronises).
-        stream
-            .launch_in::<gin_pingpong>(
-                &kernels,
-                LaunchConfig::new(1, 32),
-                (handle.dev_comm(), window.desc(), 4096u64, 1_000_000u32, out.as_mut_ptr(), err),
-            )
-            .unwrap()
+    pingpong_child(|comm, dev, stream, kernels, window, handle| {
+        if comm.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(300));
+            std::process::exit(3);
+        }
+        let t = Instant::now();
+        let out = dev.alloc_from(&[0u64]).unwrap();
+        let e = launch_errors(&stream, &dev, "ping-pong with a dead peer", |err| unsafe {
+            // SAFETY: two ranks, the 1 MiB window holds `bytes` (4096) at offsets 0 and 4096, signal 3
+            // starts at 0; `out` and `err` outlive the launch (`errors_of` synchronises).
+            stream
+                .launch_in::<gin_pingpong>(
+                    &kernels,
+                    LaunchConfig::new(1, 32),
+                    (handle.dev_comm(), window.desc(), 4096u64, 1_000_000u32, out.as_mut_ptr(), err),
+                )
+                .unwrap()
+        });
+        eprintln!("ping-pong with a dead peer ended with device error {e} after {:?}", t.elapsed());
+        assert!(e == 2 || e == 3, "expected aborted (2) or ring failed (3), got {e}");
+        assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
+        // The kernel may end by the failed ring (3) before the bootstrap has
+        // noticed the dead rank: the communicator reports it soon after.
+        let noticed = Instant::now();
+        while comm.get_async_error().is_ok() {
+            assert!(noticed.elapsed() < Duration::from_secs(15), "the communicator never reported the dead peer");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(handle.gin_error().is_some() || e == 2, "device error {e} without a GIN error");
+        std::process::exit(0);
     });
-    eprintln!("ping-pong with a dead peer ended with device error {e} after {:?}", t.elapsed());
-    assert!(e == 2 || e == 3, "expected aborted (2) or ring failed (3), got {e}");
-    assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
-    // The kernel may end by the failed ring (3) before the bootstrap has
-    // noticed the dead rank: the communicator reports it soon after.
-    let noticed = Instant::now();
-    while comm.get_async_error().is_ok() {
-        assert!(noticed.elapsed() < Duration::from_secs(15), "the communicator never reported the dead peer");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(handle.gin_error().is_some() || e == 2, "device error {e} without a GIN error");
-    std::process::exit(0);
 }
 
 #[test]
@@ -567,54 +584,54 @@ fn child_gin_free_while_waiting() {
     if !is_child("child_gin_free_while_waiting") {
         return;
     }
-    let comm = Communicator::init_from_env().unwrap();
-    let dev = comm.device().clone();
-    let stream = dev.new_stream().unwrap();
-    let kernels = test_kernels(&dev);
-    let mem = comm.mem_alloc(1 << 20).unwrap();
-    let window = comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
-    let mut req = gin_requirements(GinConnectionType::Full, 4);
-    req.use_window(&window);
-    let handle = comm.create_dev_comm(&req).unwrap();
-    let out = dev.alloc_from(&[0u64]).unwrap();
-    let err = dev.alloc_from(&[0u32; 2]).unwrap();
-    comm.bootstrap_barrier().unwrap();
-    if comm.rank() == 1 {
-        // Rank 0's kernel is in flight, waiting for this rank, while its
-        // host frees memory below.
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    let t = Instant::now();
-    // SAFETY: two ranks, the 1 MiB window holds 4096 bytes at offsets 0 and
-    // 4096, signal 3 starts at 0; `out` and `err` outlive the launch (read below).
-    unsafe {
-        stream
-            .launch_in::<gin_pingpong>(
-                &kernels,
-                LaunchConfig::new(1, 32),
-                (handle.dev_comm(), window.desc(), 4096u64, FREE_PINGPONG_ITERS, out.as_mut_ptr(), err.as_mut_ptr()),
-            )
-            .unwrap()
-    };
-    // While the kernel runs: memory allocated and freed (device memory,
-    // growing as a collective's scratch does). On CUDA a free waits for
-    // the device while holding the driver's lock: if the library let it,
-    // this rank's proxy (whose copies need the driver) would stall, and
-    // with it the kernel the free waits for, until the device timeout.
-    for i in 0..8usize {
-        let b = dev.alloc::<u8>(4096 << i).unwrap();
-        drop(b);
-    }
-    let freed = t.elapsed();
-    let e = errors_of(&stream, &err, "ping-pong while the host frees memory");
-    let state = handle.gin_progress().unwrap().unwrap();
-    assert_eq!(e, 0, "device error {e} (rank {}, frees done after {freed:?}): {state}", comm.rank());
-    eprintln!(
-        "rank {}: ping-pong with frees in flight took {:?} (frees returned after {freed:?})",
-        comm.rank(),
-        t.elapsed()
-    );
-    comm.bootstrap_barrier().unwrap();
+    pingpong_child(|comm, dev, stream, kernels, window, handle| {
+        let out = dev.alloc_from(&[0u64]).unwrap();
+        let err = dev.alloc_from(&[0u32; 2]).unwrap();
+        comm.bootstrap_barrier().unwrap();
+        if comm.rank() == 1 {
+            // Rank 0's kernel is in flight, waiting for this rank, while its
+            // host frees memory below.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let t = Instant::now();
+        // SAFETY: two ranks, the 1 MiB window holds 4096 bytes at offsets 0 and
+        // 4096, signal 3 starts at 0; `out` and `err` outlive the launch (read below).
+        unsafe {
+            stream
+                .launch_in::<gin_pingpong>(
+                    &kernels,
+                    LaunchConfig::new(1, 32),
+                    (
+                        handle.dev_comm(),
+                        window.desc(),
+                        4096u64,
+                        FREE_PINGPONG_ITERS,
+                        out.as_mut_ptr(),
+                        err.as_mut_ptr(),
+                    ),
+                )
+                .unwrap()
+        };
+        // While the kernel runs: memory allocated and freed (device memory,
+        // growing as a collective's scratch does). On CUDA a free waits for
+        // the device while holding the driver's lock: if the library let it,
+        // this rank's proxy (whose copies need the driver) would stall, and
+        // with it the kernel the free waits for, until the device timeout.
+        for i in 0..8usize {
+            let b = dev.alloc::<u8>(4096 << i).unwrap();
+            drop(b);
+        }
+        let freed = t.elapsed();
+        let e = errors_of(&stream, &err, "ping-pong while the host frees memory");
+        let state = handle.gin_progress().unwrap().unwrap();
+        assert_eq!(e, 0, "device error {e} (rank {}, frees done after {freed:?}): {state}", comm.rank());
+        eprintln!(
+            "rank {}: ping-pong with frees in flight took {:?} (frees returned after {freed:?})",
+            comm.rank(),
+            t.elapsed()
+        );
+        comm.bootstrap_barrier().unwrap();
+    });
 }
 
 /// Freeing device memory while a kernel waits for the GIN proxy neither
