@@ -536,12 +536,12 @@ fn child_gin_peer_dies() {
         }
         let t = Instant::now();
         let out = dev.alloc_from(&[0u64]).unwrap();
-        let e = launch_errors(&stream, &dev, "ping-pong with a dead peer", |err| unsafe {
+        let e = launch_errors(stream, dev, "ping-pong with a dead peer", |err| unsafe {
             // SAFETY: two ranks, the 1 MiB window holds `bytes` (4096) at offsets 0 and 4096, signal 3
             // starts at 0; `out` and `err` outlive the launch (`errors_of` synchronises).
             stream
                 .launch_in::<gin_pingpong>(
-                    &kernels,
+                    kernels,
                     LaunchConfig::new(1, 32),
                     (handle.dev_comm(), window.desc(), 4096u64, 1_000_000u32, out.as_mut_ptr(), err),
                 )
@@ -599,7 +599,7 @@ fn child_gin_free_while_waiting() {
         unsafe {
             stream
                 .launch_in::<gin_pingpong>(
-                    &kernels,
+                    kernels,
                     LaunchConfig::new(1, 32),
                     (
                         handle.dev_comm(),
@@ -622,7 +622,7 @@ fn child_gin_free_while_waiting() {
             drop(b);
         }
         let freed = t.elapsed();
-        let e = errors_of(&stream, &err, "ping-pong while the host frees memory");
+        let e = errors_of(stream, &err, "ping-pong while the host frees memory");
         let state = handle.gin_progress().unwrap().unwrap();
         assert_eq!(e, 0, "device error {e} (rank {}, frees done after {freed:?}): {state}", comm.rank());
         eprintln!(

@@ -104,18 +104,7 @@ impl Deadline {
     }
 }
 
-/// The acquire that ends a successful poll: the polls are relaxed loads
-/// (strong at their scope), and this fence after the one that saw the
-/// writer's release makes everything before the release visible (PTX's
-/// fence-based acquire pattern). An acquire load per poll does that work
-/// at every miss, which thousands of waiting threads (the idle CTAs of a
-/// co-resident MoE kernel) pay while the other CTAs work beside them.
-#[inline(always)]
-pub fn acquire_after_poll(scope: Scope) {
-    atomic::fence_acq_rel(scope);
-}
-
-/// Spins until the `u64` at `p`, polled with relaxed loads at `scope`, has reached
+/// Spins until the `u64` at `p`, loaded with acquire at `scope`, has reached
 /// `target` (rolling). Returns the value seen.
 ///
 /// # Safety
@@ -124,10 +113,9 @@ pub fn acquire_after_poll(scope: Scope) {
 pub unsafe fn wait_ge_u64(p: *const u64, target: u64, scope: Scope, deadline: &mut Deadline) -> Result<u64, WaitError> {
     loop {
         // SAFETY: the caller's contract: `p` is valid and aligned, written
-        // only atomically, as `load_relaxed` requires.
-        let v = unsafe { atomic::load_relaxed(p, scope) };
+        // only atomically, as `load_acquire` requires.
+        let v = unsafe { atomic::load_acquire(p, scope) };
         if rolling_ge_u64(v, target) {
-            acquire_after_poll(scope);
             return Ok(v);
         }
         deadline.poll()?;
@@ -143,9 +131,8 @@ pub unsafe fn wait_ge_u32(p: *const u32, target: u32, scope: Scope, deadline: &m
     loop {
         // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
         // and aligned, written only atomically.
-        let v = unsafe { atomic::load_relaxed(p, scope) };
+        let v = unsafe { atomic::load_acquire(p, scope) };
         if rolling_ge_u32(v, target) {
-            acquire_after_poll(scope);
             return Ok(v);
         }
         deadline.poll()?;

@@ -672,9 +672,8 @@ impl<'a> Gin<'a> {
         let mut misses = 0u32;
         loop {
             // SAFETY: the caller's contract.
-            let v = unsafe { atomic::load_relaxed(p, Scope::Sys) };
+            let v = unsafe { atomic::load_acquire(p, Scope::Sys) };
             if wait::rolling_ge_u64(v, least) {
-                wait::acquire_after_poll(Scope::Sys);
                 return Ok(v);
             }
             misses = misses.wrapping_add(1);
