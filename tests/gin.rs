@@ -651,15 +651,27 @@ fn gin_frees_while_a_kernel_waits_on_the_proxy() {
 /// fail instead of passing by luck.
 #[test]
 fn frees_without_draining_deadlock_until_the_device_wait_times_out() {
-    let opts = common::child_job("child_gin_free_while_waiting", 2)
+    every_rank_deadlocks(
+        "child_gin_free_while_waiting",
+        &[("DEVCOMM_EMU_DRIVER_LOCK", "1"), (devcomm::runtime::NO_DRAIN_ENV, "1")],
+        "the free/proxy deadlock",
+    );
+}
+
+/// Runs `child` on 2 ranks (every peer over GIN, 2 s device waits) with
+/// `env` added, and asserts that every rank failed: a hazard the ranks
+/// must hit (a device wait timing out) rather than pass by luck.
+fn every_rank_deadlocks(child: &str, env: &[(&str, &str)], what: &str) {
+    let mut opts = common::child_job(child, 2)
         .env("DEVCOMM_RUNTIME", runtime())
         .env("DEVCOMM_LSA_SIZE", "1")
         .env("DEVCOMM_OP_TIMEOUT_MS", "2000")
-        .env("DEVCOMM_EMU_DRIVER_LOCK", "1")
-        .env(devcomm::runtime::NO_DRAIN_ENV, "1")
         .kill_on_failure(false);
+    for (k, v) in env {
+        opts = opts.env(*k, *v);
+    }
     let statuses = run(&opts);
-    assert!(statuses.iter().all(|s| !s.success()), "the free/proxy deadlock did not happen: {statuses:?}");
+    assert!(statuses.iter().all(|s| !s.success()), "{what} did not happen: {statuses:?}");
 }
 
 // ---- Issue 13: an MoE-style dispatch over GIN (see `gin_dispatch`). ----
@@ -844,16 +856,11 @@ fn dispatch_2_ranks() {
 /// instead of passing by luck.
 #[test]
 fn dispatch_without_preloading_deadlocks_until_the_device_wait_times_out() {
-    let opts = common::child_job("child_dispatch", 2)
-        .env("DEVCOMM_RUNTIME", runtime())
-        .env("DEVCOMM_LSA_SIZE", "1")
-        .env("DEVCOMM_OP_TIMEOUT_MS", "2000")
-        .env("DEVCOMM_EMU_LAZY_LOADING", "1")
-        .env(devcomm::runtime::NO_PRELOAD_ENV, "1")
-        .env("DISPATCH_ROUNDS", "1")
-        .kill_on_failure(false);
-    let statuses = run(&opts);
-    assert!(statuses.iter().all(|s| !s.success()), "the lazy-loading deadlock did not happen: {statuses:?}");
+    every_rank_deadlocks(
+        "child_dispatch",
+        &[("DEVCOMM_EMU_LAZY_LOADING", "1"), (devcomm::runtime::NO_PRELOAD_ENV, "1"), ("DISPATCH_ROUNDS", "1")],
+        "the lazy-loading deadlock",
+    );
 }
 
 #[test]

@@ -43,9 +43,9 @@
 //! In a world of several LSA teams (several nodes, or `DEVCOMM_LSA_SIZE`
 //! below the rank count), channels to ranks of other teams go over GIN
 //! (the `Collectives` then creates its device communicator with GIN,
-//! connection `Full`). With [`MultiTeam::Hierarchical`] (not yet the
-//! default: it passes on the emulator, not yet on a GPU — see
-//! [`MultiTeam::Auto`]) all-reduce, reduce-scatter, all-gather, broadcast
+//! connection `Full`). When the teams have more than one rank
+//! ([`MultiTeam::Auto`], the default; [`MultiTeam::Hierarchical`] forces it
+//! for one-rank teams too) all-reduce, reduce-scatter, all-gather, broadcast
 //! and reduce run **hierarchically**: LSA inside each team (the same
 //! kernels as above, over the team), GIN only between the ranks of a rail
 //! (same LSA rank, other teams), so about `1/L` of the bytes a flat

@@ -854,7 +854,7 @@ impl<'c> EpGroup<'c> {
     ) -> Result<DeviceBuffer<T>> {
         self.check_combine(expert_out, handle)?;
         let mut y = self.comm.device().alloc::<T>(handle.num_tokens * self.config.hidden)?;
-        self.combine_into(expert_out, handle, &mut y, stream)?;
+        self.launch_combine(expert_out, handle, &mut y, stream)?;
         Ok(y)
     }
 
@@ -870,6 +870,19 @@ impl<'c> EpGroup<'c> {
         stream: &Stream,
     ) -> Result<()> {
         self.check_combine(expert_out, handle)?;
+        self.launch_combine(expert_out, handle, y, stream)
+    }
+
+    /// [`EpGroup::combine_into`] after [`EpGroup::check_combine`]: checks
+    /// `y`, takes the pending dispatch (checked again under the lock) and
+    /// queues the kernel.
+    fn launch_combine<T: MoeType>(
+        &self,
+        expert_out: &DeviceBuffer<T>,
+        handle: &Handle,
+        y: &mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
         let h = self.config.hidden;
         if y.len() != handle.num_tokens * h {
             return Err(Error::invalid_argument(format!(
