@@ -104,18 +104,46 @@ impl Deadline {
     }
 }
 
-/// Spins until the `u64` at `p`, loaded with acquire at `scope`, has reached
-/// `target` (rolling). Returns the value seen.
+/// One poll of an acquiring wait: `Some(v)` once the word at `p` has reached
+/// `target` (`reached`), with `v` read by an acquire load.
+///
+/// The poll itself is a relaxed load; only a poll that sees the target
+/// re-reads the word with acquire. That re-read returns the value seen or a
+/// later one (coherence), so it synchronises with the release that wrote
+/// the target — the same guarantee as acquiring every poll — while the
+/// misses stay plain loads. (An acquire load on sm_90 also invalidates the
+/// SM's L1; done on every miss it slowed the other warps of the SM: the GIN
+/// 8-byte `put_value` rate doubled without it,
+/// `benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`.) A fence
+/// after a relaxed poll would be cheaper still but is also a *release*: it
+/// would publish the waiter's own earlier stores and hide a writer's
+/// missing release, which the strict emulator must be able to catch.
+///
+/// # Safety
+/// `p` is valid and aligned; its writers use atomic operations.
+#[inline(always)]
+pub unsafe fn poll_acquire<T: atomic::AtomicWord>(p: *const T, scope: Scope, reached: impl Fn(T) -> bool) -> Option<T> {
+    // SAFETY: the caller's contract: `p` is valid and aligned, written
+    // only atomically.
+    if !reached(unsafe { atomic::load_relaxed(p, scope) }) {
+        return None;
+    }
+    // SAFETY: as above.
+    let v = unsafe { atomic::load_acquire(p, scope) };
+    reached(v).then_some(v)
+}
+
+/// Spins until the `u64` at `p` has reached `target` (rolling), with the
+/// acquire semantics of an acquire load that reads it ([`poll_acquire`]).
+/// Returns the value seen.
 ///
 /// # Safety
 /// `p` is valid and aligned; its writers use atomic operations.
 #[inline(always)]
 pub unsafe fn wait_ge_u64(p: *const u64, target: u64, scope: Scope, deadline: &mut Deadline) -> Result<u64, WaitError> {
     loop {
-        // SAFETY: the caller's contract: `p` is valid and aligned, written
-        // only atomically, as `load_acquire` requires.
-        let v = unsafe { atomic::load_acquire(p, scope) };
-        if rolling_ge_u64(v, target) {
+        // SAFETY: the caller's contract, as `poll_acquire` requires.
+        if let Some(v) = unsafe { poll_acquire(p, scope, |v| rolling_ge_u64(v, target)) } {
             return Ok(v);
         }
         deadline.poll()?;
@@ -129,10 +157,8 @@ pub unsafe fn wait_ge_u64(p: *const u64, target: u64, scope: Scope, deadline: &m
 #[inline(always)]
 pub unsafe fn wait_ge_u32(p: *const u32, target: u32, scope: Scope, deadline: &mut Deadline) -> Result<u32, WaitError> {
     loop {
-        // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
-        // and aligned, written only atomically.
-        let v = unsafe { atomic::load_acquire(p, scope) };
-        if rolling_ge_u32(v, target) {
+        // SAFETY: the caller's contract, as `poll_acquire` requires.
+        if let Some(v) = unsafe { poll_acquire(p, scope, |v| rolling_ge_u32(v, target)) } {
             return Ok(v);
         }
         deadline.poll()?;

@@ -79,6 +79,18 @@ struct Args {
     /// `DEVCOMM_COLL_MULTI_TEAM` says, else auto.
     #[arg(long)]
     multi_team: Option<String>,
+    /// `CollConfig::bytes_per_cta` (default: the library's).
+    #[arg(long, value_parser = bytes)]
+    bytes_per_cta: Option<usize>,
+    /// `CollConfig::max_ctas` (default: the library's).
+    #[arg(long)]
+    max_ctas: Option<u32>,
+    /// `CollConfig::threads` (default: the library's).
+    #[arg(long)]
+    threads: Option<u32>,
+    /// Launch plainly, not cooperatively (`CollConfig::cooperative`).
+    #[arg(long)]
+    no_cooperative: bool,
 }
 
 fn bytes(s: &str) -> std::result::Result<usize, String> {
@@ -321,7 +333,12 @@ impl<T: CollType> Bench<'_, T> {
             Algorithm::Auto => Algorithm::choose(bytes as u64, &self.coll.context()),
             a => a,
         };
-        let ctas = if algorithm == Algorithm::Ll { 1 } else { bytes.div_ceil(32 << 10).clamp(1, 64) as u32 };
+        let config = self.coll.config();
+        let ctas = if algorithm == Algorithm::Ll {
+            1
+        } else {
+            bytes.div_ceil(config.bytes_per_cta).clamp(1, config.max_ctas as usize) as u32
+        };
         let iters = self.args.iters as u32;
         let launch = || -> Result<()> {
             let base = self.coll.reserve_seq(iters.max(1));
@@ -456,6 +473,10 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
     if let Some(m) = &args.multi_team {
         config.multi_team = MultiTeam::parse(m)?;
     }
+    config.bytes_per_cta = args.bytes_per_cta.unwrap_or(config.bytes_per_cta);
+    config.max_ctas = args.max_ctas.unwrap_or(config.max_ctas);
+    config.threads = args.threads.unwrap_or(config.threads);
+    config.cooperative &= !args.no_cooperative;
     let lsa = comm.lsa_size()?;
     if args.in_kernel && lsa < comm.count() {
         return Err(Error::invalid_argument(format!(

@@ -105,6 +105,84 @@ impl<T: Element> Reduction<T> {
     /// The result.
     #[inline(always)]
     pub fn finish(&self, acc: T::Acc) -> T {
-        T::from_acc(if self.post_div != 0 { acc.div_u32(self.post_div) } else { acc })
+        // Floats never divide at the end (`Avg` scales each input first):
+        // the constant test keeps the division out of their loops.
+        T::from_acc(if !T::DTYPE.is_float() && self.post_div != 0 { acc.div_u32(self.post_div) } else { acc })
+    }
+
+    /// Which [`Reducer`] computes this reduction with the least work per
+    /// element (a loop calls it before the loop, not per element).
+    #[inline(always)]
+    pub(crate) fn kind(&self) -> ReducerKind {
+        match (self.combine, self.pre.is_some(), self.post_div) {
+            (Combine::Sum, false, 0) => ReducerKind::Sum,
+            _ => ReducerKind::Any,
+        }
+    }
+}
+
+/// What a reducing loop computes per element, chosen once per call: the
+/// run-time [`Reduction`] checks its operator, scalar and divisor per
+/// element (a jump table and an `f32` division every element: host-launched
+/// all-reduces of 128 MiB ran at half the speed of the same loop with a
+/// constant `Sum`, `benches/results/2026-11-23-h200x2-collectives.md`).
+pub(crate) trait Reducer<T: Element>: Copy {
+    /// The first input, ready to combine.
+    fn first(&self, x: T) -> T::Acc;
+    /// `acc` combined with the next input.
+    fn step(&self, acc: T::Acc, x: T) -> T::Acc;
+    /// The result.
+    fn finish(&self, acc: T::Acc) -> T;
+}
+
+/// The [`Reducer`] a [`Reduction`] can be computed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReducerKind {
+    /// A plain sum: [`SumOf`].
+    Sum,
+    /// The [`Reduction`] itself.
+    Any,
+}
+
+impl<T: Element> Reducer<T> for Reduction<T> {
+    #[inline(always)]
+    fn first(&self, x: T) -> T::Acc {
+        Reduction::first(self, x)
+    }
+    #[inline(always)]
+    fn step(&self, acc: T::Acc, x: T) -> T::Acc {
+        Reduction::step(self, acc, x)
+    }
+    #[inline(always)]
+    fn finish(&self, acc: T::Acc) -> T {
+        Reduction::finish(self, acc)
+    }
+}
+
+/// A plain sum ([`ReducerKind::Sum`]): the same results as the
+/// [`Reduction`] it stands for, with nothing checked per element.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SumOf<T>(core::marker::PhantomData<T>);
+
+impl<T> SumOf<T> {
+    /// The plain sum.
+    #[inline(always)]
+    pub(crate) const fn new() -> Self {
+        SumOf(core::marker::PhantomData)
+    }
+}
+
+impl<T: Element> Reducer<T> for SumOf<T> {
+    #[inline(always)]
+    fn first(&self, x: T) -> T::Acc {
+        x.to_acc()
+    }
+    #[inline(always)]
+    fn step(&self, acc: T::Acc, x: T) -> T::Acc {
+        acc.add(x.to_acc())
+    }
+    #[inline(always)]
+    fn finish(&self, acc: T::Acc) -> T {
+        T::from_acc(acc)
     }
 }

@@ -1,8 +1,9 @@
 //! Element-wise reduction of the LSA peers' copies, 16 bytes at a time.
 
 use super::element::Element;
-use super::op::Reduction;
+use super::op::{Reducer, ReducerKind, Reduction, SumOf};
 use crate::arch::{load16, store16};
+use crate::lsa::ops::UNROLL;
 use core::mem::size_of;
 
 /// Runs `$body` with `$l` bound to each constant `0..16` below `$n` (the
@@ -90,7 +91,23 @@ pub(crate) unsafe fn reduce_into<T: Element>(
         aligned &= (out(q) as usize + begin * size_of::<T>()) % 16 == 0;
     }
     let packs = if aligned { (end - begin) / lanes } else { 0 };
-    let mut k = t;
+    // Whole groups: each thread reduces `UNROLL` packs per step, with the
+    // loads of two sources in flight at once (those of source `p + 1` are
+    // issued before source `p`'s are reduced). A load used straight away
+    // costs a full round trip per pack and source: over NVLink, one CTA
+    // then moved about 2 GB/s (issue 14's 30 µs plateau of mid-size
+    // all-reduces, `benches/results/2026-11-23-h200x2-collectives.md`).
+    // This loop, where the time goes, is compiled once per reducer kind.
+    let step = nt * UNROLL;
+    let groups = packs / step;
+    match red.kind() {
+        // SAFETY: this function's contract; `groups * step <= packs`
+        // 16-byte packs from `begin`, every address 16-byte aligned.
+        ReducerKind::Sum => unsafe { reduce_groups(t, nt, n, src, nout, out, begin, groups, &SumOf::<T>::new()) },
+        // SAFETY: as above.
+        ReducerKind::Any => unsafe { reduce_groups(t, nt, n, src, nout, out, begin, groups, red) },
+    }
+    let mut k = groups * step + t;
     while k < packs {
         let at = begin + k * lanes;
         // SAFETY: `at + lanes <= end`: the pack lies in every source
@@ -131,6 +148,68 @@ pub(crate) unsafe fn reduce_into<T: Element>(
             unsafe { out(q).add(i).write_volatile(r) };
         }
         i += nt;
+    }
+}
+
+/// The whole groups of [`reduce_into`]: `groups` steps of `UNROLL` packs
+/// per thread from element `begin`, with the per-element work of `red`.
+///
+/// # Safety
+/// As for [`reduce_into`], with every source and output 16-byte aligned at
+/// `begin` and holding `groups * nt * UNROLL` packs from there.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce_groups<T: Element, R: Reducer<T>>(
+    t: usize,
+    nt: usize,
+    n: u32,
+    src: &impl Fn(u32) -> *const T,
+    nout: u32,
+    out: &impl Fn(u32) -> *mut T,
+    begin: usize,
+    groups: usize,
+    red: &R,
+) {
+    let lanes = 16 / size_of::<T>();
+    let step = nt * UNROLL;
+    for g in 0..groups {
+        let base = g * step + t;
+        let at = |u: usize| begin + (base + u * nt) * lanes;
+        // SAFETY (both closures' callers): pack `base + u * nt < groups *
+        // step <= packs` lies in every source (valid, 16-byte aligned:
+        // checked above) and every output.
+        let load = |p: u32| {
+            let mut v = [[0u32; 4]; UNROLL];
+            each_lane!(UNROLL, |u| {
+                // SAFETY: see above.
+                v[u] = unsafe { load16(src(p).add(at(u)) as *const u8) };
+            });
+            v
+        };
+        let mut next = load(0);
+        let mut acc = [[red.first(lane::<T>(&next[0], 0)); 16]; UNROLL];
+        for p in 0..n {
+            let cur = next;
+            if p + 1 < n {
+                next = load(p + 1);
+            }
+            each_lane!(UNROLL, |u| {
+                each_lane!(lanes, |l| {
+                    let x = lane::<T>(&cur[u], l);
+                    acc[u][l] = if p == 0 { red.first(x) } else { red.step(acc[u][l], x) };
+                });
+            });
+        }
+        each_lane!(UNROLL, |u| {
+            let mut r = [0u32; 4];
+            each_lane!(lanes, |l| {
+                set_lane::<T>(&mut r, l, red.finish(acc[u][l]));
+            });
+            for q in 0..nout {
+                // SAFETY: see above: the pack lies in every output.
+                unsafe { store16(out(q).add(at(u)) as *mut u8, r) };
+            }
+        });
     }
 }
 

@@ -119,7 +119,11 @@ pub struct CollConfig {
     /// reducing kernels use many registers: 512 threads per CTA exceed the
     /// register file for some datatypes (a launch error).
     pub threads: u32,
-    /// A collective gets one CTA per this many bytes (per rank), up to `max_ctas`.
+    /// A collective gets one CTA per this many bytes (per rank), up to
+    /// `max_ctas`. The default, 16 KiB, is one step of a 256-thread CTA
+    /// (four 16-byte vectors per thread in flight): below that many bytes a
+    /// CTA's remote loads are a round trip each; fewer, fuller CTAs paid one
+    /// round trip per step (measured on 2 × H200, `benches/results/`).
     pub bytes_per_cta: usize,
     /// Payload bytes of each LL slot: the largest LL all-reduce.
     pub ll_bytes: usize,
@@ -157,14 +161,27 @@ pub struct CollConfig {
     /// all-gather in the team); smaller ones the two-step one (all-reduce
     /// in the team, then of the whole message along the rail).
     pub hier_split_min_bytes: usize,
+    /// Launch the collectives' kernels cooperatively on CUDA
+    /// (`cuLaunchCooperativeKernel`: the driver guarantees every CTA is
+    /// resident at once, which the CTAs' pairwise barriers need). `false`
+    /// launches them as NCCL does, plainly, relying on a grid of at most
+    /// `max_ctas` CTAs fitting the GPU once the work ahead of it on other
+    /// streams is done. Default: `true`, or what [`COOPERATIVE_ENV`]
+    /// (`DEVCOMM_COLL_COOPERATIVE=0|1`) says. The emulated runtime always
+    /// runs them co-resident.
+    pub cooperative: bool,
 }
+
+/// Env: `0` launches the collectives' kernels plainly instead of
+/// cooperatively ([`CollConfig::cooperative`]).
+pub const COOPERATIVE_ENV: &str = "DEVCOMM_COLL_COOPERATIVE";
 
 impl Default for CollConfig {
     fn default() -> Self {
         CollConfig {
             max_ctas: 64,
             threads: 0,
-            bytes_per_cta: 32 << 10,
+            bytes_per_cta: 16 << 10,
             ll_bytes: LL_MAX_BYTES as usize,
             stage_bytes: 8 << 20,
             p2p_chunk_bytes: 64 << 10,
@@ -174,6 +191,7 @@ impl Default for CollConfig {
             check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
             multi_team: MultiTeam::from_env().ok().flatten().unwrap_or_default(),
             hier_split_min_bytes: HIER_SPLIT_MIN_BYTES,
+            cooperative: std::env::var(COOPERATIVE_ENV).map_or(true, |v| v.trim() != "0"),
         }
     }
 }
@@ -582,6 +600,11 @@ impl<'c> Collectives<'c> {
         self.ctx
     }
 
+    /// How this object was built.
+    pub fn config(&self) -> &CollConfig {
+        &self.config
+    }
+
     /// The device communicator behind the context.
     pub fn dev_comm(&self) -> &DevCommHandle<'c> {
         &self.handle
@@ -951,7 +974,7 @@ impl<'c> Collectives<'c> {
         // its CTAs in waves, rank 0's first wave could wait for a CTA that
         // rank 1 runs only after its own first wave, which waits for rank 0.
         // Every CTA must be resident at once (a cooperative launch on CUDA).
-        let cfg = LaunchConfig::new(ctas, self.threads).co_resident();
+        let cfg = self.launch_config(ctas);
         // SAFETY: `args` describes this object's live context and scratch,
         // operands checked above for device, communicator and length (and
         // kept alive by the caller's borrows for the call; freeing device
@@ -959,6 +982,18 @@ impl<'c> Collectives<'c> {
         // (the caller's contract, checked in checking mode); the error
         // word is this object's host-mapped word.
         unsafe { launch(stream, kind, T::DTYPE, cfg, args) }
+    }
+
+    /// How a collective kernel of `ctas` CTAs is launched: co-resident
+    /// (cooperative on CUDA) unless [`CollConfig::cooperative`] is off on
+    /// CUDA.
+    pub(crate) fn launch_config(&self, ctas: u32) -> LaunchConfig {
+        let cfg = LaunchConfig::new(ctas, self.threads);
+        if self.config.cooperative || self.comm.device().kind() != RuntimeKind::Cuda {
+            cfg.co_resident()
+        } else {
+            cfg
+        }
     }
 
     /// Compares a collective's signature across ranks (checking mode).

@@ -494,7 +494,7 @@ impl<'c> Collectives<'c> {
         args.ctas_per_task = k;
         // Every task's CTAs run at once (a send may wait for a receive of
         // the same launch, on this rank or a peer's): a co-resident launch.
-        let cfg = LaunchConfig::new(tasks * k, self.threads).co_resident();
+        let cfg = self.launch_config(tasks * k);
         // SAFETY: `args` describes this object's live context (with
         // channels), operands checked for device and communicator and kept
         // alive by the caller's borrows until the group ends (freeing
