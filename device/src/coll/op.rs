@@ -122,10 +122,13 @@ impl<T: Element> Reduction<T> {
 }
 
 /// What a reducing loop computes per element, chosen once per call: the
-/// run-time [`Reduction`] checks its operator, scalar and divisor per
-/// element (a jump table and an `f32` division every element: host-launched
-/// all-reduces of 128 MiB ran at half the speed of the same loop with a
-/// constant `Sum`, `benches/results/2026-11-23-h200x2-collectives.md`).
+/// run-time [`Reduction`] checks its operator and scalar per element (the
+/// host kernels' PTX had a jump table and, before the float test in
+/// [`Reduction::finish`], an `f32` division in every element's path;
+/// host-launched 128 MiB all-reduces took 990 µs where a benchmark kernel
+/// with a constant `Sum` took 520 µs per call:
+/// `benches/results/2026-11-23-h200x2-collectives.md`). The plain sum, the
+/// common case, gets a loop of its own.
 pub(crate) trait Reducer<T: Element>: Copy {
     /// The first input, ready to combine.
     fn first(&self, x: T) -> T::Acc;

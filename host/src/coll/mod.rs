@@ -113,7 +113,13 @@ pub const CHECK_ENV: &str = "DEVCOMM_COLL_CHECK";
 /// How a [`Collectives`] is built.
 #[derive(Clone, Debug)]
 pub struct CollConfig {
-    /// Most CTAs one collective uses (each has its own LSA barrier).
+    /// Most CTAs one collective uses (each has its own LSA barrier). The
+    /// default, 32: on 2 × H200, grids of 64 CTAs ran some collectives of
+    /// 2 MiB and more about 100 µs slower per call at random (the same size
+    /// fast in one run and slow in the next; cause not found yet), grids of
+    /// 32 never did in the same runs, at the cost of large messages (128 MiB
+    /// all-reduce 850 µs, against 560–600 µs in 64-CTA runs that escaped the
+    /// penalty): `benches/results/2026-11-23-h200x2-collectives.md`.
     pub max_ctas: u32,
     /// Threads per CTA (0: 256 on GPUs, 64 on the emulated runtime). The
     /// reducing kernels use many registers: 512 threads per CTA exceed the
@@ -179,7 +185,7 @@ pub const COOPERATIVE_ENV: &str = "DEVCOMM_COLL_COOPERATIVE";
 impl Default for CollConfig {
     fn default() -> Self {
         CollConfig {
-            max_ctas: 64,
+            max_ctas: 32,
             threads: 0,
             bytes_per_cta: 16 << 10,
             ll_bytes: LL_MAX_BYTES as usize,
