@@ -13,6 +13,7 @@ use core::mem::size_of;
 /// (results with their low 32 bits lost: issue 14's hierarchical f64
 /// all-reduce, `benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`).
 /// `$body` must not `break` or `continue` an enclosing loop.
+#[cfg(target_arch = "nvptx64")]
 macro_rules! each_lane {
     ($n:expr, |$l:ident| $body:block) => {
         $crate::coll::pack::each_lane!(@ $n, $l, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
@@ -27,6 +28,16 @@ macro_rules! each_lane {
                 }
             }
         )*
+    };
+}
+/// On the host (the emulated runtime) a plain loop: the unrolled form's
+/// nested copies gave unoptimised builds stack frames larger than an
+/// emulated GPU thread's stack (the reduce loop's `UNROLL × 16` lanes).
+#[cfg(not(target_arch = "nvptx64"))]
+macro_rules! each_lane {
+    ($n:expr, |$l:ident| $body:block) => {
+        #[allow(clippy::needless_range_loop)]
+        for $l in 0..($n as usize).min(16) $body
     };
 }
 pub(crate) use each_lane;
