@@ -17,6 +17,13 @@ use crate::comm::AbortInfo;
 /// How many failed polls pass between two checks of the abort flag and clock.
 pub const CHECK_EVERY: u32 = 64;
 
+/// The first this many polls of a wait are acquire loads; later ones are
+/// relaxed, with one acquire re-read when the target shows
+/// ([`poll_acquire`]). A wait that ends quickly — a signal round trip —
+/// then pays no re-read (it cost 2–3 µs per GIN round trip when every wait
+/// re-read), and a long wait does not invalidate its SM's L1 at every miss.
+pub const ACQUIRE_POLLS: u32 = 16;
+
 /// Why a wait gave up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -141,13 +148,8 @@ pub unsafe fn poll_acquire<T: atomic::AtomicWord>(p: *const T, scope: Scope, rea
 /// `p` is valid and aligned; its writers use atomic operations.
 #[inline(always)]
 pub unsafe fn wait_ge_u64(p: *const u64, target: u64, scope: Scope, deadline: &mut Deadline) -> Result<u64, WaitError> {
-    loop {
-        // SAFETY: the caller's contract, as `poll_acquire` requires.
-        if let Some(v) = unsafe { poll_acquire(p, scope, |v| rolling_ge_u64(v, target)) } {
-            return Ok(v);
-        }
-        deadline.poll()?;
-    }
+    // SAFETY: the caller's contract, as `wait_until` requires.
+    unsafe { wait_until(p, scope, deadline, |v| rolling_ge_u64(v, target)) }
 }
 
 /// As [`wait_ge_u64`] for a `u32`.
@@ -156,12 +158,53 @@ pub unsafe fn wait_ge_u64(p: *const u64, target: u64, scope: Scope, deadline: &m
 /// As for [`wait_ge_u64`].
 #[inline(always)]
 pub unsafe fn wait_ge_u32(p: *const u32, target: u32, scope: Scope, deadline: &mut Deadline) -> Result<u32, WaitError> {
+    // SAFETY: the caller's contract, as `wait_until` requires.
+    unsafe { wait_until(p, scope, deadline, |v| rolling_ge_u32(v, target)) }
+}
+
+/// Spins until the word at `p` is `reached`, with the semantics of an
+/// acquire load that reads it ([`poll_after`]). Returns the value seen.
+///
+/// # Safety
+/// As for [`wait_ge_u64`].
+#[inline(always)]
+pub unsafe fn wait_until<T: atomic::AtomicWord>(
+    p: *const T,
+    scope: Scope,
+    deadline: &mut Deadline,
+    reached: impl Fn(T) -> bool,
+) -> Result<T, WaitError> {
+    let mut misses = 0u32;
     loop {
-        // SAFETY: the caller's contract, as `poll_acquire` requires.
-        if let Some(v) = unsafe { poll_acquire(p, scope, |v| rolling_ge_u32(v, target)) } {
+        // SAFETY: the caller's contract, as `poll_after` requires.
+        if let Some(v) = unsafe { poll_after(p, scope, misses, &reached) } {
             return Ok(v);
         }
+        misses = misses.saturating_add(1);
         deadline.poll()?;
+    }
+}
+
+/// One poll of an acquiring wait that has missed `misses` times: an
+/// acquire load for the first [`ACQUIRE_POLLS`], then [`poll_acquire`].
+///
+/// # Safety
+/// As for [`poll_acquire`].
+#[inline(always)]
+pub unsafe fn poll_after<T: atomic::AtomicWord>(
+    p: *const T,
+    scope: Scope,
+    misses: u32,
+    reached: impl Fn(T) -> bool,
+) -> Option<T> {
+    if misses < ACQUIRE_POLLS {
+        // SAFETY: the caller's contract: `p` is valid and aligned, written
+        // only atomically, as `load_acquire` requires.
+        let v = unsafe { atomic::load_acquire(p, scope) };
+        reached(v).then_some(v)
+    } else {
+        // SAFETY: as above, as `poll_acquire` requires.
+        unsafe { poll_acquire(p, scope, reached) }
     }
 }
 

@@ -672,7 +672,7 @@ impl<'a> Gin<'a> {
         let mut misses = 0u32;
         loop {
             // SAFETY: the caller's contract.
-            if let Some(v) = unsafe { wait::poll_acquire(p, Scope::Sys, |v| wait::rolling_ge_u64(v, least)) } {
+            if let Some(v) = unsafe { wait::poll_after(p, Scope::Sys, misses, |v| wait::rolling_ge_u64(v, least)) } {
                 return Ok(v);
             }
             misses = misses.wrapping_add(1);
