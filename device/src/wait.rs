@@ -119,9 +119,9 @@ impl Deadline {
 /// later one (coherence), so it synchronises with the release that wrote
 /// the target — the same guarantee as acquiring every poll — while the
 /// misses stay plain loads. (An acquire load on sm_90 also invalidates the
-/// SM's L1; done on every miss it slowed the other warps of the SM: the GIN
-/// 8-byte `put_value` rate doubled without it,
-/// `benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`.) A fence
+/// SM's L1; done on every miss it slowed the other warps of the SM: with
+/// every poll of a wait relaxed the GIN 8-byte `put_value` rate was
+/// 1.2–1.5× higher, `benches/results/2026-11-23-h200x2-collectives.md`.) A fence
 /// after a relaxed poll would be cheaper still but is also a *release*: it
 /// would publish the waiter's own earlier stores and hide a writer's
 /// missing release, which the strict emulator must be able to catch.

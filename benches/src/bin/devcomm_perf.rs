@@ -368,7 +368,7 @@ impl<T: CollType> Bench<'_, T> {
             unsafe {
                 self.stream.launch_in::<all_reduce_loop_f32>(
                     &module,
-                    LaunchConfig::new(ctas, 256).co_resident(),
+                    LaunchConfig::new(ctas, self.coll.threads()).co_resident(),
                     (args, iters),
                 )
             }

@@ -611,6 +611,13 @@ impl<'c> Collectives<'c> {
         &self.config
     }
 
+    /// Threads per CTA of this object's launches ([`CollConfig::threads`],
+    /// its 0 resolved for the runtime): what a kernel of your own that calls
+    /// the device collectives with [`Collectives::context`] can use too.
+    pub fn threads(&self) -> u32 {
+        self.threads
+    }
+
     /// The device communicator behind the context.
     pub fn dev_comm(&self) -> &DevCommHandle<'c> {
         &self.handle
