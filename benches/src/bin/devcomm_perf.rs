@@ -82,6 +82,9 @@ struct Args {
     /// `CollConfig::bytes_per_cta` (default: the library's).
     #[arg(long, value_parser = bytes)]
     bytes_per_cta: Option<usize>,
+    /// `CollConfig::stage_bytes` (default: the library's).
+    #[arg(long, value_parser = bytes)]
+    stage_bytes: Option<usize>,
     /// `CollConfig::max_ctas` (default: the library's).
     #[arg(long)]
     max_ctas: Option<u32>,
@@ -475,6 +478,7 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
     }
     config.bytes_per_cta = args.bytes_per_cta.unwrap_or(config.bytes_per_cta);
     config.max_ctas = args.max_ctas.unwrap_or(config.max_ctas);
+    config.stage_bytes = args.stage_bytes.unwrap_or(config.stage_bytes);
     config.threads = args.threads.unwrap_or(config.threads);
     config.cooperative &= !args.no_cooperative;
     let lsa = comm.lsa_size()?;

@@ -12,9 +12,8 @@ use super::{DevComm, WindowDesc};
 /// * LL slots at `ll_offset`: 2 parities × `lsa_size` sources × `2 *
 ///   ll_bytes` bytes (each 8 bytes of payload travel with two 4-byte flags
 ///   in 16 bytes), zeroed when made;
-/// * staging at `stage_offset`: an input area and a result area of
-///   `stage_bytes` bytes each (ordinary buffers are copied through them in
-///   chunks);
+/// * staging at `stage_offset`: two areas of `stage_bytes` bytes each,
+///   used by barrier-epoch parity (pushed and staged chunks);
 /// * point-to-point channels at `p2p_offset` (when `p2p_slots > 0`, see
 ///   [`CollContext::with_p2p`]): per source rank `p2p_slots` slots of
 ///   `p2p_chunk` bytes, then three arrays of `lsa_size * p2p_slots` `u64`s:
@@ -257,7 +256,7 @@ impl CollContext {
         self.ll_bytes
     }
 
-    /// Bytes of each staging area (input and result).
+    /// Bytes of each of the two staging areas.
     #[inline(always)]
     pub const fn stage_bytes(&self) -> u64 {
         self.stage_bytes
@@ -282,16 +281,13 @@ impl CollContext {
         self.ll_offset + ((parity as u64 & 1) * self.scratch.lsa_size as u64 + src as u64) * 2 * self.ll_bytes
     }
 
-    /// Offset of the input staging area.
+    /// Offset of staging area `parity & 1` (two areas of
+    /// [`stage_bytes`](Self::stage_bytes) each, one after the other). A
+    /// collective writes staged data at barrier epoch `e` into area `e & 1`
+    /// (see `coll::staging`).
     #[inline(always)]
-    pub const fn stage_in_offset(&self) -> u64 {
-        self.stage_offset
-    }
-
-    /// Offset of the result staging area.
-    #[inline(always)]
-    pub const fn stage_out_offset(&self) -> u64 {
-        self.stage_offset + self.stage_bytes
+    pub const fn stage_area_offset(&self, parity: u32) -> u64 {
+        self.stage_offset + (parity & 1) as u64 * self.stage_bytes
     }
 }
 

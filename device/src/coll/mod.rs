@@ -44,7 +44,7 @@
 //! |---|---|---|---|
 //! | `Ll` (all-reduce) | each rank stores its input with a flag in every 8 bytes into every peer's LL slot; arrival is the signal | none | ≤ [`CollContext::ll_bytes`] |
 //! | `OneShot` | every rank reads every peer's input and reduces all of it | 2 | small and medium, 2 ranks |
-//! | `TwoShot` | rank `r` reduces shard `r`, stores it into every peer's result area, each copies the results out | 2 | large, more than 2 ranks |
+//! | `TwoShot` | every rank stores shard `p` of its input into rank `p`'s staging slot; rank `r` reduces shard `r` and stores it into every peer's result slot; each copies the results out (only stores cross NVLink) | 2 | large |
 //!
 //! [`Algorithm::Auto`] picks by size ([`Algorithm::choose`]).
 //!

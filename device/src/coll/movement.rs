@@ -2,12 +2,15 @@
 //! broadcast, gather, scatter, all-to-all. Each works on bytes; `T` only
 //! sizes the counts.
 //!
-//! Every chunk: the part stages its bytes (when the input is local),
-//! meets the other ranks' same part at its barrier, copies what it needs
-//! from the peers, and meets them again (so that nobody overwrites an input
-//! or a staging area a peer still reads).
+//! A local input is **pushed**: every chunk, each rank stores the block a
+//! peer needs straight into that peer's staging slot (NVLink stores, which
+//! need no round trip per load), meets the others at its barrier, and
+//! copies what arrived in its own slots to the output. The staging area
+//! alternates with the barrier epoch (`staging`), so one barrier per chunk
+//! suffices. A window input is **pulled** in place (zero copy): each rank
+//! reads the peers' windows between two barriers.
 
-use super::staging::{piece, slice, stage_in, Staged};
+use super::staging::{area, piece, slice, Staged};
 use super::{check_part, CollContext, CollError, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
@@ -15,26 +18,47 @@ use crate::lsa::{ops::copy_strided, LsaBarrierSession};
 use core::mem::size_of;
 
 /// The shape of one data movement: per rank, `blocks_in` blocks of `bytes`
-/// each in the input (the block peer `r` reads is `read_block(r)`), and
-/// `bytes` per source rank in the output.
+/// each in the input (the block rank `r` receives from each source is
+/// `read_block(r)`), and `bytes` per source rank in the output.
 struct Movement {
     /// Bytes per block.
     bytes: usize,
-    /// Blocks in each rank's input (1 or `lsa_size`).
-    blocks_in: u32,
-    /// Which ranks' inputs are read: `None` all, `Some(r)` only `r`'s.
+    /// Which ranks' inputs are sent: `None` all, `Some(r)` only `r`'s.
     only_from: Option<u32>,
-    /// Whether this rank writes output.
-    copy_out: bool,
+    /// Which rank receives: `None` all, `Some(r)` only `r`.
+    only_to: Option<u32>,
 }
 
-/// Runs `mv`: rank `me` copies, for every source `p` it reads, block
-/// `read_block(me)` of `p`'s input to `dst + out_offset(p)` (bytes).
+impl Movement {
+    fn sends(&self, r: u32) -> bool {
+        self.only_from.is_none_or(|f| f == r)
+    }
+    fn receives(&self, r: u32) -> bool {
+        self.only_to.is_none_or(|t| t == r)
+    }
+    /// Staging slots per receiver, and the slot source `q` fills.
+    fn slots(&self, n: u32) -> u32 {
+        if self.only_from.is_some() {
+            1
+        } else {
+            n
+        }
+    }
+    fn slot(&self, q: u32) -> u32 {
+        if self.only_from.is_some() {
+            0
+        } else {
+            q
+        }
+    }
+}
+
+/// Runs `mv`: every receiving rank `r` gets, from every sending rank `p`,
+/// block `read_block(r)` of `p`'s input at `dst + out_offset(p)` (bytes).
 ///
 /// # Safety
-/// As for the collectives (ordering, sizes: `src` holds `blocks_in *
-/// bytes`, `dst` what `out_offset` addresses); every rank passes the same
-/// shape.
+/// As for the collectives (ordering, sizes: `src` holds the blocks read,
+/// `dst` what `out_offset` addresses); every rank passes the same shape.
 #[allow(clippy::too_many_arguments)]
 unsafe fn run<C: Coop>(
     coop: &C,
@@ -47,62 +71,136 @@ unsafe fn run<C: Coop>(
     out_offset: impl Fn(u32) -> usize,
 ) -> Result<(), CollError> {
     check_part(ctx, part)?;
-    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
-    if mv.only_from.is_some_and(|r| r >= n) {
+    let n = ctx.scratch().lsa_size();
+    if mv.only_from.is_some_and(|r| r >= n) || mv.only_to.is_some_and(|r| r >= n) {
         return Err(CollError::BadArgument);
     }
     if mv.bytes == 0 {
         return Ok(());
     }
+    // SAFETY: this function's contract.
+    unsafe {
+        match src {
+            Input::Local(p) => push(coop, ctx, part, p, dst, &mv, &read_block, &out_offset),
+            Input::Window(s) => {
+                let staged = Staged::new(s.window, s.offset, mv.bytes as u64);
+                pull(coop, ctx, part, staged, src.local(), dst, &mv, &read_block, &out_offset)
+            }
+        }
+    }
+}
+
+/// [`run`] for a local input: each chunk is pushed into the receivers'
+/// staging slots, then copied out of them.
+///
+/// # Safety
+/// As for [`run`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn push<C: Coop>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: *const u8,
+    dst: *mut u8,
+    mv: &Movement,
+    read_block: &impl Fn(u32) -> u32,
+    out_offset: &impl Fn(u32) -> usize,
+) -> Result<(), CollError> {
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
-    let stages = mv.only_from.is_none_or(|r| r == me);
+    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
     let (pb, pe) = piece(mv.bytes, 16, part.count as usize, part.index as usize);
-    let chunk = match src {
-        Input::Window(_) => (pe - pb).max(1),
-        Input::Local(_) => ((slice(ctx, part).1 / mv.blocks_in as usize) / 16 * 16).max(16),
-    };
+    let chunk = ((slice(ctx, part).1 / mv.slots(n) as usize) / 16 * 16).max(16);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
     let mut c0 = pb;
     while c0 < pe {
         let m = chunk.min(pe - c0);
-        let staged = match src {
-            Input::Window(s) => Staged::new(s.window, s.offset + c0 as u64, mv.bytes as u64),
-            Input::Local(p) => {
-                let staged = Staged::new(ctx.scratch(), ctx.stage_in_offset() + slice(ctx, part).0, m as u64);
-                if stages {
-                    // SAFETY: the input holds `blocks_in` blocks of `bytes`;
-                    // the part's slice holds `blocks_in * m` bytes.
-                    unsafe { stage_in(t, nt, &staged, me, p.add(c0), mv.bytes, mv.blocks_in, 0, m) };
-                }
-                staged
-            }
-        };
-        // SAFETY: as above.
-        unsafe { bar.sync(coop, Order::AcqRel) }?;
-        if mv.copy_out {
+        // Slot `s` of a receiver's slice: `m` bytes at `s * m`.
+        let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), m as u64);
+        if mv.sends(me) {
             for k in 0..n {
-                // Start with the next rank, so ranks do not all read rank 0 first.
-                let p = (me + k) % n;
-                if mv.only_from.is_some_and(|r| r != p) {
+                // Start with the next rank, so ranks do not all store to rank 0 first.
+                let p = (me + k + 1) % n;
+                if !mv.receives(p) {
                     continue;
                 }
-                let out = dst.wrapping_add(out_offset(p) + c0);
-                // In place (the output range is the caller's own input):
-                // nothing to move.
-                if p == me && core::ptr::eq(src.local().wrapping_add(read_block(me) as usize * mv.bytes + c0), out) {
-                    continue;
+                let block = src.wrapping_add(read_block(p) as usize * mv.bytes + c0);
+                let to = if p == me { dst.wrapping_add(out_offset(me) + c0) } else { slots.at(p, mv.slot(me), 0) };
+                // In place (the output range is the caller's own input): nothing to move.
+                if !core::ptr::eq(block, to) {
+                    // SAFETY: the input holds the block's chunk; the output
+                    // range (the contract) or the receiver's slot (`m <=
+                    // chunk` bytes of its slice, last read before the
+                    // receiver arrived at this epoch: `staging`) holds `m`.
+                    unsafe { copy_strided(t, nt, to, block, m) };
                 }
-                // SAFETY: peer `p` staged (or holds in its window) block
-                // `read_block(me)`'s chunk before the barrier; `dst` holds
-                // the output range (the contract).
-                unsafe { copy_strided(t, nt, out, staged.at(p, read_block(me), 0), m) };
             }
         }
         // SAFETY: as above.
         unsafe { bar.sync(coop, Order::AcqRel) }?;
+        if mv.receives(me) {
+            for k in 1..n {
+                let q = (me + k) % n;
+                if mv.sends(q) {
+                    // SAFETY: sender `q` stored the chunk into this slot
+                    // before the barrier; `dst` holds the output range.
+                    unsafe {
+                        copy_strided(t, nt, dst.wrapping_add(out_offset(q) + c0), slots.at(me, mv.slot(q), 0), m)
+                    };
+                }
+            }
+        }
         c0 += m;
     }
+    Ok(())
+}
+
+/// [`run`] for a window input: every receiver reads the senders' windows
+/// in place between two barriers.
+///
+/// # Safety
+/// As for [`run`]; `staged` is the input's window (`local` its address on
+/// the caller), blocks `bytes` apart.
+#[allow(clippy::too_many_arguments)]
+unsafe fn pull<C: Coop>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    staged: Staged,
+    local: *const u8,
+    dst: *mut u8,
+    mv: &Movement,
+    read_block: &impl Fn(u32) -> u32,
+    out_offset: &impl Fn(u32) -> usize,
+) -> Result<(), CollError> {
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
+    let (pb, pe) = piece(mv.bytes, 16, part.count as usize, part.index as usize);
+    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
+    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    // SAFETY: as above.
+    unsafe { bar.sync(coop, Order::AcqRel) }?;
+    if mv.receives(me) && pe > pb {
+        for k in 0..n {
+            // Start with the next rank, so ranks do not all read rank 0 first.
+            let p = (me + k) % n;
+            if !mv.sends(p) {
+                continue;
+            }
+            let out = dst.wrapping_add(out_offset(p) + pb);
+            let from = staged.at(p, read_block(me), pb);
+            // In place (the output range is the caller's own input): nothing to move.
+            if p == me && core::ptr::eq(local.wrapping_add(read_block(me) as usize * mv.bytes + pb), out) {
+                continue;
+            }
+            // SAFETY: peer `p`'s window holds the input (the contract),
+            // complete before the barrier; `dst` holds the output range.
+            unsafe { copy_strided(t, nt, out, from, pe - pb) };
+        }
+    }
+    // Nobody leaves before every peer is done reading its window.
+    // SAFETY: as above.
+    unsafe { bar.sync(coop, Order::AcqRel) }?;
     Ok(())
 }
 
@@ -132,7 +230,7 @@ pub unsafe fn all_gather<C: Coop, T: Copy>(
     count: usize,
 ) -> Result<(), CollError> {
     let (src, bytes) = as_bytes(src, count);
-    let mv = Movement { bytes, blocks_in: 1, only_from: None, copy_out: true };
+    let mv = Movement { bytes, only_from: None, only_to: None };
     // SAFETY: this function's contract.
     unsafe { run(coop, ctx, part, src, dst as *mut u8, mv, |_| 0, |p| p as usize * bytes) }
 }
@@ -153,7 +251,7 @@ pub unsafe fn broadcast<C: Coop, T: Copy>(
     root: u32,
 ) -> Result<(), CollError> {
     let (src, bytes) = as_bytes(src, count);
-    let mv = Movement { bytes, blocks_in: 1, only_from: Some(root), copy_out: true };
+    let mv = Movement { bytes, only_from: Some(root), only_to: None };
     // SAFETY: this function's contract.
     unsafe { run(coop, ctx, part, src, dst as *mut u8, mv, |_| 0, |_| 0) }
 }
@@ -173,10 +271,7 @@ pub unsafe fn gather<C: Coop, T: Copy>(
     root: u32,
 ) -> Result<(), CollError> {
     let (src, bytes) = as_bytes(src, count);
-    if root >= ctx.scratch().lsa_size() {
-        return Err(CollError::BadArgument);
-    }
-    let mv = Movement { bytes, blocks_in: 1, only_from: None, copy_out: ctx.scratch().lsa_rank() == root };
+    let mv = Movement { bytes, only_from: None, only_to: Some(root) };
     // SAFETY: this function's contract.
     unsafe { run(coop, ctx, part, src, dst as *mut u8, mv, |_| 0, |p| p as usize * bytes) }
 }
@@ -195,9 +290,8 @@ pub unsafe fn scatter<C: Coop, T: Copy>(
     count: usize,
     root: u32,
 ) -> Result<(), CollError> {
-    let n = ctx.scratch().lsa_size();
     let (src, bytes) = as_bytes(src, count);
-    let mv = Movement { bytes, blocks_in: n, only_from: Some(root), copy_out: true };
+    let mv = Movement { bytes, only_from: Some(root), only_to: None };
     // SAFETY: this function's contract.
     unsafe { run(coop, ctx, part, src, dst as *mut u8, mv, |me| me, |_| 0) }
 }
@@ -216,9 +310,8 @@ pub unsafe fn all_to_all<C: Coop, T: Copy>(
     dst: *mut T,
     count: usize,
 ) -> Result<(), CollError> {
-    let n = ctx.scratch().lsa_size();
     let (src, bytes) = as_bytes(src, count);
-    let mv = Movement { bytes, blocks_in: n, only_from: None, copy_out: true };
+    let mv = Movement { bytes, only_from: None, only_to: None };
     // SAFETY: this function's contract.
     unsafe { run(coop, ctx, part, src, dst as *mut u8, mv, |me| me, |p| p as usize * bytes) }
 }

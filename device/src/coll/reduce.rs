@@ -4,7 +4,7 @@
 use super::element::Element;
 use super::op::Reduction;
 use super::pack::reduce_into;
-use super::staging::{piece, slice, stage_in, Staged};
+use super::staging::{area, piece, stage_in, Staged};
 use super::{check_part, chunk_elems, ll, Algorithm, CollContext, CollError, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
@@ -13,12 +13,12 @@ use core::mem::size_of;
 
 /// Where the peers find elements `c0..c0 + m` of `blocks` input blocks
 /// (`in_stride` elements apart in the input): the window itself, or the
-/// part's staging slice, `m` elements per block, after this rank stages
-/// them.
+/// part's slice of the staging area for barrier epoch `epoch`, `m`
+/// elements per block, after this rank stages them.
 ///
 /// # Safety
 /// As for the collectives: `src` valid for the elements staged; `blocks *
-/// m` elements fit the part's slice.
+/// m` elements fit the part's slice; the part's barrier stands at `epoch`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn stage<C: Coop, T: Element>(
@@ -30,12 +30,13 @@ unsafe fn stage<C: Coop, T: Element>(
     in_stride: usize,
     m: usize,
     blocks: u32,
+    epoch: u32,
 ) -> Staged {
     let size = size_of::<T>();
     match src {
         Input::Window(s) => Staged::new(s.window, s.offset + (c0 * size) as u64, (in_stride * size) as u64),
         Input::Local(p) => {
-            let staged = Staged::new(ctx.scratch(), ctx.stage_in_offset() + slice(ctx, part).0, (m * size) as u64);
+            let staged = Staged::new(ctx.scratch(), area(ctx, part, epoch), (m * size) as u64);
             let me = ctx.scratch().lsa_rank();
             // SAFETY: the caller's contract: the input holds the blocks'
             // elements `c0..c0 + m`; the part's slice holds `blocks * m`.
@@ -109,7 +110,7 @@ pub unsafe fn all_reduce<C: Coop, T: Element>(
     unsafe {
         match algorithm {
             Algorithm::Ll => ll::all_reduce(coop, ctx, part, src.local(), dst, count, red, seq),
-            Algorithm::TwoShot => two_shot(coop, ctx, part, src, dst, count, red),
+            Algorithm::TwoShot => two_shot(coop, ctx, part, src.local(), dst, count, red),
             _ => one_shot(coop, ctx, part, src, dst, count, red, None),
         }
     }
@@ -143,7 +144,7 @@ unsafe fn one_shot<C: Coop, T: Element>(
     while c0 < pe {
         let m = chunk.min(pe - c0);
         // SAFETY: the contract; one block of `m <= chunk` elements.
-        let staged = unsafe { stage(coop, ctx, part, src, c0, count, m, 1) };
+        let staged = unsafe { stage(coop, ctx, part, src, c0, count, m, 1, bar.epoch()) };
         // SAFETY: as above.
         unsafe { bar.sync(coop, Order::AcqRel) }?;
         if root.is_none_or(|r| r == me) {
@@ -158,9 +159,11 @@ unsafe fn one_shot<C: Coop, T: Element>(
     Ok(())
 }
 
-/// Two-shot: for each chunk of the part's range, rank `r` reduces shard `r`
-/// and stores it into every peer's result slice; then each copies the
-/// results out.
+/// Two-shot, pushed: for each chunk of the part's range, every rank stores
+/// shard `p` of its input into rank `p`'s staging slot (barrier); rank `r`
+/// reduces shard `r` from its own input and those slots, and stores the
+/// result into its output and every peer's result slot (barrier); each
+/// copies the others' shards out. Only stores cross NVLink.
 ///
 /// # Safety
 /// As for [`all_reduce`].
@@ -168,7 +171,7 @@ unsafe fn two_shot<C: Coop, T: Element>(
     coop: &C,
     ctx: &CollContext,
     part: Part,
-    src: Input<T>,
+    src: *const T,
     dst: *mut T,
     count: usize,
     red: &Reduction<T>,
@@ -178,34 +181,48 @@ unsafe fn two_shot<C: Coop, T: Element>(
     let unit = 16 / size_of::<T>();
     let size = size_of::<T>();
     let (pb, pe) = piece(count, unit, part.count as usize, part.index as usize);
-    let chunk = chunk_elems::<T>(ctx, part, 1);
-    let result = Staged::new(ctx.scratch(), ctx.stage_out_offset() + slice(ctx, part).0, 0);
+    // A slot holds one shard: `n` of them fill the part's slice.
+    let shard = chunk_elems::<T>(ctx, part, n);
+    let chunk = shard * n as usize;
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
     let mut c0 = pb;
     while c0 < pe {
         let m = chunk.min(pe - c0);
-        // SAFETY: the contract; one block of `m <= chunk` elements.
-        let staged = unsafe { stage(coop, ctx, part, src, c0, count, m, 1) };
+        let shard_of = |p: u32| piece(m, unit, n as usize, p as usize);
+        // Slot `q` of a rank's slice: shard `q`'s sender (inputs) or owner
+        // (results), `shard` elements apart.
+        let inputs = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (shard * size) as u64);
+        for k in 1..n {
+            let p = (me + k) % n;
+            let (b, e) = shard_of(p);
+            // SAFETY: the input holds the chunk (the contract); peer `p`'s
+            // slot holds `shard >= e - b` elements and was last read before
+            // `p` arrived at this epoch (`staging`).
+            unsafe { copy_strided(t, nt, inputs.at(p, me, 0), src.add(c0 + b) as *const u8, (e - b) * size) };
+        }
         // SAFETY: as above.
         unsafe { bar.sync(coop, Order::AcqRel) }?;
-        let (b, e) = piece(m, unit, n as usize, me as usize);
-        // SAFETY: every peer staged the chunk before the barrier; the
-        // result slices hold `chunk` elements on every peer, read by their
-        // owners only after the next barrier.
-        unsafe {
-            reduce_into(t, nt, n, &|p| staged.at(p, 0, 0) as *const T, n, &|q| result.at(q, 0, 0) as *mut T, b, e, red)
-        };
+        let results = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (shard * size) as u64);
+        let (b, e) = shard_of(me);
+        let from = |p: u32| if p == me { src.wrapping_add(c0 + b) } else { inputs.at(me, p, 0) as *const T };
+        let to = |q: u32| if q == me { dst.wrapping_add(c0 + b) } else { results.at(q, me, 0) as *mut T };
+        // SAFETY: every peer stored its shard `me` into the caller's slots
+        // before the barrier; the caller's own shard is its input; the
+        // peers' result slots (last read before they arrived at this
+        // epoch) and `dst` hold the shard.
+        unsafe { reduce_into(t, nt, n, &from, n, &to, 0, e - b, red) };
         // SAFETY: as above.
         unsafe { bar.sync(coop, Order::AcqRel) }?;
-        // SAFETY: every shard of the chunk is in the caller's result slice
-        // (stored by its owner before the barrier); `dst` holds the chunk.
-        unsafe { copy_strided(t, nt, dst.add(c0) as *mut u8, result.at(me, 0, 0), m * size) };
+        for k in 1..n {
+            let q = (me + k) % n;
+            let (b, e) = shard_of(q);
+            // SAFETY: shard `q`'s owner stored it into the caller's slot
+            // before the barrier; `dst` holds the chunk.
+            unsafe { copy_strided(t, nt, dst.add(c0 + b) as *mut u8, results.at(me, q, 0), (e - b) * size) };
+        }
         c0 += m;
     }
-    // The result slice is next written after the next chunk's (or call's)
-    // first barrier, which every peer reaches only after copying out; the
-    // input was read before the second barrier. No closing barrier needed.
     Ok(())
 }
 
@@ -259,27 +276,55 @@ pub unsafe fn reduce_scatter<C: Coop, T: Element>(
     }
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
-    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
-    let chunk = match src {
-        Input::Window(_) => (pe - pb).max(1),
-        Input::Local(_) => chunk_elems::<T>(ctx, part, n),
-    };
+    let size = size_of::<T>();
+    let (pb, pe) = piece(count, 16 / size, part.count as usize, part.index as usize);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
-    let mut c0 = pb;
-    while c0 < pe {
-        let m = chunk.min(pe - c0);
-        // SAFETY: the contract: `n` shards of `count` elements; `n * m`
-        // fit the part's slice (`chunk_elems` with `n` blocks).
-        let staged = unsafe { stage(coop, ctx, part, src, c0, count, m, n) };
-        // SAFETY: as above.
-        unsafe { bar.sync(coop, Order::AcqRel) }?;
-        // SAFETY: every peer staged shard `me` of the chunk before the
-        // barrier; `dst` holds the chunk.
-        unsafe { reduce_into(t, nt, n, &|p| staged.at(p, me, 0) as *const T, 1, &|_| dst.add(c0), 0, m, red) };
-        // SAFETY: as above.
-        unsafe { bar.sync(coop, Order::AcqRel) }?;
-        c0 += m;
+    match src {
+        Input::Window(s) => {
+            // Zero copy: every rank reads its shard from the peers' windows.
+            let staged = Staged::new(s.window, s.offset, (count * size) as u64);
+            // SAFETY: the contract: the windows hold the input, complete
+            // before the barrier; `dst` holds the shard.
+            unsafe {
+                bar.sync(coop, Order::AcqRel)?;
+                let from = |p: u32| staged.at(p, me, pb * size) as *const T;
+                reduce_into(t, nt, n, &from, 1, &|_| dst.add(pb), 0, pe - pb, red);
+                bar.sync(coop, Order::AcqRel)?;
+            }
+        }
+        Input::Local(src) => {
+            // Pushed: every rank stores block `p`'s chunk into rank `p`'s
+            // slot, then reduces its own from its slots and its input.
+            let chunk = chunk_elems::<T>(ctx, part, n);
+            let mut c0 = pb;
+            while c0 < pe {
+                let m = chunk.min(pe - c0);
+                let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (m * size) as u64);
+                for k in 1..n {
+                    let p = (me + k) % n;
+                    // SAFETY: the input holds `n` blocks of `count`; peer
+                    // `p`'s slot holds `m <= chunk` elements and was last
+                    // read before `p` arrived at this epoch (`staging`).
+                    unsafe {
+                        copy_strided(t, nt, slots.at(p, me, 0), src.add(p as usize * count + c0) as *const u8, m * size)
+                    };
+                }
+                // SAFETY: as above.
+                unsafe { bar.sync(coop, Order::AcqRel) }?;
+                let from = |p: u32| {
+                    if p == me {
+                        src.wrapping_add(me as usize * count + c0)
+                    } else {
+                        slots.at(me, p, 0) as *const T
+                    }
+                };
+                // SAFETY: every peer stored its block `me`'s chunk into the
+                // caller's slots before the barrier; `dst` holds the chunk.
+                unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0), 0, m, red) };
+                c0 += m;
+            }
+        }
     }
     Ok(())
 }

@@ -1,13 +1,28 @@
-//! How a collective splits its work and where peers find its input.
+//! How a collective splits its work and where peers find its data.
 //!
 //! The message is first split between the [`Part`](super::Part)s (CTAs),
 //! in whole 16-byte units; each part then works through its range in
-//! *chunks* that fit its own slice of the staging areas (`stage_bytes /
-//! parts`), or in one go when the input lies in a window. Every rank splits
-//! alike, so part `b` on one rank stages exactly the bytes that part `b` on
-//! the others reads, in a slice no other part touches: the part's own LSA
-//! barrier is all the synchronisation a chunk needs, and parts never wait
-//! for each other.
+//! *chunks* that fit its own slice of a staging area (`stage_bytes /
+//! ctx.parts()`, the same slice for part `b` in every call), or in one go when the input lies in a window and peers read it
+//! in place. Every rank splits alike, so part `b` on one rank moves exactly
+//! the bytes that part `b` on the others expects, in a slice no other part
+//! touches: the part's own LSA barrier is all the synchronisation a chunk
+//! needs, and parts never wait for each other.
+//!
+//! ## Which staging area: the barrier epoch's parity
+//!
+//! The scratch window has two staging areas. Data written into a part's
+//! slice (its own, staged for peers to read, or a peer's, pushed there)
+//! while the part's barrier stands at epoch `e` — after the wait for `e`,
+//! before the arrival at `e + 1` — goes into area `e & 1` ([`area`]), and
+//! is read only between the wait for `e + 1` and the reader's arrival at
+//! `e + 2`. The next write into that area happens at epoch `e + 2` or
+//! later, after every rank arrived at `e + 2`: after every read of the
+//! earlier data. So a collective needs one barrier per chunk where it
+//! writes in one step and reads in the next (pushes, then local reads), and
+//! every collective may follow any other on the same part without a
+//! closing barrier: the rule holds across calls and algorithms because the
+//! epochs count on.
 
 use crate::comm::WindowDesc;
 use crate::lsa;
@@ -25,11 +40,26 @@ pub(crate) fn piece(len: usize, unit: usize, pieces: usize, i: usize) -> (usize,
 }
 
 /// The part's slice of each staging area: (offset from the area's start,
-/// bytes), 16-byte aligned.
+/// bytes), 256-byte aligned (16 when the slices are smaller), so parts
+/// share no cache line.
+///
+/// Part `b` always gets the same slice, however many parts a call has
+/// (`stage_bytes / ctx.parts()`): only barrier `b`'s epochs order its
+/// writes and reads (see [the module docs](self)), so a slice shared by
+/// parts of different indices in consecutive calls would let a writer of
+/// the second call push into bytes a reader of the first still copies out.
 #[inline(always)]
 pub(crate) fn slice(ctx: &super::CollContext, part: super::Part) -> (u64, usize) {
-    let bytes = (ctx.stage_bytes() as usize / part.count as usize) / 16 * 16;
+    let raw = ctx.stage_bytes() as usize / ctx.parts().max(1) as usize;
+    let bytes = if raw >= 256 { raw / 256 * 256 } else { raw / 16 * 16 };
     (part.index as u64 * bytes as u64, bytes)
+}
+
+/// Offset in the scratch window of the part's slice of the staging area
+/// for data written at barrier epoch `epoch` (see [the module docs](self)).
+#[inline(always)]
+pub(crate) fn area(ctx: &super::CollContext, part: super::Part, epoch: u32) -> u64 {
+    ctx.stage_area_offset(epoch) + slice(ctx, part).0
 }
 
 /// Where the peers find a chunk of input, by (peer, block, byte offset):
