@@ -1,10 +1,11 @@
 //! Waiting on memory: wrap-safe comparisons, timeouts, and the abort flag.
 //!
 //! Every device-side spin loop in devcomm goes through [`Deadline::poll`]: it
-//! checks the host's abort flag and the clock every [`CHECK_EVERY`] misses, so
-//! a dead peer or `Communicator::abort()` ends the wait with a [`WaitError`]
-//! instead of hanging the GPU. The check is amortised so the hot path of a
-//! wait is one load and one compare.
+//! reads the clock every [`CHECK_EVERY`] misses and the host's abort flag
+//! every [`ABORT_CHECK_NS`] of waiting, so a dead peer or
+//! `Communicator::abort()` ends the wait with a [`WaitError`] instead of
+//! hanging the GPU. The checks are amortised so the hot path of a wait is one
+//! load and one compare.
 //!
 //! Counters and epochs roll over: compare them with [`rolling_ge_u32`] /
 //! [`rolling_ge_u64`] ("has `a` reached `b`", valid while the two are less
@@ -14,8 +15,17 @@ use crate::arch;
 use crate::atomic::{self, Scope};
 use crate::comm::AbortInfo;
 
-/// How many failed polls pass between two checks of the abort flag and clock.
+/// How many failed polls pass between two reads of the clock.
 pub const CHECK_EVERY: u32 = 64;
+
+/// How long a wait runs between two reads of the host's abort flag (the
+/// first after this long). The flag lies in host memory: a read crosses
+/// PCIe, and on 2 × H200 such reads, made every 64 misses by the waiting
+/// threads of 64-CTA collectives, cost some waits about 50 µs each — the
+/// random ~100 µs per call of collectives on more than 32 CTAs
+/// (`benches/results/2026-11-24-h200x2-push.md`). Aborting is rare; its
+/// latency may be this long.
+pub const ABORT_CHECK_NS: u64 = 1_000_000;
 
 /// The first this many polls of a wait are acquire loads; later ones are
 /// relaxed, with one acquire re-read when the target shows
@@ -58,7 +68,8 @@ pub const fn rolling_ge_u64(a: u64, b: u64) -> bool {
 ///
 /// The clock is first read at the first check (after [`CHECK_EVERY`]
 /// misses), not when the deadline is made: a wait that succeeds quickly —
-/// the latency-critical case — never reads `%globaltimer`. The time limit
+/// the latency-critical case — never reads `%globaltimer`, nor the abort
+/// flag (first read [`ABORT_CHECK_NS`] after that). The time limit
 /// therefore runs from a few polls after the wait began.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {
@@ -66,6 +77,8 @@ pub struct Deadline {
     timeout_ns: u64,
     /// 0 until the first check; then the absolute end (`u64::MAX`: none).
     end_ns: u64,
+    /// When the abort flag is next read (set at the first check).
+    flag_ns: u64,
     misses: u32,
 }
 
@@ -79,11 +92,12 @@ impl Deadline {
     /// A deadline `timeout_ns` from now (0: no time limit), watching `abort.flag`.
     #[inline(always)]
     pub fn with_timeout(abort: &AbortInfo, timeout_ns: u64) -> Self {
-        Deadline { flag: abort.flag as *const u32, timeout_ns, end_ns: 0, misses: 0 }
+        Deadline { flag: abort.flag as *const u32, timeout_ns, end_ns: 0, flag_ns: 0, misses: 0 }
     }
 
     /// Call after each failed poll: every [`CHECK_EVERY`] calls, backs off
-    /// briefly and returns an error if the host aborted or time is up.
+    /// briefly and returns an error if time is up or (read every
+    /// [`ABORT_CHECK_NS`]) the host aborted.
     #[inline(always)]
     pub fn poll(&mut self) -> Result<(), WaitError> {
         self.misses = self.misses.wrapping_add(1);
@@ -95,16 +109,19 @@ impl Deadline {
 
     #[inline(never)]
     fn check(&mut self) -> Result<(), WaitError> {
-        // SAFETY: `flag` is null or the host-mapped abort word of a live
-        // communicator (set by the host crate when it builds `AbortInfo`).
-        if !self.flag.is_null() && unsafe { atomic::load_relaxed(self.flag, Scope::Sys) } != 0 {
-            return Err(WaitError::Aborted);
-        }
         let now = arch::global_timer_ns();
         if self.end_ns == 0 {
             self.end_ns = if self.timeout_ns == 0 { u64::MAX } else { now.saturating_add(self.timeout_ns) };
+            self.flag_ns = now.saturating_add(ABORT_CHECK_NS);
         } else if now > self.end_ns {
             return Err(WaitError::Timeout);
+        } else if now >= self.flag_ns {
+            self.flag_ns = now.saturating_add(ABORT_CHECK_NS);
+            // SAFETY: `flag` is null or the host-mapped abort word of a live
+            // communicator (set by the host crate when it builds `AbortInfo`).
+            if !self.flag.is_null() && unsafe { atomic::load_relaxed(self.flag, Scope::Sys) } != 0 {
+                return Err(WaitError::Aborted);
+            }
         }
         arch::spin_backoff(20);
         Ok(())

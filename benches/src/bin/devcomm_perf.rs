@@ -28,7 +28,7 @@ use devcomm::window::WindowFlags;
 use devcomm::{Error, Result};
 use devcomm_device::coll::{CollArgs, CollBuffer};
 use devcomm_device::comm::WindowDesc;
-use devcomm_test_kernels::coll_bench::all_reduce_loop_f32;
+use devcomm_test_kernels::coll_bench::{all_reduce_loop_f32, coll_traced};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
@@ -91,6 +91,15 @@ struct Args {
     /// `CollConfig::threads` (default: the library's).
     #[arg(long)]
     threads: Option<u32>,
+    /// After each size's timings (all_gather, all_reduce; f32): this many
+    /// more calls back to back, each CTA's start, end and SM stamped, and a
+    /// line per call on every rank (where a slow call's time goes).
+    #[arg(long, default_value_t = 0)]
+    trace: usize,
+    /// With `--trace`: only the traced calls (no timings), and every CTA's
+    /// stamps of the first calls printed too.
+    #[arg(long)]
+    trace_only: bool,
     /// Launch plainly, not cooperatively (`CollConfig::cooperative`).
     #[arg(long)]
     no_cooperative: bool,
@@ -263,6 +272,10 @@ impl<T: CollType> Bench<'_, T> {
             "two_shot" => Algorithm::TwoShot,
             _ => Algorithm::Auto,
         };
+        if self.args.trace_only {
+            self.trace(src()?, &recv, slen, algorithm)?;
+            return Ok(vec![format!("# traced {total_bytes} bytes")]);
+        }
         let bus = self.kind.bus_factor(n as f64);
         let bytes = (slen.max(rlen) * size) as f64;
         let cols = |t: f64, wrong: usize| {
@@ -311,6 +324,12 @@ impl<T: CollType> Bench<'_, T> {
             let wrong = self.wrong(&recv, rlen)?;
             out.extend(cols(t, wrong));
         }
+        if self.args.trace > 0
+            && matches!(self.kind, Kind::AllReduce | Kind::AllGather)
+            && T::DTYPE == devcomm::coll::DataType::F32
+        {
+            self.trace(src()?, &recv, slen, algorithm)?;
+        }
         // NCCL, out of place, same buffers.
         if let Some(nc) = self.nccl {
             let f = || nc.run(self.kind, T::DTYPE, send.device_addr(), recv.device_addr(), slen, rlen, self.stream);
@@ -325,6 +344,104 @@ impl<T: CollType> Bench<'_, T> {
         }
         drop(window);
         Ok(out)
+    }
+
+    /// `--trace`: that many calls launched back to back, each CTA's start,
+    /// end and SM stamped; prints a line per call (this rank's clock).
+    fn trace(&self, src: Operand<'_, T>, recv: &DeviceBuffer<T>, len: usize, algorithm: Algorithm) -> Result<()> {
+        let module = devcomm_tests::test_kernels(self.comm.device());
+        let bytes = len * std::mem::size_of::<T>();
+        let (which, algorithm) = match self.kind {
+            Kind::AllGather => (0u32, Algorithm::Auto),
+            _ => (
+                1u32,
+                if algorithm == Algorithm::Auto {
+                    Algorithm::choose(bytes as u64, &self.coll.context())
+                } else {
+                    algorithm
+                },
+            ),
+        };
+        let config = self.coll.config();
+        let ctas = if algorithm == Algorithm::Ll {
+            1
+        } else {
+            bytes.div_ceil(config.bytes_per_cta).clamp(1, config.max_ctas as usize)
+        };
+        let calls = self.args.trace;
+        let stamps = self.comm.device().alloc_from(&vec![0u64; calls * ctas * 4])?;
+        let src_buf = src.kernel_buffer();
+        for c in 0..calls {
+            let args = CollArgs {
+                ctx: self.coll.context(),
+                src: src_buf,
+                dst: CollBuffer {
+                    ptr: recv.device_addr(),
+                    window: WindowDesc::NONE,
+                    offset: 0,
+                    in_window: 0,
+                    reserved: 0,
+                },
+                count: len as u64,
+                scalar: 0,
+                scalar_ptr: 0,
+                errors: 0,
+                op: 0,
+                root: 0,
+                algorithm: algorithm as u32,
+                seq: self.coll.reserve_seq(1),
+            };
+            let at = stamps.device_addr() + (c * ctas * 4 * 8) as u64;
+            // SAFETY: `args` describes the live context and buffers (`len`
+            // floats in, `len` or `n * len` out) on every rank, each call with
+            // its reserved sequence number; `at` holds `4 * ctas` u64s.
+            unsafe {
+                self.stream.launch_in::<coll_traced>(
+                    &module,
+                    LaunchConfig::new(ctas as u32, self.coll.threads()).co_resident(),
+                    (args, which, at),
+                )?
+            };
+        }
+        let v = self.stream.read_vec(&stamps)?;
+        let me = self.comm.rank();
+        let mut prev_end = 0u64;
+        for c in 0..calls {
+            let cta = |b: usize| &v[(c * ctas + b) * 4..(c * ctas + b + 1) * 4];
+            let (s0, s1) =
+                ((0..ctas).map(|b| cta(b)[0]).min().unwrap_or(0), (0..ctas).map(|b| cta(b)[0]).max().unwrap_or(0));
+            let (e0, e1) =
+                ((0..ctas).map(|b| cta(b)[1]).min().unwrap_or(0), (0..ctas).map(|b| cta(b)[1]).max().unwrap_or(0));
+            let slow = (0..ctas).max_by_key(|&b| cta(b)[1] - cta(b)[0]).unwrap_or(0);
+            let mut sms: Vec<u64> = (0..ctas).map(|b| cta(b)[2]).collect();
+            sms.sort_unstable();
+            sms.dedup();
+            let errs = (0..ctas).filter(|&b| cta(b)[3] != 0).count();
+            let us = |ns: u64| ns as f64 / 1e3;
+            println!(
+                "trace rank {me} bytes {bytes} call {c:>3}: span {:>8.2} us, starts spread {:>7.2}, ends spread {:>7.2}, gap after previous {:>8.2}; slowest CTA {slow:>3} (sm {:>3}) {:>8.2} us from start {:>7.2}; {} SMs for {ctas} CTAs; {errs} errors",
+                us(e1 - s0),
+                us(s1 - s0),
+                us(e1 - e0),
+                if c == 0 { 0.0 } else { us(s0.saturating_sub(prev_end)) },
+                cta(slow)[2],
+                us(cta(slow)[1] - cta(slow)[0]),
+                us(cta(slow)[0] - s0),
+                sms.len(),
+            );
+            prev_end = e1;
+            if self.args.trace_only && (1..=4).contains(&c) {
+                for b in 0..ctas {
+                    println!(
+                        "trace rank {me} bytes {bytes} call {c:>3} cta {b:>3} sm {:>3}: start {:>7.2} end {:>8.2}",
+                        cta(b)[2],
+                        us(cta(b)[0] - s0),
+                        us(cta(b)[1] - s0)
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     /// µs per all-reduce with `iters` of them inside one kernel.

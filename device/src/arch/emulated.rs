@@ -106,6 +106,11 @@ pub fn global_timer_ns() -> u64 {
 }
 
 #[inline]
+pub fn sm_id() -> u32 {
+    0
+}
+
+#[inline]
 pub fn spin_backoff(_ns: u32) {
     (hooks().yield_now)()
 }

@@ -292,6 +292,13 @@ pub fn global_timer_ns() -> u64 {
     imp::global_timer_ns()
 }
 
+/// The SM the calling thread runs on (`%smid`; 0 on the emulator), for
+/// diagnostics: it may change during a thread's life under preemption.
+#[inline(always)]
+pub fn sm_id() -> u32 {
+    imp::sm_id()
+}
+
 /// Back off inside a spin loop: `nanosleep` on the GPU, a yield on the
 /// emulator (whose "threads" share few CPU cores).
 #[inline(always)]

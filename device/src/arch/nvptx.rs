@@ -211,6 +211,16 @@ pub fn global_timer_ns() -> u64 {
 }
 
 #[inline(always)]
+pub fn sm_id() -> u32 {
+    let s: u32;
+    // SAFETY: reads the read-only `%smid` register; no memory.
+    unsafe {
+        asm!("mov.u32 {s}, %smid;", s = out(reg32) s, options(nomem, nostack));
+    }
+    s
+}
+
+#[inline(always)]
 pub fn spin_backoff(ns: u32) {
     // SAFETY: `nanosleep` only suspends the thread; no memory, no preconditions.
     unsafe {

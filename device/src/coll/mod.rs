@@ -43,7 +43,7 @@
 //! | [`Algorithm`] | how | barriers per chunk | for |
 //! |---|---|---|---|
 //! | `Ll` (all-reduce) | each rank stores its input with a flag in every 8 bytes into every peer's LL slot; arrival is the signal | none | ≤ [`CollContext::ll_bytes`] |
-//! | `OneShot` | every rank reads every peer's input and reduces all of it | 2 | small and medium, 2 ranks |
+//! | `OneShot` | every rank reads every peer's input and reduces all of it | 2 | medium |
 //! | `TwoShot` | every rank stores shard `p` of its input into rank `p`'s staging slot; rank `r` reduces shard `r` and stores it into every peer's result slot; each copies the results out (only stores cross NVLink) | 2 | large |
 //!
 //! [`Algorithm::Auto`] picks by size ([`Algorithm::choose`]).
@@ -137,8 +137,10 @@ pub enum Algorithm {
 /// All-reduce messages up to this many bytes take [`Algorithm::Ll`] (when
 /// the context's LL slots hold them).
 pub const LL_MAX_BYTES: u64 = 16 << 10;
-/// Above this many bytes, and with more than two ranks, all-reduce takes
-/// [`Algorithm::TwoShot`].
+/// Above this many bytes all-reduce takes [`Algorithm::TwoShot`] (on
+/// 2 × H200 the pushed two-shot took 19.6 µs at 2 MiB and 525 µs at
+/// 128 MiB against one-shot's 22.8 and 843; at 512 KiB they were even:
+/// `benches/results/2026-11-24-h200x2-push.md`).
 pub const ONE_SHOT_MAX_BYTES: u64 = 512 << 10;
 
 impl Algorithm {
@@ -155,12 +157,12 @@ impl Algorithm {
 
     /// The all-reduce algorithm for `bytes` per rank on `ctx`: LL up to
     /// [`LL_MAX_BYTES`] (and the LL slots' size), one-shot up to
-    /// [`ONE_SHOT_MAX_BYTES`] or with two ranks, two-shot beyond.
+    /// [`ONE_SHOT_MAX_BYTES`], two-shot beyond.
     #[inline(always)]
     pub const fn choose(bytes: u64, ctx: &CollContext) -> Algorithm {
         if bytes <= LL_MAX_BYTES && bytes <= ctx.ll_bytes() {
             Algorithm::Ll
-        } else if bytes <= ONE_SHOT_MAX_BYTES || ctx.scratch().lsa_size() <= 2 {
+        } else if bytes <= ONE_SHOT_MAX_BYTES {
             Algorithm::OneShot
         } else {
             Algorithm::TwoShot

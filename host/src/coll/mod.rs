@@ -114,12 +114,10 @@ pub const CHECK_ENV: &str = "DEVCOMM_COLL_CHECK";
 #[derive(Clone, Debug)]
 pub struct CollConfig {
     /// Most CTAs one collective uses (each has its own LSA barrier). The
-    /// default, 32: on 2 × H200, grids of 64 CTAs ran some collectives of
-    /// 2 MiB and more about 100 µs slower per call at random (the same size
-    /// fast in one run and slow in the next; cause not found yet), grids of
-    /// 32 never did in the same runs, at the cost of large messages (128 MiB
-    /// all-reduce 850 µs, against 560–600 µs in 64-CTA runs that escaped the
-    /// penalty): `benches/results/2026-11-23-h200x2-collectives.md`.
+    /// default, 64. (Session 7 capped it at 32 after grids of 64 ran some
+    /// calls about 100 µs slower at random; the cause was the waits' reads
+    /// of the host-mapped abort flag, now made once per millisecond of
+    /// waiting: `benches/results/2026-11-24-h200x2-push.md`.)
     pub max_ctas: u32,
     /// Threads per CTA (0: 256 on GPUs, 64 on the emulated runtime). The
     /// reducing kernels use many registers: 512 threads per CTA exceed the
@@ -133,8 +131,11 @@ pub struct CollConfig {
     pub bytes_per_cta: usize,
     /// Payload bytes of each LL slot: the largest LL all-reduce.
     pub ll_bytes: usize,
-    /// Bytes of each staging area (input, result): the chunk in which
-    /// device buffers are copied through scratch.
+    /// Bytes of each of the two staging areas through which device buffers
+    /// are pushed, in chunks of `stage_bytes / max_ctas` per CTA. The
+    /// default, 32 MiB (64 MiB of device memory per [`Collectives`]): with
+    /// 8 MiB, 128 MiB collectives paid a barrier per 128 KiB chunk and
+    /// ran 10–20 % slower on 2 × H200.
     pub stage_bytes: usize,
     /// Payload bytes of each point-to-point slot (send/recv move messages
     /// in chunks of this size; a multiple of 16).
@@ -185,11 +186,11 @@ pub const COOPERATIVE_ENV: &str = "DEVCOMM_COLL_COOPERATIVE";
 impl Default for CollConfig {
     fn default() -> Self {
         CollConfig {
-            max_ctas: 32,
+            max_ctas: 64,
             threads: 0,
             bytes_per_cta: 16 << 10,
             ll_bytes: LL_MAX_BYTES as usize,
-            stage_bytes: 8 << 20,
+            stage_bytes: 32 << 20,
             p2p_chunk_bytes: 64 << 10,
             p2p_slots: 32,
             p2p_max_ctas: 16,

@@ -127,3 +127,39 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// One collective (`which`: 0 all-gather, 1 all-reduce f32 sum) by
+    /// every CTA of the grid, as the host collectives run it, with each
+    /// CTA's start and end (`%globaltimer`) and SM stamped into `trace`
+    /// (`[start, end, sm, error]` per CTA, `u64`s): where a slow call's
+    /// time goes (`devcomm-perf --trace`).
+    ///
+    /// # Safety
+    /// As for `devcomm-kernels`' `all_gather` / `all_reduce_f32`; `trace`
+    /// holds `4 * grid_dim.x` `u64`s of device memory.
+    pub unsafe fn coll_traced(args: CollArgs, which: u32, trace: u64) {
+        let cta = Cta::new();
+        let start = devcomm_device::arch::global_timer_ns();
+        let src = if args.src.in_window != 0 {
+            Input::Window(SymPtr::new(args.src.window, args.src.offset))
+        } else {
+            Input::Local(args.src.ptr as *const f32)
+        };
+        let r = if which == 0 {
+            coll::all_gather(&cta, &args.ctx, Part::block(), src, args.dst.ptr as *mut f32, args.count as usize)
+        } else {
+            let red = Reduction::new(RedOp::Sum, 0.0f32, args.ctx.scratch().lsa_size());
+            let algorithm = Algorithm::from_code(args.algorithm).unwrap_or(Algorithm::Auto);
+            coll::all_reduce(&cta, &args.ctx, Part::block(), src, args.dst.ptr as *mut f32, args.count as usize, &red, algorithm, args.seq)
+        };
+        cta.sync();
+        if cta.is_leader() {
+            let at = (trace as *mut u64).wrapping_add(4 * devcomm_device::arch::block_idx().x as usize);
+            at.write_volatile(start);
+            at.add(1).write_volatile(devcomm_device::arch::global_timer_ns());
+            at.add(2).write_volatile(devcomm_device::arch::sm_id() as u64);
+            at.add(3).write_volatile(match r { Ok(()) => 0, Err(e) => e.code() as u64 });
+        }
+    }
+}
