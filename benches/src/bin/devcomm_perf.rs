@@ -346,6 +346,44 @@ impl<T: CollType> Bench<'_, T> {
         Ok(out)
     }
 
+    /// The CTAs the host collectives give a `bytes`-byte all-reduce or
+    /// all-gather with `algorithm` (LL: one).
+    fn grid(&self, bytes: usize, algorithm: Algorithm) -> u32 {
+        let config = self.coll.config();
+        if algorithm == Algorithm::Ll {
+            1
+        } else {
+            bytes.div_ceil(config.bytes_per_cta).clamp(1, config.max_ctas as usize) as u32
+        }
+    }
+
+    /// The arguments of a collective (operator 0: sum) over `len` elements
+    /// from `src` into `recv` on the collectives' context, as the host
+    /// collectives launch it.
+    fn args_for(
+        &self,
+        src: CollBuffer,
+        recv: &DeviceBuffer<T>,
+        len: usize,
+        algorithm: Algorithm,
+        errors: u64,
+        seq: u32,
+    ) -> CollArgs {
+        CollArgs {
+            ctx: self.coll.context(),
+            src,
+            dst: CollBuffer { ptr: recv.device_addr(), window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 },
+            count: len as u64,
+            scalar: 0,
+            scalar_ptr: 0,
+            errors,
+            op: 0,
+            root: 0,
+            algorithm: algorithm as u32,
+            seq,
+        }
+    }
+
     /// `--trace`: that many calls launched back to back, each CTA's start,
     /// end and SM stamped; prints a line per call (this rank's clock).
     fn trace(&self, src: Operand<'_, T>, recv: &DeviceBuffer<T>, len: usize, algorithm: Algorithm) -> Result<()> {
@@ -362,35 +400,12 @@ impl<T: CollType> Bench<'_, T> {
                 },
             ),
         };
-        let config = self.coll.config();
-        let ctas = if algorithm == Algorithm::Ll {
-            1
-        } else {
-            bytes.div_ceil(config.bytes_per_cta).clamp(1, config.max_ctas as usize)
-        };
+        let ctas = self.grid(bytes, algorithm) as usize;
         let calls = self.args.trace;
         let stamps = self.comm.device().alloc_from(&vec![0u64; calls * ctas * 4])?;
         let src_buf = src.kernel_buffer();
         for c in 0..calls {
-            let args = CollArgs {
-                ctx: self.coll.context(),
-                src: src_buf,
-                dst: CollBuffer {
-                    ptr: recv.device_addr(),
-                    window: WindowDesc::NONE,
-                    offset: 0,
-                    in_window: 0,
-                    reserved: 0,
-                },
-                count: len as u64,
-                scalar: 0,
-                scalar_ptr: 0,
-                errors: 0,
-                op: 0,
-                root: 0,
-                algorithm: algorithm as u32,
-                seq: self.coll.reserve_seq(1),
-            };
+            let args = self.args_for(src_buf, recv, len, algorithm, 0, self.coll.reserve_seq(1));
             let at = stamps.device_addr() + (c * ctas * 4 * 8) as u64;
             // SAFETY: `args` describes the live context and buffers (`len`
             // floats in, `len` or `n * len` out) on every rank, each call with
@@ -453,35 +468,11 @@ impl<T: CollType> Bench<'_, T> {
             Algorithm::Auto => Algorithm::choose(bytes as u64, &self.coll.context()),
             a => a,
         };
-        let config = self.coll.config();
-        let ctas = if algorithm == Algorithm::Ll {
-            1
-        } else {
-            bytes.div_ceil(config.bytes_per_cta).clamp(1, config.max_ctas as usize) as u32
-        };
+        let ctas = self.grid(bytes, algorithm);
         let iters = self.args.iters as u32;
         let launch = || -> Result<()> {
             let base = self.coll.reserve_seq(iters.max(1));
-            let src_buf = src.kernel_buffer();
-            let args = CollArgs {
-                ctx: self.coll.context(),
-                src: src_buf,
-                dst: CollBuffer {
-                    ptr: recv.device_addr(),
-                    window: WindowDesc::NONE,
-                    offset: 0,
-                    in_window: 0,
-                    reserved: 0,
-                },
-                count: len as u64,
-                scalar: 0,
-                scalar_ptr: 0,
-                errors: errors.device_addr(),
-                op: 0,
-                root: 0,
-                algorithm: algorithm as u32,
-                seq: base,
-            };
+            let args = self.args_for(src.kernel_buffer(), recv, len, algorithm, errors.device_addr(), base);
             // SAFETY: `args` describes the live context and buffers of `len`
             // floats on every rank; `iters` sequence numbers from `base` were
             // reserved above (every rank the same).
