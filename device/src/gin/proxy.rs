@@ -280,7 +280,8 @@ const MAX_NAP_NS: u64 = 8192;
 /// [`MAX_NAP_NS`]): one ticket away, it looks again soon.
 const NAP_PER_TICKET_NS: u64 = 64;
 
-/// Polls between two looks at the abort flag (host memory) by a waiter.
+/// Polls between two calls of the waiter's [`Deadline::poll`] (which reads
+/// the clock every `CHECK_EVERY` calls).
 const ABORT_CHECK_EVERY: u32 = 16;
 
 /// The best known completion of `ring`: its tail cache, refreshed from the
@@ -331,8 +332,9 @@ unsafe fn best_completed(g: &GinState, ring: u64, cache: *mut u64) -> Result<u64
 /// Waits until `ring` has completed `need` tickets: naps in proportion to
 /// the distance (at most [`MAX_NAP_NS`]) between looks at the tail cache,
 /// which [`best_completed`] refreshes at most every
-/// [`TAIL_READ_INTERVAL_NS`] for all waiters together. The abort flag and
-/// the clock are checked every [`ABORT_CHECK_EVERY`] × `CHECK_EVERY` polls.
+/// [`TAIL_READ_INTERVAL_NS`] for all waiters together. The clock is read
+/// every [`ABORT_CHECK_EVERY`] × `CHECK_EVERY` polls, the abort flag as
+/// [`Deadline`] reads it (once per `wait::ABORT_CHECK_NS` of waiting).
 ///
 /// # Safety
 /// As for [`post`]; `cache` is `ring`'s tail-cache pair.
