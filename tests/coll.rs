@@ -15,8 +15,11 @@ mod common;
 use common::is_child;
 use devcomm::coll::{Algorithm, CollConfig, CollType, Collectives, Fp8E4M3, Fp8E5M2, MultiTeam, Op, Operand};
 use devcomm::comm::Communicator;
+use devcomm::runtime::LaunchConfig;
 use devcomm::runtime::{DeviceBuffer, Stream};
 use devcomm::{Error, WindowFlags};
+use devcomm_device::coll::{CollArgs, CollBuffer, RedOp};
+use devcomm_device::comm::WindowDesc;
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -421,6 +424,7 @@ fn tiny() -> CollConfig {
         ll_bytes: 256,
         stage_bytes: 1024,
         hier_split_min_bytes: 64,
+        rail_chunk_bytes: 256,
         ..CollConfig::default()
     }
 }
@@ -444,6 +448,113 @@ fn reduce_scatter_in_place<T: TestElem>(c: &mut Ctx, len: usize) {
     }
 }
 
+/// Types with a test kernel that calls the device-callable hierarchical
+/// all-reduce (`devcomm_test_kernels::hier`).
+trait WorldKernel: TestElem {
+    /// Launches it with `args` on `parts` CTAs.
+    ///
+    /// # Safety
+    /// `args` describe live buffers of `count` elements and the context of
+    /// `c.coll`; every rank launches the same.
+    unsafe fn launch_world(c: &Ctx, args: CollArgs, parts: u32);
+}
+
+macro_rules! world_kernel {
+    ($($t:ty => $k:ident),*) => {$(
+        impl WorldKernel for $t {
+            unsafe fn launch_world(c: &Ctx, args: CollArgs, parts: u32) {
+                use devcomm_test_kernels::hier::$k;
+                let kernels = devcomm_tests::test_kernels(c.comm.device());
+                let cfg = LaunchConfig::new(parts, c.coll.threads()).co_resident();
+                // SAFETY: the caller's contract.
+                unsafe { c.stream.launch_in::<$k>(&kernels, cfg, (args,)).unwrap() };
+            }
+        }
+    )*};
+}
+world_kernel!(i8 => world_all_reduce_i8, u64 => world_all_reduce_u64, f16 => world_all_reduce_f16,
+    bf16 => world_all_reduce_bf16, f32 => world_all_reduce_f32, f64 => world_all_reduce_f64);
+
+/// The device-callable hierarchical all-reduce (`coll::hier::all_reduce`,
+/// called from a kernel of the tests' own with `Collectives::context`) of
+/// `len` elements, every reduction (`all_ops`, else sum only), from a
+/// buffer out of place, in place, and from a window at an odd offset into
+/// a buffer; on `parts` CTAs.
+fn world_all_reduce<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, parts: u32) {
+    let (n, me) = (c.n, c.me);
+    let size = std::mem::size_of::<T>();
+    let buffer = |b: u64| CollBuffer { ptr: b, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
+    for r in REDS.into_iter().filter(|&r| all_ops || r == R::Sum) {
+        let case = c.next_case();
+        let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, len, r == R::Prod)).collect();
+        let what = format!("device hierarchical all_reduce {:?} {r:?} len {len} on {parts} CTAs", T::DTYPE);
+        let mut sc = [0u8; 8];
+        sc[..size].copy_from_slice(bytemuck::bytes_of(&scalar::<T>()));
+        let op_code = match r {
+            R::Sum => RedOp::Sum,
+            R::Prod => RedOp::Prod,
+            R::Max => RedOp::Max,
+            R::Min => RedOp::Min,
+            R::Avg => RedOp::Avg,
+            R::PreMul => RedOp::PreMulSum,
+        } as u32;
+        let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
+        let run = |c: &Ctx, src: CollBuffer, dst: u64| {
+            let args = CollArgs {
+                ctx: c.coll.context(),
+                src,
+                dst: buffer(dst),
+                count: len as u64,
+                scalar: u64::from_le_bytes(sc),
+                scalar_ptr: 0,
+                errors: errors.device_addr(),
+                op: op_code,
+                root: 0,
+                algorithm: 0,
+                seq: c.coll.next_seq(),
+            };
+            // SAFETY: `src` and `dst` hold `len` elements and stay alive until the stream is
+            // synchronised below; the context is `c.coll`'s; every rank makes the same launches.
+            unsafe { T::launch_world(c, args, parts) };
+            c.stream.synchronize().unwrap();
+            assert_eq!(c.stream.read_vec(&errors).unwrap(), [0], "{what}: error code");
+        };
+        let check = |got: &[T], how: &str| {
+            for (i, g) in got.iter().enumerate() {
+                let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
+                check_one(r, &xs, *g).unwrap_or_else(|e| panic!("{what} {how} element {i}: got {g:?}, {e}"));
+            }
+        };
+        // Out of place from a buffer.
+        let send = c.comm.device().alloc_from(&ins[me]).unwrap();
+        let out = output::<T>(c, len);
+        run(c, buffer(send.device_addr()), out.device_addr() + (GUARD * size) as u64);
+        check(&read_out(c.stream, &out, &what), "buffer → buffer");
+        // In place.
+        run(c, buffer(send.device_addr()), send.device_addr());
+        check(&c.stream.read_vec(&send).unwrap(), "in place");
+        // From a window at an odd element offset (peers read it in place).
+        let off = 3 * size;
+        let mem = c.comm.mem_alloc(off + len.max(1) * size).unwrap();
+        let window = c.comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+        if len > 0 {
+            window.write(c.stream, off, &ins[me]).unwrap();
+        }
+        let out = output::<T>(c, len);
+        let src = CollBuffer {
+            ptr: window.desc().local_ptr::<u8>(off as u64) as u64,
+            window: window.desc(),
+            offset: off as u64,
+            in_window: 1,
+            reserved: 0,
+        };
+        run(c, src, out.device_addr() + (GUARD * size) as u64);
+        check(&read_out(c.stream, &out, &what), "window → buffer");
+        c.stream.synchronize().unwrap();
+        window.deregister().unwrap();
+    }
+}
+
 /// Over several LSA teams: sizes that are multiples of nothing, across
 /// the hierarchical all-reduce's two algorithms and its remainder, in
 /// place and from windows; in-place reduce-scatter; more than one chunk.
@@ -462,6 +573,25 @@ fn multi_team_battery(c: &mut Ctx) {
     reduce_scatter_in_place::<f32>(c, 13);
     reduce_scatter_in_place::<u8>(c, 13);
     movements::<f64>(c, 301);
+    world_battery(c, big);
+}
+
+/// The device-callable hierarchical all-reduce: every reduction for a
+/// type of each width and f64, sizes around the team size and the rail
+/// chunk, more chunks than slots (`big`), one CTA and several.
+fn world_battery(c: &mut Ctx, big: usize) {
+    for parts in [1, 3] {
+        world_all_reduce::<i8>(c, 37, true, parts);
+        world_all_reduce::<f16>(c, 37, true, parts);
+        world_all_reduce::<f32>(c, 37, true, parts);
+        world_all_reduce::<u64>(c, 37, true, parts);
+    }
+    world_all_reduce::<bf16>(c, 1001, true, 4);
+    world_all_reduce::<f64>(c, 301, true, 2);
+    for len in [0, 1, 2, 5, 1000] {
+        world_all_reduce::<f32>(c, len, false, 4);
+    }
+    world_all_reduce::<f32>(c, big, false, 4);
 }
 
 fn child_body(comm: &Communicator) {
@@ -485,6 +615,8 @@ fn child_body(comm: &Communicator) {
             all_reduce_places::<i8>(&mut c, len, Algorithm::Auto);
         }
         reduce_scatter_in_place::<f32>(&mut c, 13);
+        world_all_reduce::<f32>(&mut c, 37, true, 3);
+        world_all_reduce::<i8>(&mut c, 1000, true, 2);
         stream.synchronize().unwrap();
         assert!(c.coll.error().is_none());
         drop(c);
@@ -492,6 +624,10 @@ fn child_body(comm: &Communicator) {
         return;
     }
     every_type!(reductions, &mut c, 37, Algorithm::Auto);
+    // One team: the device-callable hierarchical all-reduce is the team's.
+    if c.comm.lsa_size().unwrap() == c.n {
+        world_all_reduce::<f32>(&mut c, 37, true, 2);
+    }
     if std::env::var(QUICK_ENV).is_ok() {
         // 8 emulated ranks on a small machine (strict mode in CI): every
         // collective, type and reduction once, the long matrix below on

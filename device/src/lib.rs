@@ -41,6 +41,11 @@
 //! | `ncclGinBarrierSession` | [`gin::GinBarrierSession`] |
 //! | `ncclGinType_t`, `ncclGinConnectionType_t` | [`abi::gin::GinBackend`], [`abi::gin::GinConnection`] (host: `devcomm::gin::GinType`, `GinConnectionType`) |
 //!
+//! Beyond NCCL's building blocks: [`coll`] has collectives callable from a
+//! kernel (over the LSA team, and over a world of several LSA teams with
+//! [`coll::hier::all_reduce`]), and [`route::Router`] puts, signals and
+//! waits per peer over LSA or GIN, whichever reaches it.
+//!
 //! Where devcomm differs: every call that can fail returns a `Result`
 //! (NCCL's return nothing), the same one on every thread of the coop
 //! ([`coop::Coop::agree`]), and every wait ends on the host's abort flag or
@@ -65,6 +70,7 @@ pub mod lsa;
 pub mod math;
 pub mod moe;
 pub mod reduce;
+pub mod route;
 pub mod team;
 pub mod wait;
 

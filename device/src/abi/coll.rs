@@ -43,6 +43,10 @@ pub struct CollContext {
     pub(crate) gin_scratch: WindowDesc,
     pub(crate) gin_signal_base: u32,
     pub(crate) gin_context: u32,
+    pub(crate) rail_offset: u64,
+    pub(crate) rail_chunk: u64,
+    pub(crate) rail_signal_base: u32,
+    pub(crate) reserved0: u32,
 }
 
 impl CollContext {
@@ -83,6 +87,10 @@ impl CollContext {
             gin_scratch: WindowDesc::NONE,
             gin_signal_base: 0,
             gin_context: 0,
+            rail_offset: 0,
+            rail_chunk: 0,
+            rail_signal_base: 0,
+            reserved0: 0,
         }
     }
 
@@ -121,6 +129,65 @@ impl CollContext {
         self.gin_signal_base = signal_base;
         self.gin_context = gin_context;
         self
+    }
+
+    /// The context with the rail exchange of the hierarchical
+    /// collectives ([`crate::coll::hier`]) at byte `offset` of the GIN
+    /// window given to [`CollContext::with_p2p_gin`]: per part (of
+    /// `parts`) `teams + 1` slots of `chunk` bytes (an inbox slot per rail
+    /// rank, then an outbox slot), and GIN signals `signal_base ..
+    /// signal_base + 2 * parts` (per part: chunks arrived, chunks
+    /// consumed), counted with their shadows. Call after
+    /// [`CollContext::with_p2p_gin`].
+    ///
+    /// # Safety
+    /// The GIN window holds [`CollContext::rail_bytes`] bytes at `offset`
+    /// (16-byte aligned, `chunk` a non-zero multiple of 16) on every rank;
+    /// those signals exist, start at zero with their shadows and are used
+    /// by nothing else; so is the area.
+    pub const unsafe fn with_rail(mut self, offset: u64, chunk: u64, signal_base: u32) -> Self {
+        self.rail_offset = offset;
+        self.rail_chunk = chunk;
+        self.rail_signal_base = signal_base;
+        self
+    }
+
+    /// Bytes of the rail exchange's area for `parts` parts, `teams` LSA
+    /// teams and `chunk`-byte slots.
+    pub const fn rail_bytes(parts: u32, teams: u32, chunk: u64) -> u64 {
+        parts as u64 * (teams as u64 + 1) * chunk
+    }
+
+    /// GIN signals the rail exchange uses for `parts` parts.
+    pub const fn rail_signals(parts: u32) -> u32 {
+        2 * parts
+    }
+
+    /// Whether the hierarchical collectives' rail exchange is set up.
+    #[inline(always)]
+    pub const fn has_rail(&self) -> bool {
+        self.rail_chunk != 0 && self.has_p2p_gin()
+    }
+
+    /// Bytes of each rail exchange slot.
+    #[inline(always)]
+    pub(crate) const fn rail_chunk(&self) -> u64 {
+        self.rail_chunk
+    }
+
+    /// Offset in the GIN window of part `part`'s inbox slot from rail rank
+    /// `from` (`from == teams`: its outbox slot).
+    #[inline(always)]
+    pub(crate) const fn rail_slot_offset(&self, part: u32, from: u32) -> u64 {
+        let teams = self.comm.nranks / if self.comm.lsa_size == 0 { 1 } else { self.comm.lsa_size };
+        self.rail_offset + (part as u64 * (teams as u64 + 1) + from as u64) * self.rail_chunk
+    }
+
+    /// Part `part`'s rail signal: chunks arrived (`consumed`: chunks its
+    /// rail peers are done with).
+    #[inline(always)]
+    pub(crate) const fn rail_signal(&self, part: u32, consumed: bool) -> u32 {
+        self.rail_signal_base + 2 * part + consumed as u32
     }
 
     /// Bytes of the GIN point-to-point window for `nranks` ranks.
@@ -421,7 +488,7 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<CollBuffer>(), 8 + 40 + 8 + 8);
-        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48);
+        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48 + 24);
         assert_eq!(size_of::<CollArgs>() % 8, 0);
         assert_eq!(size_of::<P2pOp>(), 32);
         // Kernel parameters stay within the 4 KiB every CUDA version takes.

@@ -1,6 +1,7 @@
 //! Collectives callable from a kernel, over the LSA team: all-reduce,
 //! reduce-scatter, all-gather, broadcast, reduce, all-to-all, gather,
-//! scatter.
+//! scatter; and over a world of several LSA teams, hierarchically (LSA in
+//! each team, GIN along the rails): [`hier::all_reduce`].
 //!
 //! NCCL's device API gives building blocks only; these are what a kernel
 //! that fuses compute with communication calls between its own steps, and
@@ -55,6 +56,7 @@
 //! RMSNorm, computed once per shard instead of once per rank).
 
 pub mod element;
+pub mod hier;
 mod ll;
 pub mod ll_a2a;
 mod movement;

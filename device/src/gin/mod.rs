@@ -631,6 +631,11 @@ impl<'a> Gin<'a> {
         coop.agree(r)
     }
 
+    /// Signal `id`'s word (checked by the caller).
+    pub(crate) fn signal_word(&self, id: u32) -> *const u64 {
+        self.signal_ptr(id)
+    }
+
     fn signal_ptr(&self, id: u32) -> *mut u64 {
         (self.state().signals as *mut u64).wrapping_add(id as usize)
     }
@@ -684,7 +689,7 @@ impl<'a> Gin<'a> {
     }
 
     /// Whether the proxy marked any ring of this context failed.
-    fn any_ring_failed(&self) -> bool {
+    pub(crate) fn any_ring_failed(&self) -> bool {
         let n = self.comm.nranks;
         (0..n).any(|peer| {
             let ring = self.state().ring_index(self.context, peer, n);

@@ -168,6 +168,13 @@ pub struct CollConfig {
     /// all-gather in the team); smaller ones the two-step one (all-reduce
     /// in the team, then of the whole message along the rail).
     pub hier_split_min_bytes: usize,
+    /// Bytes of each slot of the rail exchange that the device-callable
+    /// hierarchical all-reduce (`devcomm_device::coll::hier::all_reduce`,
+    /// from kernels of your own with [`Collectives::context`]) moves its
+    /// shard along the rail with: per CTA of `max_ctas` one slot per LSA
+    /// team and one more, in the GIN window (several LSA teams only). A
+    /// multiple of 16.
+    pub rail_chunk_bytes: usize,
     /// Launch the collectives' kernels cooperatively on CUDA
     /// (`cuLaunchCooperativeKernel`: the driver guarantees every CTA is
     /// resident at once, which the CTAs' pairwise barriers need). `false`
@@ -198,6 +205,7 @@ impl Default for CollConfig {
             check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
             multi_team: MultiTeam::from_env().ok().flatten().unwrap_or_default(),
             hier_split_min_bytes: HIER_SPLIT_MIN_BYTES,
+            rail_chunk_bytes: 16 << 10,
             cooperative: std::env::var(COOPERATIVE_ENV).map_or(true, |v| v.trim() != "0"),
         }
     }
@@ -496,6 +504,12 @@ impl Communicator {
         if config.p2p_slots == 0 || config.p2p_slots > 1024 {
             return Err(Error::invalid_argument(format!("p2p_slots {} not in 1..=1024", config.p2p_slots)));
         }
+        if config.rail_chunk_bytes == 0 || config.rail_chunk_bytes % 16 != 0 || config.rail_chunk_bytes > (64 << 20) {
+            return Err(Error::invalid_argument(format!(
+                "rail_chunk_bytes {} not a non-zero multiple of 16 up to 64 MiB",
+                config.rail_chunk_bytes
+            )));
+        }
         if config.p2p_max_ctas == 0 || config.p2p_max_ctas > 32 {
             return Err(Error::invalid_argument(format!("p2p_max_ctas {} not in 1..=32", config.p2p_max_ctas)));
         }
@@ -510,14 +524,19 @@ impl Communicator {
         req.lsa_barrier_count = config.max_ctas;
         // The GIN channels' window (several LSA teams only).
         let gin = if several_teams {
-            let bytes = CollContext::p2p_gin_bytes(n as u32, config.p2p_chunk_bytes as u64, config.p2p_slots);
+            // The point-to-point channels, then the rail exchange.
+            let p2p_bytes = CollContext::p2p_gin_bytes(n as u32, config.p2p_chunk_bytes as u64, config.p2p_slots);
+            let rail_offset = p2p_bytes.next_multiple_of(16);
+            let teams = (n / lsa) as u32;
+            let bytes = rail_offset + CollContext::rail_bytes(config.max_ctas, teams, config.rail_chunk_bytes as u64);
             let mem = self.mem_alloc(bytes as usize)?;
             let window = self.register_window(&mem, WindowFlags::COLL_SYMMETRIC)?;
             req.use_window(&window);
             req.gin_connection_type = crate::gin::GinConnectionType::Full;
-            req.gin_signal_count = CollContext::p2p_gin_signals(n as u32, config.p2p_slots);
+            req.gin_signal_count =
+                CollContext::p2p_gin_signals(n as u32, config.p2p_slots) + CollContext::rail_signals(config.max_ctas);
             req.gin_context_count = 1;
-            Some((window, mem))
+            Some((window, mem, rail_offset))
         } else {
             None
         };
@@ -562,10 +581,19 @@ impl Communicator {
         };
         let ctx = match &gin {
             // SAFETY: the device communicator has GIN (Full) with
-            // `p2p_gin_signals` signals from 0 (zero when made) and context
-            // 0, nothing else uses them; the window was registered on every
-            // rank with `p2p_gin_bytes` bytes and declared with use_window.
-            Some((window, _)) => unsafe { ctx.with_p2p_gin(window.desc(), 0, 0) },
+            // `p2p_gin_signals` signals from 0, then `rail_signals` more
+            // (zero when made, with their shadows) and context 0, nothing
+            // else uses them; the window was registered on every rank with
+            // `p2p_gin_bytes` bytes, then the rail area at `rail_offset`
+            // (16-byte aligned, `rail_chunk_bytes` a multiple of 16,
+            // checked above), and declared with use_window.
+            Some((window, _, rail_offset)) => unsafe {
+                ctx.with_p2p_gin(window.desc(), 0, 0).with_rail(
+                    *rail_offset,
+                    config.rail_chunk_bytes as u64,
+                    CollContext::p2p_gin_signals(n as u32, config.p2p_slots),
+                )
+            },
             None => ctx,
         };
         let threads = match (config.threads, self.device().kind()) {
@@ -574,7 +602,7 @@ impl Communicator {
             (t, _) => t,
         };
         let error = HostMappedWord::new(self.device())?;
-        let (gin_window, gin_mem) = gin.map_or((None, None), |(w, m)| (Some(w), Some(m)));
+        let (gin_window, gin_mem) = gin.map_or((None, None), |(w, m, _)| (Some(w), Some(m)));
         Ok(Collectives {
             comm: self,
             handle,

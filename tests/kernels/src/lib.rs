@@ -19,8 +19,10 @@ devcomm_device::kernel_crate!();
 
 pub mod coll_bench;
 pub mod gin;
+pub mod hier;
 pub mod lsa;
 pub mod moe;
 mod report;
 pub mod rma;
+pub mod route;
 pub mod selftest;
