@@ -478,9 +478,14 @@ world_kernel!(i8 => world_all_reduce_i8, u64 => world_all_reduce_u64, f16 => wor
 /// The device-callable hierarchical all-reduce (`coll::hier::all_reduce`,
 /// called from a kernel of the tests' own with `Collectives::context`) of
 /// `len` elements, every reduction (`all_ops`, else sum only), from a
-/// buffer out of place, in place, and from a window at an odd offset into
-/// a buffer; on `parts` CTAs.
+/// buffer out of place, then (`places`) in place and from a window at an
+/// odd offset into a buffer; on `parts` CTAs.
 fn world_all_reduce<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, parts: u32) {
+    world_all_reduce_in::<T>(c, len, all_ops, parts, true)
+}
+
+/// [`world_all_reduce`], out of place only unless `places`.
+fn world_all_reduce_in<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, parts: u32, places: bool) {
     let (n, me) = (c.n, c.me);
     let size = std::mem::size_of::<T>();
     let buffer = |b: u64| CollBuffer { ptr: b, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
@@ -530,6 +535,9 @@ fn world_all_reduce<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, part
         let out = output::<T>(c, len);
         run(c, buffer(send.device_addr()), out.device_addr() + (GUARD * size) as u64);
         check(&read_out(c.stream, &out, &what), "buffer → buffer");
+        if !places {
+            continue;
+        }
         // In place.
         run(c, buffer(send.device_addr()), send.device_addr());
         check(&c.stream.read_vec(&send).unwrap(), "in place");
@@ -591,7 +599,10 @@ fn world_battery(c: &mut Ctx, big: usize) {
     for len in [0, 1, 2, 5, 1000] {
         world_all_reduce::<f32>(c, len, false, 4);
     }
-    world_all_reduce::<f32>(c, big, false, 4);
+    // Out of place only: with several ranks per GPU (the GPU runs), each
+    // wait for a rank of the same GPU costs a time slice, and the rail
+    // exchange of tiny()'s 256-byte chunks waits thousands of times.
+    world_all_reduce_in::<f32>(c, big, false, 4, false);
 }
 
 fn child_body(comm: &Communicator) {

@@ -95,10 +95,35 @@ pub fn run_on_runtime_within(child: &str, n: usize, env: &[(&str, String)], limi
             );
         }
     }
+    if rt == "cuda" {
+        warm_jit_cache();
+    }
     let mut opts = child_job(child, n).env("DEVCOMM_RUNTIME", rt).timeout(Some(limit));
     for (k, v) in env {
         opts = opts.env(*k, v.clone());
     }
     let statuses = run(&opts);
     assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+}
+
+/// On CUDA, once per test process: loads the library's and the test
+/// kernels' PTX here, outside any rank's time limit, so that the driver's
+/// JIT cache holds both before ranks start. On a fresh GPU machine the two
+/// take 1.5–2.5 minutes to JIT (15 and 6 MB of PTX), and the first
+/// multi-rank case ran out of its 120 s doing it (2 × H100, 2026-11-25:
+/// `benches/results/2026-11-25-h100x2-route-hier.md`).
+pub fn warm_jit_cache() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let started = std::time::Instant::now();
+        let dev = Device::open(RuntimeSelection::Cuda, 0).expect("CUDA device 0");
+        dev.library().expect("loading the library's kernels (devcomm-kernels)");
+        devcomm_tests::test_kernels(&dev);
+        let took = started.elapsed();
+        if took > Duration::from_secs(5) {
+            eprintln!(
+                "devcomm tests: PTX JIT of the library and test kernels took {took:.1?} (now in the driver's cache)"
+            );
+        }
+    });
 }
