@@ -563,6 +563,72 @@ fn world_all_reduce_in<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, p
     }
 }
 
+/// The device-callable hierarchical all-gather (`coll::hier::all_gather`,
+/// from a test kernel) of `len` bytes per rank on `parts` CTAs: buffer →
+/// buffer, in place (the input at the rank's own block), window → buffer.
+fn world_all_gather(c: &mut Ctx, len: usize, parts: u32) {
+    use devcomm_test_kernels::hier::world_all_gather_u8;
+    let (n, me) = (c.n, c.me);
+    let case = c.next_case();
+    let ins: Vec<Vec<u8>> = (0..n).map(|q| input::<u8>(case, q, len, false)).collect();
+    let want: Vec<u8> = ins.concat();
+    let what = format!("device hierarchical all_gather of {len} bytes on {parts} CTAs");
+    let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
+    let buffer = |b: u64| CollBuffer { ptr: b, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
+    let kernels = devcomm_tests::test_kernels(c.comm.device());
+    let run = |c: &Ctx, src: CollBuffer, dst: u64| {
+        let args = CollArgs {
+            ctx: c.coll.context(),
+            src,
+            dst: buffer(dst),
+            count: len as u64,
+            scalar: 0,
+            scalar_ptr: 0,
+            errors: errors.device_addr(),
+            op: 0,
+            root: 0,
+            algorithm: 0,
+            seq: c.coll.next_seq(),
+        };
+        let cfg = LaunchConfig::new(parts, c.coll.threads()).co_resident();
+        // SAFETY: `src` holds `len` bytes and `dst` `n * len`, alive until the stream is
+        // synchronised below; the context is `c.coll`'s; every rank makes the same launches.
+        unsafe { c.stream.launch_in::<world_all_gather_u8>(&kernels, cfg, (args,)).unwrap() };
+        c.stream.synchronize().unwrap();
+        assert_eq!(c.stream.read_vec(&errors).unwrap(), [0], "{what}: error code");
+    };
+    // Buffer → buffer.
+    let send = c.comm.device().alloc_from(&ins[me]).unwrap();
+    let out = output::<u8>(c, n * len);
+    run(c, buffer(send.device_addr()), out.device_addr() + GUARD as u64);
+    assert_eq!(read_out(c.stream, &out, &what), want, "{what}: buffer → buffer");
+    // In place: the input is the rank's own block of the output.
+    let mut init = vec![POISON; n * len];
+    init[me * len..(me + 1) * len].copy_from_slice(&ins[me]);
+    let all = c.comm.device().alloc_from(&init).unwrap();
+    run(c, buffer(all.device_addr() + (me * len) as u64), all.device_addr());
+    assert_eq!(c.stream.read_vec(&all).unwrap(), want, "{what}: in place");
+    // From a window at an odd offset.
+    let off = 3;
+    let mem = c.comm.mem_alloc(off + len.max(1)).unwrap();
+    let window = c.comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    if len > 0 {
+        window.write(c.stream, off, &ins[me]).unwrap();
+    }
+    let out = output::<u8>(c, n * len);
+    let src = CollBuffer {
+        ptr: window.desc().local_ptr::<u8>(off as u64) as u64,
+        window: window.desc(),
+        offset: off as u64,
+        in_window: 1,
+        reserved: 0,
+    };
+    run(c, src, out.device_addr() + GUARD as u64);
+    assert_eq!(read_out(c.stream, &out, &what), want, "{what}: window → buffer");
+    c.stream.synchronize().unwrap();
+    window.deregister().unwrap();
+}
+
 /// Over several LSA teams: sizes that are multiples of nothing, across
 /// the hierarchical all-reduce's two algorithms and its remainder, in
 /// place and from windows; in-place reduce-scatter; more than one chunk.
@@ -603,6 +669,9 @@ fn world_battery(c: &mut Ctx, big: usize) {
     // wait for a rank of the same GPU costs a time slice, and the rail
     // exchange of tiny()'s 256-byte chunks waits thousands of times.
     world_all_reduce_in::<f32>(c, big, false, 4, false);
+    for (len, parts) in [(0, 2), (1, 1), (37, 3), (1001, 4)] {
+        world_all_gather(c, len, parts);
+    }
 }
 
 fn child_body(comm: &Communicator) {
@@ -628,6 +697,7 @@ fn child_body(comm: &Communicator) {
         reduce_scatter_in_place::<f32>(&mut c, 13);
         world_all_reduce::<f32>(&mut c, 37, true, 3);
         world_all_reduce::<i8>(&mut c, 1000, true, 2);
+        world_all_gather(&mut c, 333, 3);
         stream.synchronize().unwrap();
         assert!(c.coll.error().is_none());
         drop(c);
@@ -638,6 +708,7 @@ fn child_body(comm: &Communicator) {
     // One team: the device-callable hierarchical all-reduce is the team's.
     if c.comm.lsa_size().unwrap() == c.n {
         world_all_reduce::<f32>(&mut c, 37, true, 2);
+        world_all_gather(&mut c, 37, 2);
     }
     if std::env::var(QUICK_ENV).is_ok() {
         // 8 emulated ranks on a small machine (strict mode in CI): every

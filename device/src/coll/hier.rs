@@ -42,7 +42,7 @@
 use super::element::Element;
 use super::op::{RedOp, Reduction};
 use super::staging::piece;
-use super::{all_gather, check_part, reduce_scatter, Algorithm, CollContext, CollError, Input, Part};
+use super::{check_part, reduce_scatter, Algorithm, CollContext, CollError, Input, Part};
 use crate::coop::Coop;
 use crate::gin::{Gin, LocalAction, RemoteAction};
 use crate::lsa::ops;
@@ -121,7 +121,7 @@ pub unsafe fn all_reduce<C: Coop, T: Element>(
         unsafe {
             reduce_scatter(coop, ctx, part, src, shard, c, &team_red)?;
             rail_all_reduce(coop, ctx, part, shard, c, &rail_red)?;
-            all_gather(coop, ctx, part, Input::Local(shard as *const T), dst, c)?;
+            super::all_gather(coop, ctx, part, Input::Local(shard as *const T), dst, c)?;
         }
     }
     if main < count {
@@ -135,6 +135,73 @@ pub unsafe fn all_reduce<C: Coop, T: Element>(
         unsafe {
             super::all_reduce(coop, ctx, part, tail, dst.wrapping_add(main), rest, &team_red, Algorithm::OneShot, seq)?;
             rail_all_reduce(coop, ctx, part, dst.wrapping_add(main), rest, &rail_red)?;
+        }
+    }
+    Ok(())
+}
+
+/// `dst[w * count + i] = src_w[i]` for every world rank `w`, `i <
+/// count` (`ncclAllGather` over the world), when the world spans several
+/// LSA teams: the rail exchange first (rank `t·L + l` receives the blocks
+/// of rail `l`, one per team: `(T - 1) · count` elements over GIN), then
+/// an all-gather inside the team for each team's blocks
+/// ([`super::all_gather`], in place). With one team it is
+/// [`super::all_gather`]. In place when `src` is `dst + rank * count`.
+///
+/// Needs the context's rail exchange like [`all_reduce`].
+///
+/// # Safety
+/// As for [`super::all_gather`], over every rank of the world: `dst`
+/// holds `nranks * count` elements; every rank calls with the same
+/// `count` and parts; the context's GIN window, signals and barriers are
+/// used by nothing else meanwhile.
+#[doc(alias = "ncclAllGather")]
+pub unsafe fn all_gather<C: Coop, T: Copy>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: Input<T>,
+    dst: *mut T,
+    count: usize,
+) -> Result<(), CollError> {
+    check_part(ctx, part)?;
+    let (teams, lsa) = shape(ctx)?;
+    if teams == 1 {
+        // SAFETY: this function's contract is the team all-gather's.
+        return unsafe { super::all_gather(coop, ctx, part, src, dst, count) };
+    }
+    if !ctx.has_rail() {
+        return Err(CollError::BadArgument);
+    }
+    let (l, t_me) = (ctx.scratch().lsa_rank() as usize, ctx.comm().rail().rank);
+    // Rail `l`'s block of team `t` lies at world rank `t * lsa + l`.
+    let block = |t: u32| dst.wrapping_add((t as usize * lsa as usize + l) * count);
+    let mine = src.local();
+    // As bytes: the parts' pieces are 16-byte units in the rail exchange
+    // and in the team all-gathers alike, so each part reads only what it
+    // wrote.
+    let bytes = count * size_of::<T>();
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    // SAFETY: this function's contract: `src` holds `count` elements,
+    // `dst` `nranks * count`; the consumer writes the arrived chunks into
+    // the blocks of the other teams (never `src`, which is at most our
+    // own block); the context has the rail exchange (checked).
+    unsafe {
+        rail_exchange(coop, ctx, part, mine as *const u8, bytes, |k, len, inbox| {
+            for from in (0..teams).filter(|&f| f != t_me) {
+                ops::copy_strided(t, nt, (block(from) as *mut u8).add(k), inbox(from), len);
+            }
+        })?;
+        // Our own block, unless in place; then every team's blocks inside
+        // the team, in place. The part's own piece only (16-byte units).
+        let (pb, pe) = piece(bytes, 16, part.count as usize, part.index as usize);
+        if !core::ptr::eq(mine, block(t_me)) && pe > pb {
+            ops::copy_strided(t, nt, (block(t_me) as *mut u8).add(pb), (mine as *const u8).add(pb), pe - pb);
+        }
+        coop.sync();
+        for team in 0..teams {
+            let base = dst.wrapping_add(team as usize * lsa as usize * count);
+            super::all_gather(coop, ctx, part, Input::Local(block(team) as *const T), base, count)?;
         }
     }
     Ok(())
@@ -155,6 +222,50 @@ unsafe fn rail_all_reduce<C: Coop, T: Element>(
     count: usize,
     red: &Reduction<T>,
 ) -> Result<(), CollError> {
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let me = ctx.comm().rail().rank;
+    let teams = ctx.comm().rail().nranks;
+    // SAFETY: this function's contract is `rail_exchange`'s; the
+    // consumer reads `len` elements of each arrived chunk and writes
+    // this part's piece of `buf` only.
+    unsafe {
+        rail_exchange(coop, ctx, part, buf as *const T, count, |k, len, inbox| {
+            let mut i = t;
+            while i < len {
+                let at = |from: u32| {
+                    ops::get_value(if from == me { buf.add(k + i) as *const T } else { inbox(from).add(i) })
+                };
+                let mut acc = red.first(at(0));
+                for from in 1..teams {
+                    acc = red.step(acc, at(from));
+                }
+                ops::put_value(buf.add(k + i), red.finish(acc));
+                i += nt;
+            }
+        })
+    }
+}
+
+/// The rail exchange (see the [module docs](self#the-rail-exchange)):
+/// this part's piece of the `count` elements at `src` goes, chunk by
+/// chunk, to every rail peer; once the peers' chunks `k .. k + len` have
+/// arrived, every thread of the coop calls `consume(k, len, inbox)`
+/// (`inbox(from)`: rail rank `from`'s chunk, `len` elements; for `from ==
+/// me` it is not valid: use `src`), then the next chunk goes.
+///
+/// # Safety
+/// `src` holds `count` elements of this rank, the piece written by this
+/// part (or before the call), and `consume` does not write what a later
+/// chunk still sends; the context has the rail exchange; every rank of
+/// the rail calls with the same `count`, element size and parts.
+unsafe fn rail_exchange<C: Coop, T: Copy>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: *const T,
+    count: usize,
+    consume: impl Fn(usize, usize, &dyn Fn(u32) -> *const T),
+) -> Result<(), CollError> {
     let comm = ctx.comm();
     let rail = comm.rail();
     let (teams, me) = (rail.nranks, rail.rank);
@@ -164,7 +275,6 @@ unsafe fn rail_all_reduce<C: Coop, T: Element>(
     }
     let gin = coop.agree(Gin::new(comm, ctx.gin_context()))?;
     let win = *ctx.gin_scratch();
-    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let per_chunk = (ctx.rail_chunk() as usize / size_of::<T>()).max(1);
     let (arrived, consumed) = (ctx.rail_signal(part.index, false), ctx.rail_signal(part.index, true));
     let outbox = ctx.rail_slot_offset(part.index, teams);
@@ -176,9 +286,9 @@ unsafe fn rail_all_reduce<C: Coop, T: Element>(
         let len = per_chunk.min(pe - k);
         let bytes = len * size_of::<T>();
         // SAFETY: the outbox slot is this part's, `rail_chunk >= bytes`
-        // bytes inside the GIN window (`with_rail`'s contract); `buf`
+        // bytes inside the GIN window (`with_rail`'s contract); `src`
         // holds the piece (this function's contract); no overlap.
-        unsafe { ops::copy(coop, win.local_ptr::<u8>(outbox), buf.add(k) as *const u8, bytes) };
+        unsafe { ops::copy(coop, win.local_ptr::<u8>(outbox), src.add(k) as *const u8, bytes) };
         for peer in (0..teams).filter(|&p| p != me) {
             let arrival = RemoteAction::SignalInc { signal: arrived, strong: true };
             let to = ctx.rail_slot_offset(part.index, me);
@@ -187,23 +297,9 @@ unsafe fn rail_all_reduce<C: Coop, T: Element>(
             // outbox copy is complete, and fences before posting.
             unsafe { gin.put(coop, &rail, peer, &win, to, &win, outbox, bytes as u64, arrival, LocalAction::None) }?;
         }
+        // The wait acquires the peers' chunks (and joins the coop).
         gin.wait_signal_follow_shadow(coop, arrived, teams as u64 - 1)?;
-        let mut i = t;
-        while i < len {
-            let at = |from: u32| {
-                // SAFETY: `from`'s chunk arrived (the wait above acquired it
-                // and joined the coop) and holds `len` elements; `buf[k + i]`
-                // is this part's.
-                unsafe { ops::get_value(if from == me { buf.add(k + i) as *const T } else { inbox(from).add(i) }) }
-            };
-            let mut acc = red.first(at(0));
-            for from in 1..teams {
-                acc = red.step(acc, at(from));
-            }
-            // SAFETY: as above.
-            unsafe { ops::put_value(buf.add(k + i), red.finish(acc)) };
-            i += nt;
-        }
+        consume(k, len, &inbox);
         // The outbox may be overwritten once the proxy has read it; the
         // flush also joins the coop, so every thread is done with the inbox.
         // SAFETY: the GIN window belongs to this communicator.

@@ -1,7 +1,7 @@
 //! Collectives callable from a kernel, over the LSA team: all-reduce,
 //! reduce-scatter, all-gather, broadcast, reduce, all-to-all, gather,
 //! scatter; and over a world of several LSA teams, hierarchically (LSA in
-//! each team, GIN along the rails): [`hier::all_reduce`].
+//! each team, GIN along the rails): [`hier::all_reduce`], [`hier::all_gather`].
 //!
 //! NCCL's device API gives building blocks only; these are what a kernel
 //! that fuses compute with communication calls between its own steps, and

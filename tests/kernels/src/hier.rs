@@ -1,6 +1,5 @@
-//! The device-callable hierarchical all-reduce
-//! ([`devcomm_device::coll::hier::all_reduce`]) as a user's kernel calls
-//! it: one call by every CTA of the grid (CTA `b` is part `b`), arguments
+//! The device-callable hierarchical all-reduce and all-gather
+//! ([`devcomm_device::coll::hier`]) as a user's kernel calls them: one call by every CTA of the grid (CTA `b` is part `b`), arguments
 //! as the host collectives' kernels take them.
 
 use devcomm_device::atomic::{self, Order, Scope};
@@ -58,4 +57,27 @@ world_all_reduce_kernels! {
     coll::Bf16 => world_all_reduce_bf16;
     f32 => world_all_reduce_f32;
     f64 => world_all_reduce_f64;
+}
+
+kernel! {
+    /// `coll::hier::all_gather` of `args.count` bytes per rank over the
+    /// world; the first failure's code goes to `args.errors`.
+    ///
+    /// # Safety
+    /// As for the all-reduce kernels, `args.dst` holding `nranks * count`
+    /// bytes.
+    pub unsafe fn world_all_gather_u8(args: CollArgs) {
+        let cta = Cta::new();
+        let src = if args.src.in_window != 0 {
+            Input::Window(SymPtr::new(args.src.window, args.src.offset))
+        } else {
+            Input::Local(args.src.ptr as *const u8)
+        };
+        let r = coll::hier::all_gather(&cta, &args.ctx, Part::block(), src, args.dst.ptr as *mut u8, args.count as usize);
+        if let Err(e) = r {
+            if cta.is_leader() {
+                atomic::compare_exchange(args.errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys);
+            }
+        }
+    }
 }
