@@ -15,7 +15,7 @@ use devcomm_device::route::Router;
 
 use crate::report::report;
 
-/// Routed signals each block of [`route_exchange`] uses.
+/// Routed signals each block of [`route_exchange()`] uses.
 pub const SIGNALS_PER_BLOCK: u32 = 2;
 
 /// Byte `i` of the message rank `rank`'s block `block` sends in round `round`.
@@ -46,7 +46,7 @@ pub const fn done_increment(round: u32) -> u64 {
     }
 }
 
-/// Bytes of one block's area in [`route_exchange`]'s window layout:
+/// Bytes of one block's area in [`route_exchange()`]'s window layout:
 /// `nranks` slots and the source, `slot` bytes each, then `nranks` words.
 pub const fn area_bytes(nranks: u64, slot: u64) -> u64 {
     (nranks + 1) * slot + nranks * 8
