@@ -448,6 +448,30 @@ fn reduce_scatter_in_place<T: TestElem>(c: &mut Ctx, len: usize) {
     }
 }
 
+/// A local buffer at device address `ptr` as a collective's operand.
+fn buffer(ptr: u64) -> CollBuffer {
+    CollBuffer { ptr, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 }
+}
+
+/// The arguments of one device-side world collective on `c`'s context:
+/// `count` elements from `src` into local `dst`, operator code `op` with
+/// `scalar`'s bits, errors into the `u32` at `errors`.
+fn world_args(c: &Ctx, src: CollBuffer, dst: u64, count: usize, op: u32, scalar: u64, errors: u64) -> CollArgs {
+    CollArgs {
+        ctx: c.coll.context(),
+        src,
+        dst: buffer(dst),
+        count: count as u64,
+        scalar,
+        scalar_ptr: 0,
+        errors,
+        op,
+        root: 0,
+        algorithm: 0,
+        seq: c.coll.next_seq(),
+    }
+}
+
 /// Types with a test kernel that calls the device-callable hierarchical
 /// all-reduce (`devcomm_test_kernels::hier`).
 trait WorldKernel: TestElem {
@@ -488,7 +512,6 @@ fn world_all_reduce<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, part
 fn world_all_reduce_in<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, parts: u32, places: bool) {
     let (n, me) = (c.n, c.me);
     let size = std::mem::size_of::<T>();
-    let buffer = |b: u64| CollBuffer { ptr: b, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
     for r in REDS.into_iter().filter(|&r| all_ops || r == R::Sum) {
         let case = c.next_case();
         let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, len, r == R::Prod)).collect();
@@ -505,19 +528,7 @@ fn world_all_reduce_in<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, p
         } as u32;
         let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
         let run = |c: &Ctx, src: CollBuffer, dst: u64| {
-            let args = CollArgs {
-                ctx: c.coll.context(),
-                src,
-                dst: buffer(dst),
-                count: len as u64,
-                scalar: u64::from_le_bytes(sc),
-                scalar_ptr: 0,
-                errors: errors.device_addr(),
-                op: op_code,
-                root: 0,
-                algorithm: 0,
-                seq: c.coll.next_seq(),
-            };
+            let args = world_args(c, src, dst, len, op_code, u64::from_le_bytes(sc), errors.device_addr());
             // SAFETY: `src` and `dst` hold `len` elements and stay alive until the stream is
             // synchronised below; the context is `c.coll`'s; every rank makes the same launches.
             unsafe { T::launch_world(c, args, parts) };
@@ -574,22 +585,9 @@ fn world_all_gather(c: &mut Ctx, len: usize, parts: u32) {
     let want: Vec<u8> = ins.concat();
     let what = format!("device hierarchical all_gather of {len} bytes on {parts} CTAs");
     let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
-    let buffer = |b: u64| CollBuffer { ptr: b, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
     let kernels = devcomm_tests::test_kernels(c.comm.device());
     let run = |c: &Ctx, src: CollBuffer, dst: u64| {
-        let args = CollArgs {
-            ctx: c.coll.context(),
-            src,
-            dst: buffer(dst),
-            count: len as u64,
-            scalar: 0,
-            scalar_ptr: 0,
-            errors: errors.device_addr(),
-            op: 0,
-            root: 0,
-            algorithm: 0,
-            seq: c.coll.next_seq(),
-        };
+        let args = world_args(c, src, dst, len, 0, 0, errors.device_addr());
         let cfg = LaunchConfig::new(parts, c.coll.threads()).co_resident();
         // SAFETY: `src` holds `len` bytes and `dst` `n * len`, alive until the stream is
         // synchronised below; the context is `c.coll`'s; every rank makes the same launches.

@@ -72,6 +72,17 @@ pub enum Path {
     Gin(u32),
 }
 
+/// What a GIN put does at the peer for a routed put with `signal`: a
+/// strong `SignalInc` of it (ordered after every earlier operation to the
+/// peer), or nothing.
+#[inline(always)]
+fn arrival(signal: Option<u32>) -> RemoteAction {
+    match signal {
+        Some(s) => RemoteAction::SignalInc { signal: s, strong: true },
+        None => RemoteAction::None,
+    }
+}
+
 /// Put / signal / wait routed per peer over LSA or GIN (see the
 /// [module docs](self)).
 #[derive(Clone, Copy)]
@@ -214,10 +225,7 @@ impl<'a> Router<'a> {
                 }
             }
             Path::Gin(_) => {
-                let remote = match signal {
-                    Some(s) => RemoteAction::SignalInc { signal: s, strong: true },
-                    None => RemoteAction::None,
-                };
+                let remote = arrival(signal);
                 let gin = self.gin.as_ref().ok_or(GinError::NoGin)?;
                 // SAFETY: the caller's contract (the windows are this communicator's).
                 unsafe {
@@ -298,10 +306,7 @@ impl<'a> Router<'a> {
                 }
             }
             Path::Gin(_) => {
-                let remote = match signal {
-                    Some(s) => RemoteAction::SignalInc { signal: s, strong: true },
-                    None => RemoteAction::None,
-                };
+                let remote = arrival(signal);
                 let gin = self.gin.as_ref().ok_or(GinError::NoGin)?;
                 // SAFETY: the caller's contract.
                 unsafe { gin.put_value(team, peer, &dst.window, dst.offset, value, remote, LocalAction::None) }

@@ -9,22 +9,7 @@ use devcomm_device::coop::{Coop, Cta, ThreadCoop};
 use devcomm_device::gin::{Gin, GinBarrierSession, GinBarrierTeam, GinError, LocalAction, RemoteAction};
 use devcomm_device::kernel;
 
-use crate::report::report;
-
-/// `r`'s value, or `None` after reporting its error code in `errors`.
-///
-/// # Safety
-/// As for [`report`]: `errors` points to two `u32`s the kernel can write.
-#[inline(always)]
-unsafe fn check<T>(errors: *mut u32, r: Result<T, GinError>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(e) => {
-            report(errors, e.code());
-            None
-        }
-    }
-}
+use crate::report::{check, report};
 
 kernel! {
     /// Every rank puts `bytes` of its window at `src_off` into slot `rank` (of

@@ -15,6 +15,21 @@ pub(crate) unsafe fn report(errors: *mut u32, code: u32) {
     }
 }
 
+/// `r`'s value, or `None` after reporting its error code in `errors`.
+///
+/// # Safety
+/// As for [`report`].
+#[inline(always)]
+pub(crate) unsafe fn check<T>(errors: *mut u32, r: Result<T, devcomm_device::gin::GinError>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            report(errors, e.code());
+            None
+        }
+    }
+}
+
 /// The memory order a kernel argument names: 0 relaxed, 1 acquire, 2 release, 3 acq_rel.
 #[inline(always)]
 pub(crate) fn order_of(order: u32) -> Order {

@@ -13,7 +13,7 @@ use devcomm_device::kernel;
 use devcomm_device::lsa::ops::{get_value, put_value};
 use devcomm_device::route::Router;
 
-use crate::report::report;
+use crate::report::check;
 
 /// Routed signals each block of [`route_exchange()`] uses.
 pub const SIGNALS_PER_BLOCK: u32 = 2;
@@ -50,21 +50,6 @@ pub const fn done_increment(round: u32) -> u64 {
 /// `nranks` slots and the source, `slot` bytes each, then `nranks` words.
 pub const fn area_bytes(nranks: u64, slot: u64) -> u64 {
     (nranks + 1) * slot + nranks * 8
-}
-
-/// `r`'s value, or `None` after reporting its error code in `errors`.
-///
-/// # Safety
-/// As for [`report`].
-#[inline(always)]
-unsafe fn check<T>(errors: *mut u32, r: Result<T, GinError>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(e) => {
-            report(errors, e.code());
-            None
-        }
-    }
 }
 
 /// Counts a mismatch in `errors[2]`.
