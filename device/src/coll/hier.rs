@@ -16,7 +16,8 @@
 //!
 //! The last `count % L` elements are all-reduced in the team (one-shot)
 //! and then along the rail. GIN carries `(T - 1) * count / L` elements per
-//! rank instead of the flat algorithm's `(T - 1) * L * count / L`.
+//! rank, where a flat all-reduce sends every off-node rank a copy:
+//! `(T - 1) * L * count`.
 //!
 //! ## The rail exchange
 //!
