@@ -146,18 +146,10 @@ impl<'a> Router<'a> {
         if w >= c.nranks() {
             return Err(GinError::PeerNotInTeam);
         }
-        match c.lsa().world_to_rank(c.rank(), w) {
-            Some(l) => Ok(Path::Lsa(l)),
-            None => match &self.gin {
-                None => Err(GinError::NoGin),
-                Some(_)
-                    if c.gin().connection == crate::gin::GinConnection::Rail as u32
-                        && !c.rail().contains_world(c.rank(), w) =>
-                {
-                    Err(GinError::PeerNotConnected)
-                }
-                Some(_) => Ok(Path::Gin(w)),
-            },
+        match (c.lsa().world_to_rank(c.rank(), w), &self.gin) {
+            (Some(l), _) => Ok(Path::Lsa(l)),
+            (None, Some(g)) => g.connected(w).map(Path::Gin),
+            (None, None) => Err(GinError::NoGin),
         }
     }
 
@@ -198,17 +190,19 @@ impl<'a> Router<'a> {
         signal: Option<u32>,
     ) -> Result<(), GinError> {
         let bytes = count.checked_mul(core::mem::size_of::<T>() as u64).ok_or(GinError::OutOfWindow)?;
+        let fits = |l: u32, p: &SymPtr<T>| {
+            l < p.window.lsa_size() && p.offset.checked_add(bytes).is_some_and(|e| e <= p.window.size())
+        };
+        // Joins the coop too: its writes to `src` are in.
         let path = coop.agree(self.path(team, peer).and_then(|p| {
             signal.map_or(Ok(()), |s| self.check_signal(s))?;
-            Ok(p)
+            match p {
+                Path::Lsa(l) if !(fits(l, &dst) && fits(l, &src)) => Err(GinError::OutOfWindow),
+                p => Ok(p),
+            }
         }))?;
         match path {
             Path::Lsa(l) => {
-                let fits = |p: &SymPtr<T>| {
-                    l < p.window.lsa_size() && p.offset.checked_add(bytes).is_some_and(|e| e <= p.window.size())
-                };
-                coop.agree(if fits(&dst) && fits(&src) { Ok(()) } else { Err(GinError::OutOfWindow) })?;
-                coop.sync(); // the coop's writes to `src` are in
                 if bytes != 0 {
                     // SAFETY: both ranges are inside their windows (checked
                     // above), mapped for LSA peer `l < lsa_size` (the windows

@@ -256,6 +256,13 @@ impl<'a> Gin<'a> {
         if w >= c.nranks {
             return Err(GinError::PeerNotInTeam);
         }
+        self.connected(w)
+    }
+
+    /// World rank `w` (below `nranks`), checked against the connection
+    /// type: a rail connection reaches the rail team only.
+    pub(crate) fn connected(&self, w: u32) -> Result<u32, GinError> {
+        let c = self.comm;
         if self.state().connection == GinConnection::Rail as u32 && !c.rail().contains_world(c.rank, w) {
             return Err(GinError::PeerNotConnected);
         }
