@@ -15,8 +15,10 @@ mod common;
 use common::is_child;
 use devcomm::coll::{Algorithm, CollConfig, CollType, Collectives, Fp8E4M3, Fp8E5M2, MultiTeam, Op, Operand};
 use devcomm::comm::Communicator;
+use devcomm::memory::SymmetricMemory;
 use devcomm::runtime::LaunchConfig;
 use devcomm::runtime::{DeviceBuffer, Stream};
+use devcomm::window::Window;
 use devcomm::{Error, WindowFlags};
 use devcomm_device::coll::{CollArgs, CollBuffer, RedOp};
 use devcomm_device::comm::WindowDesc;
@@ -472,6 +474,26 @@ fn world_args(c: &Ctx, src: CollBuffer, dst: u64, count: usize, op: u32, scalar:
     }
 }
 
+/// `data` in a fresh window of `c`'s communicator at an odd offset (3
+/// elements), as a collective's operand that peers read in place; keep the
+/// memory and the window until the stream has synchronised.
+fn window_input<'c, T: TestElem>(c: &Ctx<'c>, data: &[T]) -> (SymmetricMemory, Window<'c>, CollBuffer) {
+    let off = 3 * std::mem::size_of::<T>();
+    let mem = c.comm.mem_alloc(off + data.len().max(1) * std::mem::size_of::<T>()).unwrap();
+    let window = c.comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
+    if !data.is_empty() {
+        window.write(c.stream, off, data).unwrap();
+    }
+    let src = CollBuffer {
+        ptr: window.desc().local_ptr::<u8>(off as u64) as u64,
+        window: window.desc(),
+        offset: off as u64,
+        in_window: 1,
+        reserved: 0,
+    };
+    (mem, window, src)
+}
+
 /// Types with a test kernel that calls the device-callable hierarchical
 /// all-reduce (`devcomm_test_kernels::hier`).
 trait WorldKernel: TestElem {
@@ -553,20 +575,8 @@ fn world_all_reduce_in<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, p
         run(c, buffer(send.device_addr()), send.device_addr());
         check(&c.stream.read_vec(&send).unwrap(), "in place");
         // From a window at an odd element offset (peers read it in place).
-        let off = 3 * size;
-        let mem = c.comm.mem_alloc(off + len.max(1) * size).unwrap();
-        let window = c.comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
-        if len > 0 {
-            window.write(c.stream, off, &ins[me]).unwrap();
-        }
+        let (_mem, window, src) = window_input(c, &ins[me]);
         let out = output::<T>(c, len);
-        let src = CollBuffer {
-            ptr: window.desc().local_ptr::<u8>(off as u64) as u64,
-            window: window.desc(),
-            offset: off as u64,
-            in_window: 1,
-            reserved: 0,
-        };
         run(c, src, out.device_addr() + (GUARD * size) as u64);
         check(&read_out(c.stream, &out, &what), "window → buffer");
         c.stream.synchronize().unwrap();
@@ -607,20 +617,8 @@ fn world_all_gather(c: &mut Ctx, len: usize, parts: u32) {
     run(c, buffer(all.device_addr() + (me * len) as u64), all.device_addr());
     assert_eq!(c.stream.read_vec(&all).unwrap(), want, "{what}: in place");
     // From a window at an odd offset.
-    let off = 3;
-    let mem = c.comm.mem_alloc(off + len.max(1)).unwrap();
-    let window = c.comm.register_window(&mem, WindowFlags::COLL_SYMMETRIC).unwrap();
-    if len > 0 {
-        window.write(c.stream, off, &ins[me]).unwrap();
-    }
+    let (_mem, window, src) = window_input(c, &ins[me]);
     let out = output::<u8>(c, n * len);
-    let src = CollBuffer {
-        ptr: window.desc().local_ptr::<u8>(off as u64) as u64,
-        window: window.desc(),
-        offset: off as u64,
-        in_window: 1,
-        reserved: 0,
-    };
     run(c, src, out.device_addr() + GUARD as u64);
     assert_eq!(read_out(c.stream, &out, &what), want, "{what}: window → buffer");
     c.stream.synchronize().unwrap();
