@@ -494,50 +494,92 @@ fn window_input<'c, T: TestElem>(c: &Ctx<'c>, data: &[T]) -> (SymmetricMemory, W
     (mem, window, src)
 }
 
-/// Types with a test kernel that calls the device-callable hierarchical
-/// all-reduce (`devcomm_test_kernels::hier`).
+/// Launches test kernel `K` with `args` on `parts` co-resident CTAs.
+///
+/// # Safety
+/// `args` describe live buffers of the sizes `K` needs and the context of
+/// `c.coll`; every rank launches the same.
+unsafe fn launch_test<K: devcomm_device::Kernel<Args = (CollArgs,)>>(c: &Ctx, args: CollArgs, parts: u32) {
+    let kernels = devcomm_tests::test_kernels(c.comm.device());
+    let cfg = LaunchConfig::new(parts, c.coll.threads()).co_resident();
+    // SAFETY: the caller's contract.
+    unsafe { c.stream.launch_in::<K>(&kernels, cfg, (args,)).unwrap() };
+}
+
+/// A reducing collective of `devcomm_device::coll::hier`, as the test
+/// kernels call it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum WorldOp {
+    AllReduce,
+    ReduceScatter,
+    /// To this world rank.
+    Reduce(usize),
+}
+
+/// Types with test kernels that call the device-callable hierarchical
+/// reducing collectives (`devcomm_test_kernels::hier`).
 trait WorldKernel: TestElem {
-    /// Launches it with `args` on `parts` CTAs.
+    /// Launches `op`'s kernel with `args` on `parts` CTAs.
     ///
     /// # Safety
-    /// `args` describe live buffers of `count` elements and the context of
-    /// `c.coll`; every rank launches the same.
-    unsafe fn launch_world(c: &Ctx, args: CollArgs, parts: u32);
+    /// As for [`launch_test`].
+    unsafe fn launch_world(c: &Ctx, op: WorldOp, args: CollArgs, parts: u32);
 }
 
 macro_rules! world_kernel {
-    ($($t:ty => $k:ident),*) => {$(
+    ($($t:ty => $all_reduce:ident, $reduce_scatter:ident, $reduce:ident);*) => {$(
         impl WorldKernel for $t {
-            unsafe fn launch_world(c: &Ctx, args: CollArgs, parts: u32) {
-                use devcomm_test_kernels::hier::$k;
-                let kernels = devcomm_tests::test_kernels(c.comm.device());
-                let cfg = LaunchConfig::new(parts, c.coll.threads()).co_resident();
+            unsafe fn launch_world(c: &Ctx, op: WorldOp, args: CollArgs, parts: u32) {
+                use devcomm_test_kernels::hier::{$all_reduce, $reduce_scatter, $reduce};
                 // SAFETY: the caller's contract.
-                unsafe { c.stream.launch_in::<$k>(&kernels, cfg, (args,)).unwrap() };
+                unsafe {
+                    match op {
+                        WorldOp::AllReduce => launch_test::<$all_reduce>(c, args, parts),
+                        WorldOp::ReduceScatter => launch_test::<$reduce_scatter>(c, args, parts),
+                        WorldOp::Reduce(_) => launch_test::<$reduce>(c, args, parts),
+                    }
+                }
             }
         }
     )*};
 }
-world_kernel!(i8 => world_all_reduce_i8, u64 => world_all_reduce_u64, f16 => world_all_reduce_f16,
-    bf16 => world_all_reduce_bf16, f32 => world_all_reduce_f32, f64 => world_all_reduce_f64);
+world_kernel!(i8 => world_all_reduce_i8, world_reduce_scatter_i8, world_reduce_i8;
+    u64 => world_all_reduce_u64, world_reduce_scatter_u64, world_reduce_u64;
+    f16 => world_all_reduce_f16, world_reduce_scatter_f16, world_reduce_f16;
+    bf16 => world_all_reduce_bf16, world_reduce_scatter_bf16, world_reduce_bf16;
+    f32 => world_all_reduce_f32, world_reduce_scatter_f32, world_reduce_f32;
+    f64 => world_all_reduce_f64, world_reduce_scatter_f64, world_reduce_f64);
 
 /// The device-callable hierarchical all-reduce (`coll::hier::all_reduce`,
 /// called from a kernel of the tests' own with `Collectives::context`) of
 /// `len` elements, every reduction (`all_ops`, else sum only), from a
-/// buffer out of place, then (`places`) in place and from a window at an
-/// odd offset into a buffer; on `parts` CTAs.
+/// buffer out of place, then in place and from a window at an odd offset
+/// into a buffer; on `parts` CTAs.
 fn world_all_reduce<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, parts: u32) {
-    world_all_reduce_in::<T>(c, len, all_ops, parts, true)
+    world_reducing::<T>(c, WorldOp::AllReduce, len, all_ops, parts, true)
 }
 
-/// [`world_all_reduce`], out of place only unless `places`.
-fn world_all_reduce_in<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, parts: u32, places: bool) {
+/// Device-callable hierarchical `op` (from a test kernel) of `len`
+/// elements per rank's output, every reduction (`all_ops`, else sum only),
+/// on `parts` CTAs: buffer → poisoned buffer, then (`places`) in place
+/// (reduce-scatter: the output is the rank's own block of the input) and
+/// window at an odd offset → buffer. A reduce's result is checked on its
+/// root, and the output of ranks off the root's rail must stay untouched.
+fn world_reducing<T: WorldKernel>(c: &mut Ctx, op: WorldOp, len: usize, all_ops: bool, parts: u32, places: bool) {
     let (n, me) = (c.n, c.me);
+    let lsa = c.comm.lsa_size().unwrap();
     let size = std::mem::size_of::<T>();
+    let (in_len, base) = if op == WorldOp::ReduceScatter { (len * n, me * len) } else { (len, 0) };
+    let root = match op {
+        WorldOp::Reduce(root) => Some(root),
+        _ => None,
+    };
+    let has_result = root.is_none_or(|r| r == me);
+    let untouched = root.is_some_and(|r| r % lsa != me % lsa);
     for r in REDS.into_iter().filter(|&r| all_ops || r == R::Sum) {
         let case = c.next_case();
-        let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, len, r == R::Prod)).collect();
-        let what = format!("device hierarchical all_reduce {:?} {r:?} len {len} on {parts} CTAs", T::DTYPE);
+        let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, in_len, r == R::Prod)).collect();
+        let what = format!("device hierarchical {op:?} {:?} {r:?} len {len} on {parts} CTAs", T::DTYPE);
         let mut sc = [0u8; 8];
         sc[..size].copy_from_slice(bytemuck::bytes_of(&scalar::<T>()));
         let op_code = match r {
@@ -550,35 +592,48 @@ fn world_all_reduce_in<T: WorldKernel>(c: &mut Ctx, len: usize, all_ops: bool, p
         } as u32;
         let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
         let run = |c: &Ctx, src: CollBuffer, dst: u64| {
-            let args = world_args(c, src, dst, len, op_code, u64::from_le_bytes(sc), errors.device_addr());
-            // SAFETY: `src` and `dst` hold `len` elements and stay alive until the stream is
-            // synchronised below; the context is `c.coll`'s; every rank makes the same launches.
-            unsafe { T::launch_world(c, args, parts) };
+            let mut args = world_args(c, src, dst, len, op_code, u64::from_le_bytes(sc), errors.device_addr());
+            args.root = root.unwrap_or(0) as u32;
+            // SAFETY: `src` and `dst` hold what `op` reads and writes and stay alive until the
+            // stream is synchronised below; the context is `c.coll`'s; every rank makes the same
+            // launches.
+            unsafe { T::launch_world(c, op, args, parts) };
             c.stream.synchronize().unwrap();
             assert_eq!(c.stream.read_vec(&errors).unwrap(), [0], "{what}: error code");
         };
         let check = |got: &[T], how: &str| {
+            if !has_result {
+                return;
+            }
             for (i, g) in got.iter().enumerate() {
-                let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
+                let xs: Vec<T> = ins.iter().map(|v| v[base + i]).collect();
                 check_one(r, &xs, *g).unwrap_or_else(|e| panic!("{what} {how} element {i}: got {g:?}, {e}"));
             }
+        };
+        let check_out = |c: &Ctx, out: &DeviceBuffer<T>, how: &str| {
+            let got = read_out(c.stream, out, &what);
+            if untouched {
+                let kept = bytemuck::cast_slice::<T, u8>(&got).iter().all(|&b| b == POISON);
+                assert!(kept, "{what} {how}: rank {me}, off the root's rail, had its output written");
+            }
+            check(&got, how);
         };
         // Out of place from a buffer.
         let send = c.comm.device().alloc_from(&ins[me]).unwrap();
         let out = output::<T>(c, len);
         run(c, buffer(send.device_addr()), out.device_addr() + (GUARD * size) as u64);
-        check(&read_out(c.stream, &out, &what), "buffer → buffer");
+        check_out(c, &out, "buffer → buffer");
         if !places {
             continue;
         }
         // In place.
-        run(c, buffer(send.device_addr()), send.device_addr());
-        check(&c.stream.read_vec(&send).unwrap(), "in place");
+        run(c, buffer(send.device_addr()), send.device_addr() + (base * size) as u64);
+        check(&c.stream.read_vec(&send).unwrap()[base..base + len], "in place");
         // From a window at an odd element offset (peers read it in place).
         let (_mem, window, src) = window_input(c, &ins[me]);
         let out = output::<T>(c, len);
         run(c, src, out.device_addr() + (GUARD * size) as u64);
-        check(&read_out(c.stream, &out, &what), "window → buffer");
+        check_out(c, &out, "window → buffer");
         c.stream.synchronize().unwrap();
         window.deregister().unwrap();
     }
@@ -595,13 +650,11 @@ fn world_all_gather(c: &mut Ctx, len: usize, parts: u32) {
     let want: Vec<u8> = ins.concat();
     let what = format!("device hierarchical all_gather of {len} bytes on {parts} CTAs");
     let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
-    let kernels = devcomm_tests::test_kernels(c.comm.device());
     let run = |c: &Ctx, src: CollBuffer, dst: u64| {
         let args = world_args(c, src, dst, len, 0, 0, errors.device_addr());
-        let cfg = LaunchConfig::new(parts, c.coll.threads()).co_resident();
         // SAFETY: `src` holds `len` bytes and `dst` `n * len`, alive until the stream is
         // synchronised below; the context is `c.coll`'s; every rank makes the same launches.
-        unsafe { c.stream.launch_in::<world_all_gather_u8>(&kernels, cfg, (args,)).unwrap() };
+        unsafe { launch_test::<world_all_gather_u8>(c, args, parts) };
         c.stream.synchronize().unwrap();
         assert_eq!(c.stream.read_vec(&errors).unwrap(), [0], "{what}: error code");
     };
@@ -619,6 +672,43 @@ fn world_all_gather(c: &mut Ctx, len: usize, parts: u32) {
     // From a window at an odd offset.
     let (_mem, window, src) = window_input(c, &ins[me]);
     let out = output::<u8>(c, n * len);
+    run(c, src, out.device_addr() + GUARD as u64);
+    assert_eq!(read_out(c.stream, &out, &what), want, "{what}: window → buffer");
+    c.stream.synchronize().unwrap();
+    window.deregister().unwrap();
+}
+
+/// The device-callable hierarchical broadcast (`coll::hier::broadcast`,
+/// from a test kernel) of `len` bytes from world rank `root` on `parts`
+/// CTAs: buffer → buffer, in place, window → buffer.
+fn world_broadcast(c: &mut Ctx, len: usize, parts: u32, root: usize) {
+    use devcomm_test_kernels::hier::world_broadcast_u8;
+    let me = c.me;
+    let case = c.next_case();
+    let mine = input::<u8>(case, me, len, false);
+    let want = input::<u8>(case, root, len, false);
+    let what = format!("device hierarchical broadcast of {len} bytes from {root} on {parts} CTAs");
+    let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
+    let run = |c: &Ctx, src: CollBuffer, dst: u64| {
+        let mut args = world_args(c, src, dst, len, 0, 0, errors.device_addr());
+        args.root = root as u32;
+        // SAFETY: `src` and `dst` hold `len` bytes, alive until the stream is synchronised
+        // below; the context is `c.coll`'s; every rank makes the same launches.
+        unsafe { launch_test::<world_broadcast_u8>(c, args, parts) };
+        c.stream.synchronize().unwrap();
+        assert_eq!(c.stream.read_vec(&errors).unwrap(), [0], "{what}: error code");
+    };
+    // Buffer → buffer.
+    let send = c.comm.device().alloc_from(&mine).unwrap();
+    let out = output::<u8>(c, len);
+    run(c, buffer(send.device_addr()), out.device_addr() + GUARD as u64);
+    assert_eq!(read_out(c.stream, &out, &what), want, "{what}: buffer → buffer");
+    // In place (every rank's output is its input buffer).
+    run(c, buffer(send.device_addr()), send.device_addr());
+    assert_eq!(c.stream.read_vec(&send).unwrap(), want, "{what}: in place");
+    // From a window at an odd offset.
+    let (_mem, window, src) = window_input(c, &mine);
+    let out = output::<u8>(c, len);
     run(c, src, out.device_addr() + GUARD as u64);
     assert_eq!(read_out(c.stream, &out, &what), want, "{what}: window → buffer");
     c.stream.synchronize().unwrap();
@@ -646,10 +736,13 @@ fn multi_team_battery(c: &mut Ctx) {
     world_battery(c, big);
 }
 
-/// The device-callable hierarchical all-reduce: every reduction for a
+/// The device-callable hierarchical collectives: every reduction for a
 /// type of each width and f64, sizes around the team size and the rail
-/// chunk, more chunks than slots (`big`), one CTA and several.
+/// chunk, more chunks than slots (`big`), one CTA and several; reduces and
+/// broadcasts from roots in the first and the last team, at LSA rank 0
+/// and not.
 fn world_battery(c: &mut Ctx, big: usize) {
+    let (n, lsa) = (c.n, c.comm.lsa_size().unwrap());
     for parts in [1, 3] {
         world_all_reduce::<i8>(c, 37, true, parts);
         world_all_reduce::<f16>(c, 37, true, parts);
@@ -658,15 +751,29 @@ fn world_battery(c: &mut Ctx, big: usize) {
     }
     world_all_reduce::<bf16>(c, 1001, true, 4);
     world_all_reduce::<f64>(c, 301, true, 2);
+    world_reducing::<i8>(c, WorldOp::ReduceScatter, 37, true, 3, true);
+    world_reducing::<f16>(c, WorldOp::ReduceScatter, 37, true, 1, true);
+    world_reducing::<f64>(c, WorldOp::ReduceScatter, 301, true, 2, true);
+    world_reducing::<f32>(c, WorldOp::Reduce(n - 1), 37, true, 3, true);
+    world_reducing::<u64>(c, WorldOp::Reduce(lsa), 37, true, 1, true);
+    world_reducing::<bf16>(c, WorldOp::Reduce(1), 1001, true, 4, true);
     for len in [0, 1, 2, 5, 1000] {
         world_all_reduce::<f32>(c, len, false, 4);
+    }
+    for len in [0, 5, 1000] {
+        world_reducing::<f32>(c, WorldOp::ReduceScatter, len, false, 4, true);
+        world_reducing::<f32>(c, WorldOp::Reduce(len % n), len, false, 4, true);
     }
     // Out of place only: with several ranks per GPU (the GPU runs), each
     // wait for a rank of the same GPU costs a time slice, and the rail
     // exchange of tiny()'s 256-byte chunks waits thousands of times.
-    world_all_reduce_in::<f32>(c, big, false, 4, false);
+    world_reducing::<f32>(c, WorldOp::AllReduce, big, false, 4, false);
+    world_reducing::<f32>(c, WorldOp::ReduceScatter, big / n / 4, false, 4, false);
     for (len, parts) in [(0, 2), (1, 1), (37, 3), (1001, 4)] {
         world_all_gather(c, len, parts);
+    }
+    for (len, parts, root) in [(0, 2, 0), (1, 1, 0), (37, 3, n - 1), (1001, 4, lsa + 1)] {
+        world_broadcast(c, len, parts, root % n);
     }
 }
 
@@ -694,6 +801,10 @@ fn child_body(comm: &Communicator) {
         world_all_reduce::<f32>(&mut c, 37, true, 3);
         world_all_reduce::<i8>(&mut c, 1000, true, 2);
         world_all_gather(&mut c, 333, 3);
+        let last = c.n - 1;
+        world_reducing::<f32>(&mut c, WorldOp::ReduceScatter, 37, true, 3, true);
+        world_reducing::<bf16>(&mut c, WorldOp::Reduce(last), 333, false, 2, true);
+        world_broadcast(&mut c, 333, 3, last);
         stream.synchronize().unwrap();
         assert!(c.coll.error().is_none());
         drop(c);
@@ -705,6 +816,10 @@ fn child_body(comm: &Communicator) {
     if c.comm.lsa_size().unwrap() == c.n {
         world_all_reduce::<f32>(&mut c, 37, true, 2);
         world_all_gather(&mut c, 37, 2);
+        let last = c.n - 1;
+        world_reducing::<f32>(&mut c, WorldOp::ReduceScatter, 37, true, 2, true);
+        world_reducing::<f32>(&mut c, WorldOp::Reduce(last), 37, false, 2, true);
+        world_broadcast(&mut c, 37, 2, last);
     }
     if std::env::var(QUICK_ENV).is_ok() {
         // 8 emulated ranks on a small machine (strict mode in CI): every

@@ -28,7 +28,7 @@ use devcomm::window::WindowFlags;
 use devcomm::{Error, Result};
 use devcomm_device::coll::{CollArgs, CollBuffer};
 use devcomm_device::comm::WindowDesc;
-use devcomm_test_kernels::coll_bench::{all_reduce_loop_f32, coll_traced};
+use devcomm_test_kernels::coll_bench::{all_reduce_loop_f32, coll_empty, coll_traced};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
@@ -103,6 +103,12 @@ struct Args {
     /// Launch plainly, not cooperatively (`CollConfig::cooperative`).
     #[arg(long)]
     no_cooperative: bool,
+    /// Also the floors of the host-launched column: an empty kernel
+    /// launched as the collective's (same grid, threads, launch kind,
+    /// arguments), timed the same way; and the CPU time per call of the
+    /// devcomm collective (when it exceeds the GPU time, the host bounds it).
+    #[arg(long)]
+    floor: bool,
 }
 
 fn bytes(s: &str) -> std::result::Result<usize, String> {
@@ -324,6 +330,11 @@ impl<T: CollType> Bench<'_, T> {
             let wrong = self.wrong(&recv, rlen)?;
             out.extend(cols(t, wrong));
         }
+        if self.args.floor {
+            let op = || self.op(src()?, recv_op()?, algorithm);
+            let (launch, plain, cpu) = self.floor(src()?, &recv, slen.max(rlen), algorithm, &op)?;
+            out.push(format!("| {launch:9.2} {plain:9.2} {cpu:9.2}"));
+        }
         if self.args.trace > 0
             && matches!(self.kind, Kind::AllReduce | Kind::AllGather)
             && T::DTYPE == devcomm::coll::DataType::F32
@@ -382,6 +393,48 @@ impl<T: CollType> Bench<'_, T> {
             algorithm: algorithm as u32,
             seq,
         }
+    }
+
+    /// `--floor`: the median µs per launch of an empty kernel launched as
+    /// the host collective launches this one (its grid for `len` elements
+    /// with `algorithm`, its threads, cooperative or not, its arguments)
+    /// and launched plainly (not cooperatively),
+    /// and the median CPU µs per call of the devcomm collective itself
+    /// (`op`: `iters` calls queued back to back, the stream synchronised
+    /// after).
+    fn floor(
+        &self,
+        src: Operand<'_, T>,
+        recv: &DeviceBuffer<T>,
+        len: usize,
+        algorithm: Algorithm,
+        op: &dyn Fn() -> Result<()>,
+    ) -> Result<(f64, f64, f64)> {
+        let module = devcomm_tests::test_kernels(self.comm.device());
+        let bytes = len * std::mem::size_of::<T>();
+        let algorithm = match (self.kind, algorithm) {
+            (Kind::AllReduce, Algorithm::Auto) => Algorithm::choose(bytes as u64, &self.coll.context()),
+            (Kind::AllReduce, a) => a,
+            _ => Algorithm::Auto,
+        };
+        let plain = LaunchConfig::new(self.grid(bytes, algorithm), self.coll.threads());
+        let cfg = if self.coll.config().cooperative { plain.co_resident() } else { plain };
+        let args = self.args_for(src.kernel_buffer(), recv, len, algorithm, 0, 0);
+        // SAFETY: the kernel touches nothing.
+        let empty = |cfg: LaunchConfig| unsafe { self.stream.launch_in::<coll_empty>(&module, cfg, (args,)) };
+        let launch = self.time(&|| empty(cfg))?;
+        let launch_plain = self.time(&|| empty(plain))?;
+        let mut cpu = Vec::new();
+        for _ in 0..self.args.reps {
+            self.comm.bootstrap_barrier()?;
+            let t0 = std::time::Instant::now();
+            for _ in 0..self.args.iters {
+                op()?;
+            }
+            cpu.push(t0.elapsed().as_secs_f64() * 1e6 / self.args.iters as f64);
+            self.coll.synchronize(self.stream)?;
+        }
+        Ok((launch, launch_plain, devcomm_benches::median(cpu)))
     }
 
     /// `--trace`: that many calls launched back to back, each CTA's start,
@@ -620,6 +673,9 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
         let mut head = "#        size        count   type  redop root |  devcomm out of place: time algbw busbw #wrong |  in place: time algbw busbw #wrong".to_string();
         if args.in_kernel {
             head += " |  in kernel: time algbw busbw #wrong";
+        }
+        if args.floor {
+            head += " | floor: empty kernel as launched, plainly; CPU per call";
         }
         if args.nccl {
             head += " |  NCCL out of place: time algbw busbw #wrong";

@@ -1,7 +1,9 @@
 //! Collectives callable from a kernel, over the LSA team: all-reduce,
 //! reduce-scatter, all-gather, broadcast, reduce, all-to-all, gather,
 //! scatter; and over a world of several LSA teams, hierarchically (LSA in
-//! each team, GIN along the rails): [`hier::all_reduce`], [`hier::all_gather`].
+//! each team, GIN along the rails): [`hier::all_reduce`],
+//! [`hier::reduce_scatter`], [`hier::all_gather`], [`hier::broadcast`],
+//! [`hier::reduce`].
 //!
 //! NCCL's device API gives building blocks only; these are what a kernel
 //! that fuses compute with communication calls between its own steps, and
@@ -118,6 +120,15 @@ impl<T> Input<T> {
         match self {
             Input::Local(p) => *p,
             Input::Window(s) => s.local(),
+        }
+    }
+
+    /// The input from element `n` on (the same kind).
+    #[inline(always)]
+    pub fn advance(self, n: usize) -> Input<T> {
+        match self {
+            Input::Local(p) => Input::Local(p.wrapping_add(n)),
+            Input::Window(s) => Input::Window(s.add(n as u64)),
         }
     }
 }

@@ -274,22 +274,47 @@ pub unsafe fn reduce_scatter<C: Coop, T: Element>(
     if count == 0 {
         return Ok(());
     }
+    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    // SAFETY: this function's contract; the part's piece of the blocks.
+    unsafe { reduce_scatter_range(coop, ctx, part, src, count, pb, pe, dst.wrapping_add(pb), red) }
+}
+
+/// Elements `b..e` of a reduce-scatter whose input blocks lie `stride`
+/// elements apart: `dst[i - b] = red over the LSA ranks r of src_r[me *
+/// stride + i]` for `b <= i < e` (the part does all of `b..e`; its LSA
+/// barrier and staging slice carry it).
+///
+/// # Safety
+/// As for [`reduce_scatter`]: `src` holds `lsa_size` blocks of `stride >=
+/// e` elements on every rank (a window: at the same offset), `dst` `e - b`
+/// elements; every rank calls with the same `stride`, `b`, `e` and part.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn reduce_scatter_range<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: Input<T>,
+    stride: usize,
+    b: usize,
+    e: usize,
+    dst: *mut T,
+    red: &Reduction<T>,
+) -> Result<(), CollError> {
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
     let size = size_of::<T>();
-    let (pb, pe) = piece(count, 16 / size, part.count as usize, part.index as usize);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
     match src {
         Input::Window(s) => {
             // Zero copy: every rank reads its shard from the peers' windows.
-            let staged = Staged::new(s.window, s.offset, (count * size) as u64);
+            let staged = Staged::new(s.window, s.offset, (stride * size) as u64);
             // SAFETY: the contract: the windows hold the input, complete
-            // before the barrier; `dst` holds the shard.
+            // before the barrier; `dst` holds the range.
             unsafe {
                 bar.sync(coop, Order::AcqRel)?;
-                let from = |p: u32| staged.at(p, me, pb * size) as *const T;
-                reduce_into(t, nt, n, &from, 1, &|_| dst.add(pb), 0, pe - pb, red);
+                let from = |p: u32| staged.at(p, me, b * size) as *const T;
+                reduce_into(t, nt, n, &from, 1, &|_| dst, 0, e - b, red);
                 bar.sync(coop, Order::AcqRel)?;
             }
         }
@@ -297,31 +322,37 @@ pub unsafe fn reduce_scatter<C: Coop, T: Element>(
             // Pushed: every rank stores block `p`'s chunk into rank `p`'s
             // slot, then reduces its own from its slots and its input.
             let chunk = chunk_elems::<T>(ctx, part, n);
-            let mut c0 = pb;
-            while c0 < pe {
-                let m = chunk.min(pe - c0);
+            let mut c0 = b;
+            while c0 < e {
+                let m = chunk.min(e - c0);
                 let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (m * size) as u64);
                 for k in 1..n {
                     let p = (me + k) % n;
-                    // SAFETY: the input holds `n` blocks of `count`; peer
+                    // SAFETY: the input holds `n` blocks of `stride`; peer
                     // `p`'s slot holds `m <= chunk` elements and was last
                     // read before `p` arrived at this epoch (`staging`).
                     unsafe {
-                        copy_strided(t, nt, slots.at(p, me, 0), src.add(p as usize * count + c0) as *const u8, m * size)
+                        copy_strided(
+                            t,
+                            nt,
+                            slots.at(p, me, 0),
+                            src.add(p as usize * stride + c0) as *const u8,
+                            m * size,
+                        )
                     };
                 }
                 // SAFETY: as above.
                 unsafe { bar.sync(coop, Order::AcqRel) }?;
                 let from = |p: u32| {
                     if p == me {
-                        src.wrapping_add(me as usize * count + c0)
+                        src.wrapping_add(me as usize * stride + c0)
                     } else {
                         slots.at(me, p, 0) as *const T
                     }
                 };
                 // SAFETY: every peer stored its block `me`'s chunk into the
-                // caller's slots before the barrier; `dst` holds the chunk.
-                unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0), 0, m, red) };
+                // caller's slots before the barrier; `dst` holds the range.
+                unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0 - b), 0, m, red) };
                 c0 += m;
             }
         }

@@ -38,6 +38,18 @@ kernel! {
 }
 
 kernel! {
+    /// Does nothing. `devcomm-perf --floor` launches it the way the host
+    /// collectives launch theirs (the same grid, threads, launch kind and
+    /// arguments) to time the launch alone.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` as every kernel entry.
+    pub unsafe fn coll_empty(args: CollArgs) {
+        let _ = args;
+    }
+}
+
+kernel! {
     /// A user kernel's own point-to-point exchange: CTA 0 sends `send`,
     /// CTA 1 receives `recv` (each [`Part::WHOLE`]), on `ctx`'s channels;
     /// the first failure's code goes to `errors`. Launch co-resident with
