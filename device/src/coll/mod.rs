@@ -46,7 +46,7 @@
 //! | [`Algorithm`] | how | barriers per chunk | for |
 //! |---|---|---|---|
 //! | `Ll` (all-reduce) | each rank stores its input with a flag in every 8 bytes into every peer's LL slot; arrival is the signal | none | ≤ [`CollContext::ll_bytes`] |
-//! | `OneShot` | every rank reads every peer's input and reduces all of it | 2 | medium |
+//! | `OneShot` | every rank stores its input into every peer's staging slot (a window input: every rank reads the peers' windows) and reduces all of it | 1 (window: 2) | medium (2 ranks: up to 2 MiB) |
 //! | `TwoShot` | every rank stores shard `p` of its input into rank `p`'s staging slot; rank `r` reduces shard `r` and stores it into every peer's result slot; each copies the results out (only stores cross NVLink) | 2 | large |
 //!
 //! [`Algorithm::Auto`] picks by size ([`Algorithm::choose`]).
@@ -150,11 +150,18 @@ pub enum Algorithm {
 /// All-reduce messages up to this many bytes take [`Algorithm::Ll`] (when
 /// the context's LL slots hold them).
 pub const LL_MAX_BYTES: u64 = 16 << 10;
-/// Above this many bytes all-reduce takes [`Algorithm::TwoShot`] (on
-/// 2 × H200 the pushed two-shot took 19.6 µs at 2 MiB and 525 µs at
-/// 128 MiB against one-shot's 22.8 and 843; at 512 KiB they were even:
-/// `benches/results/2026-11-24-h200x2-push.md`).
+/// Above this many bytes all-reduce takes [`Algorithm::TwoShot`] on more
+/// than two ranks: one-shot stores `n - 1` copies of the message per rank
+/// across NVLink, two-shot `2 (n - 1) / n` (on 2 × H200 the pushed
+/// two-shot took 19.6 µs at 2 MiB and 525 µs at 128 MiB against the pulled
+/// one-shot's 22.8 and 843: `benches/results/2026-11-24-h200x2-push.md`).
 pub const ONE_SHOT_MAX_BYTES: u64 = 512 << 10;
+/// [`ONE_SHOT_MAX_BYTES`] on two ranks, where both algorithms store one
+/// copy of the message per rank and the pushed one-shot needs one barrier
+/// per chunk instead of two: on 2 × H200 it took 17.0–17.7 µs at 2 MiB
+/// against two-shot's 19.2–20.4, and lost from 8 MiB on (49.8 against 38.5
+/// µs; `benches/results/2026-11-26-h200x2-hier-floors.md`).
+pub const ONE_SHOT_MAX_BYTES_2_RANKS: u64 = 2 << 20;
 
 impl Algorithm {
     /// The algorithm with this code, if any.
@@ -170,12 +177,14 @@ impl Algorithm {
 
     /// The all-reduce algorithm for `bytes` per rank on `ctx`: LL up to
     /// [`LL_MAX_BYTES`] (and the LL slots' size), one-shot up to
-    /// [`ONE_SHOT_MAX_BYTES`], two-shot beyond.
+    /// [`ONE_SHOT_MAX_BYTES`] ([`ONE_SHOT_MAX_BYTES_2_RANKS`] on a team of
+    /// two), two-shot beyond.
     #[inline(always)]
     pub const fn choose(bytes: u64, ctx: &CollContext) -> Algorithm {
+        let one_shot_max = if ctx.scratch().lsa_size() <= 2 { ONE_SHOT_MAX_BYTES_2_RANKS } else { ONE_SHOT_MAX_BYTES };
         if bytes <= LL_MAX_BYTES && bytes <= ctx.ll_bytes() {
             Algorithm::Ll
-        } else if bytes <= ONE_SHOT_MAX_BYTES {
+        } else if bytes <= one_shot_max {
             Algorithm::OneShot
         } else {
             Algorithm::TwoShot

@@ -4,59 +4,12 @@
 use super::element::Element;
 use super::op::Reduction;
 use super::pack::reduce_into;
-use super::staging::{area, piece, stage_in, Staged};
+use super::staging::{area, piece, Staged};
 use super::{check_part, chunk_elems, ll, Algorithm, CollContext, CollError, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
 use crate::lsa::{ops::copy_strided, LsaBarrierSession};
 use core::mem::size_of;
-
-/// Where the peers find elements `c0..c0 + m` of `blocks` input blocks
-/// (`in_stride` elements apart in the input): the window itself, or the
-/// part's slice of the staging area for barrier epoch `epoch`, `m`
-/// elements per block, after this rank stages them.
-///
-/// # Safety
-/// As for the collectives: `src` valid for the elements staged; `blocks *
-/// m` elements fit the part's slice; the part's barrier stands at `epoch`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn stage<C: Coop, T: Element>(
-    coop: &C,
-    ctx: &CollContext,
-    part: Part,
-    src: Input<T>,
-    c0: usize,
-    in_stride: usize,
-    m: usize,
-    blocks: u32,
-    epoch: u32,
-) -> Staged {
-    let size = size_of::<T>();
-    match src {
-        Input::Window(s) => Staged::new(s.window, s.offset + (c0 * size) as u64, (in_stride * size) as u64),
-        Input::Local(p) => {
-            let staged = Staged::new(ctx.scratch(), area(ctx, part, epoch), (m * size) as u64);
-            let me = ctx.scratch().lsa_rank();
-            // SAFETY: the caller's contract: the input holds the blocks'
-            // elements `c0..c0 + m`; the part's slice holds `blocks * m`.
-            unsafe {
-                stage_in(
-                    coop.thread_rank() as usize,
-                    coop.size() as usize,
-                    &staged,
-                    me,
-                    p.add(c0) as *const u8,
-                    in_stride * size,
-                    blocks,
-                    0,
-                    m * size,
-                )
-            };
-            staged
-        }
-    }
-}
 
 /// Whether `count` elements at `a` and at `b` share a byte.
 #[inline(always)]
@@ -116,7 +69,14 @@ pub unsafe fn all_reduce<C: Coop, T: Element>(
     }
 }
 
-/// One-shot: every rank (or only `root`) reduces the part's range.
+/// One-shot: every rank (or only `root`) reduces the part's range. A
+/// window input is read in place from the peers' windows between two
+/// barriers per chunk; a local input is **pushed**: each rank stores its
+/// chunk into slot `me` of every receiver's staging slice, meets the
+/// others at its barrier once, and reduces its own input with the slots
+/// (local loads only; the staging area alternates with the barrier epoch,
+/// so one barrier per chunk suffices). On 2 ranks that moves the same
+/// NVLink bytes as the two-shot in one phase instead of two.
 ///
 /// # Safety
 /// As for [`all_reduce`].
@@ -133,28 +93,55 @@ unsafe fn one_shot<C: Coop, T: Element>(
 ) -> Result<(), CollError> {
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
-    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
-    let chunk = match src {
-        Input::Window(_) => (pe - pb).max(1),
-        Input::Local(_) => chunk_elems::<T>(ctx, part, 1),
-    };
+    let size = size_of::<T>();
+    let (pb, pe) = piece(count, 16 / size, part.count as usize, part.index as usize);
+    let receives = |r: u32| root.is_none_or(|root| root == r);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
-    let mut c0 = pb;
-    while c0 < pe {
-        let m = chunk.min(pe - c0);
-        // SAFETY: the contract; one block of `m <= chunk` elements.
-        let staged = unsafe { stage(coop, ctx, part, src, c0, count, m, 1, bar.epoch()) };
-        // SAFETY: as above.
-        unsafe { bar.sync(coop, Order::AcqRel) }?;
-        if root.is_none_or(|r| r == me) {
-            // SAFETY: every peer's staged chunk holds its `m` elements
-            // (staged before the barrier), `dst` holds the chunk.
-            unsafe { reduce_into(t, nt, n, &|p| staged.at(p, 0, 0) as *const T, 1, &|_| dst.add(c0), 0, m, red) };
+    match src {
+        Input::Window(s) => {
+            let staged = Staged::new(s.window, s.offset, (count * size) as u64);
+            // SAFETY: the contract: the windows hold the input, complete
+            // before the barrier; `dst` holds the range; nobody leaves
+            // before every peer is done reading its window.
+            unsafe {
+                bar.sync(coop, Order::AcqRel)?;
+                if receives(me) && pe > pb {
+                    let from = |p: u32| staged.at(p, 0, pb * size) as *const T;
+                    reduce_into(t, nt, n, &from, 1, &|_| dst.add(pb), 0, pe - pb, red);
+                }
+                bar.sync(coop, Order::AcqRel)?;
+            }
         }
-        // SAFETY: as above.
-        unsafe { bar.sync(coop, Order::AcqRel) }?;
-        c0 += m;
+        Input::Local(src) => {
+            // Slot `p` of a receiver's slice: sender `p`'s chunk.
+            let chunk = chunk_elems::<T>(ctx, part, n);
+            let mut c0 = pb;
+            while c0 < pe {
+                let m = chunk.min(pe - c0);
+                let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (m * size) as u64);
+                for k in 1..n {
+                    let p = (me + k) % n;
+                    if receives(p) {
+                        // SAFETY: the input holds the chunk; receiver `p`'s
+                        // slot holds `m <= chunk` elements and was last read
+                        // before `p` arrived at this epoch (`staging`).
+                        unsafe { copy_strided(t, nt, slots.at(p, me, 0), src.add(c0) as *const u8, m * size) };
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { bar.sync(coop, Order::AcqRel) }?;
+                if receives(me) {
+                    let from = |p: u32| if p == me { src.wrapping_add(c0) } else { slots.at(me, p, 0) as *const T };
+                    // SAFETY: every sender stored its chunk into the
+                    // caller's slots before the barrier; the caller's own is
+                    // its input; `dst` holds the chunk (in place: each
+                    // element is read before it is written, by one thread).
+                    unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0), 0, m, red) };
+                }
+                c0 += m;
+            }
+        }
     }
     Ok(())
 }

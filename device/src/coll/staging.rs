@@ -25,7 +25,6 @@
 //! epochs count on.
 
 use crate::comm::WindowDesc;
-use crate::lsa;
 
 /// `[begin, end)` of piece `i` of `pieces` of `len` bytes, cut at
 /// multiples of `unit` (the last piece takes the tail).
@@ -84,41 +83,5 @@ impl Staged {
     #[inline(always)]
     pub(crate) fn at(&self, peer: u32, block: u32, off: usize) -> *mut u8 {
         self.window.lsa_ptr(self.base + block as u64 * self.block_stride + off as u64, peer)
-    }
-}
-
-/// Copies bytes `[begin, end)` of each of `blocks` blocks of a local input
-/// (`src`, blocks `src_stride` bytes apart) into the same places of
-/// `staged`'s blocks on the caller (thread `t` of `nt`).
-///
-/// # Safety
-/// `src` valid for the bytes read; the staged blocks are the caller's
-/// scratch, large enough, not read by anyone until the next barrier.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn stage_in(
-    t: usize,
-    nt: usize,
-    staged: &Staged,
-    me: u32,
-    src: *const u8,
-    src_stride: usize,
-    blocks: u32,
-    begin: usize,
-    end: usize,
-) {
-    for q in 0..blocks {
-        // SAFETY: the caller's contract: `src` block `q` holds bytes
-        // `begin..end`, and so does the caller's staging block `q`; the two
-        // do not overlap (scratch is the library's own memory).
-        unsafe {
-            lsa::ops::copy_strided(
-                t,
-                nt,
-                staged.at(me, q, begin),
-                src.add(q as usize * src_stride + begin),
-                end - begin,
-            )
-        };
     }
 }

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Session 10, call 4 (2 GPUs, the machine of call 3 still warm, PTX in its
+# cache): the 5 coll cases call 3's time limit cut off (the same binary).
+source benches/gpu/common.sh; export CUDA_CACHE_PATH=/tmp/jitcache CUDA_CACHE_MAXSIZE=1073741824; xz -dc .device/coll.xz > /tmp/coll && chmod +x /tmp/coll; SECONDS=0; timeout 300 env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 /tmp/coll --test-threads=1 --nocapture coll_8 coll_hierarchical coll_mismatched > $OUT/t_coll_rest.log 2>&1; echo "exit $? ${SECONDS}s skipped $(grep -c skipped $OUT/t_coll_rest.log) $(grep -E '^test result' $OUT/t_coll_rest.log | tail -1)"; grep "PTX JIT" $OUT/t_coll_rest.log; awk '/^test coll/{name=$2} /\[rank 0\] test result/{print name, $NF}' $OUT/t_coll_rest.log; grep -E "^test " $OUT/t_coll_rest.log; gzip $OUT/t_coll_rest.log
