@@ -736,6 +736,37 @@ fn multi_team_battery(c: &mut Ctx) {
     world_battery(c, big);
 }
 
+/// The device-callable hierarchical collectives given a context without
+/// the rail exchange (over several teams): every rank's kernel reports
+/// `CollError::BadArgument`, and nothing waits.
+fn world_without_rail(c: &mut Ctx) {
+    use devcomm_device::coll::CollError;
+    use devcomm_test_kernels::hier::{world_all_reduce_f32, world_broadcast_u8, world_reduce_scatter_f32};
+    let n = c.n;
+    let send = c.comm.device().alloc_from(&vec![1.0f32; 4 * n]).unwrap();
+    let out = c.comm.device().alloc::<f32>(4 * n).unwrap();
+    for which in 0..3 {
+        let errors = c.comm.device().alloc_from(&[0u32]).unwrap();
+        let mut args = world_args(c, buffer(send.device_addr()), out.device_addr(), 4, 0, 0, errors.device_addr());
+        // SAFETY: a context without the rail exchange (chunk 0) describes less than the
+        // library's; the collectives must refuse it before touching anything.
+        args.ctx = unsafe { args.ctx.with_rail(0, 0, 0) };
+        assert!(!args.ctx.has_rail());
+        // SAFETY: the buffers hold `4 * n` elements and outlive the synchronisation below;
+        // every rank launches the same.
+        unsafe {
+            match which {
+                0 => launch_test::<world_all_reduce_f32>(c, args, 2),
+                1 => launch_test::<world_reduce_scatter_f32>(c, args, 2),
+                _ => launch_test::<world_broadcast_u8>(c, args, 2),
+            }
+        }
+        c.stream.synchronize().unwrap();
+        let code = c.stream.read_vec(&errors).unwrap()[0];
+        assert_eq!(code, CollError::BadArgument.code(), "hierarchical collective {which} without the rail exchange");
+    }
+}
+
 /// The device-callable hierarchical collectives: every reduction for a
 /// type of each width and f64, sizes around the team size and the rail
 /// chunk, more chunks than slots (`big`), one CTA and several; reduces and
@@ -775,6 +806,7 @@ fn world_battery(c: &mut Ctx, big: usize) {
     for (len, parts, root) in [(0, 2, 0), (1, 1, 0), (37, 3, n - 1), (1001, 4, lsa + 1)] {
         world_broadcast(c, len, parts, root % n);
     }
+    world_without_rail(c);
 }
 
 fn child_body(comm: &Communicator) {

@@ -79,6 +79,20 @@ fn shape(ctx: &CollContext) -> Result<(u32, u32), CollError> {
     Ok((c.nranks() / l, l))
 }
 
+/// The world's shape `(teams, lsa_size)` after the checks every
+/// hierarchical collective makes: the part, whole teams and, with several
+/// teams, the rail exchange in the context ([`CollError::BadArgument`]
+/// without it).
+#[inline(always)]
+fn world(ctx: &CollContext, part: Part) -> Result<(u32, u32), CollError> {
+    check_part(ctx, part)?;
+    let (teams, lsa) = shape(ctx)?;
+    if teams > 1 && !ctx.has_rail() {
+        return Err(CollError::BadArgument);
+    }
+    Ok((teams, lsa))
+}
+
 /// The two levels of `op`: (inside the team, along the rail).
 #[inline(always)]
 fn levels<T: Element>(op: RedOp, scalar: T, teams: u32, lsa: u32) -> (Reduction<T>, Reduction<T>) {
@@ -119,15 +133,11 @@ pub unsafe fn all_reduce<C: Coop, T: Element>(
     scalar: T,
     seq: u32,
 ) -> Result<(), CollError> {
-    check_part(ctx, part)?;
-    let (teams, lsa) = shape(ctx)?;
+    let (teams, lsa) = world(ctx, part)?;
     let (team_red, rail_red) = levels(op, scalar, teams, lsa);
     if teams == 1 {
         // SAFETY: this function's contract is the team all-reduce's.
         return unsafe { super::all_reduce(coop, ctx, part, src, dst, count, &team_red, Algorithm::Auto, seq) };
-    }
-    if !ctx.has_rail() {
-        return Err(CollError::BadArgument);
     }
     let c = count / lsa as usize;
     let main = c * lsa as usize;
@@ -183,14 +193,10 @@ pub unsafe fn all_gather<C: Coop, T: Copy>(
     dst: *mut T,
     count: usize,
 ) -> Result<(), CollError> {
-    check_part(ctx, part)?;
-    let (teams, lsa) = shape(ctx)?;
+    let (teams, lsa) = world(ctx, part)?;
     if teams == 1 {
         // SAFETY: this function's contract is the team all-gather's.
         return unsafe { super::all_gather(coop, ctx, part, src, dst, count) };
-    }
-    if !ctx.has_rail() {
-        return Err(CollError::BadArgument);
     }
     let (l, t_me) = (ctx.scratch().lsa_rank() as usize, ctx.comm().rail().rank);
     // Rail `l`'s block of team `t` lies at world rank `t * lsa + l`.
@@ -255,15 +261,11 @@ pub unsafe fn reduce_scatter<C: Coop, T: Element>(
     op: RedOp,
     scalar: T,
 ) -> Result<(), CollError> {
-    check_part(ctx, part)?;
-    let (teams, lsa) = shape(ctx)?;
+    let (teams, lsa) = world(ctx, part)?;
     let (team_red, rail_red) = levels(op, scalar, teams, lsa);
     if teams == 1 {
         // SAFETY: this function's contract is the team reduce-scatter's.
         return unsafe { super::reduce_scatter(coop, ctx, part, src, dst, count, &team_red) };
-    }
-    if !ctx.has_rail() {
-        return Err(CollError::BadArgument);
     }
     let me = ctx.comm().rail().rank;
     let blocks_of = |team: u32| src.advance(team as usize * lsa as usize * count);
@@ -313,17 +315,13 @@ pub unsafe fn broadcast<C: Coop, T: Copy>(
     count: usize,
     root: u32,
 ) -> Result<(), CollError> {
-    check_part(ctx, part)?;
-    let (teams, lsa) = shape(ctx)?;
+    let (teams, lsa) = world(ctx, part)?;
     if root >= teams * lsa {
         return Err(CollError::BadArgument);
     }
     if teams == 1 {
         // SAFETY: this function's contract is the team broadcast's.
         return unsafe { super::broadcast(coop, ctx, part, src, dst, count, root) };
-    }
-    if !ctx.has_rail() {
-        return Err(CollError::BadArgument);
     }
     let (root_team, root_lsa) = (root / lsa, root % lsa);
     let (l, me) = (ctx.scratch().lsa_rank(), ctx.comm().rail().rank);
@@ -381,8 +379,7 @@ pub unsafe fn reduce<C: Coop, T: Element>(
     scalar: T,
     root: u32,
 ) -> Result<(), CollError> {
-    check_part(ctx, part)?;
-    let (teams, lsa) = shape(ctx)?;
+    let (teams, lsa) = world(ctx, part)?;
     if root >= teams * lsa {
         return Err(CollError::BadArgument);
     }
@@ -390,9 +387,6 @@ pub unsafe fn reduce<C: Coop, T: Element>(
     if teams == 1 {
         // SAFETY: this function's contract is the team reduce's.
         return unsafe { super::reduce(coop, ctx, part, src, dst, count, &team_red, root) };
-    }
-    if !ctx.has_rail() {
-        return Err(CollError::BadArgument);
     }
     let (root_team, root_lsa) = (root / lsa, root % lsa);
     let (l, me) = (ctx.scratch().lsa_rank(), ctx.comm().rail().rank);
