@@ -59,7 +59,7 @@
 
 use super::element::Element;
 use super::op::{RedOp, Reduction};
-use super::reduce::reduce_scatter_range;
+use super::reduce::reduce_range;
 use super::staging::piece;
 use super::{check_part, Algorithm, CollContext, CollError, Input, Part};
 use crate::coop::Coop;
@@ -278,10 +278,10 @@ pub unsafe fn reduce_scatter<C: Coop, T: Element>(
     // sends; the context has the rail exchange (checked).
     unsafe {
         if pe > pb {
-            reduce_scatter_range(coop, ctx, part, blocks_of(me), count, pb, pe, dst.add(pb), &team_red)?;
+            reduce_range(coop, ctx, part, blocks_of(me), count, pb, pe, dst.add(pb), &team_red, None)?;
         }
         let fill = |peer: u32, k: usize, len: usize, outbox: *mut T| {
-            reduce_scatter_range(coop, ctx, part, blocks_of(peer), count, k, k + len, outbox, &team_red)
+            reduce_range(coop, ctx, part, blocks_of(peer), count, k, k + len, outbox, &team_red, None)
         };
         rail_exchange(coop, ctx, part, count, Flow::All, Fill::PerPeer(&fill), |k, len, inbox| {
             rail_reduce(coop, ctx, dst, k, len, inbox, &rail_red)

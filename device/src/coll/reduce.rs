@@ -69,14 +69,11 @@ pub unsafe fn all_reduce<C: Coop, T: Element>(
     }
 }
 
-/// One-shot: every rank (or only `root`) reduces the part's range. A
-/// window input is read in place from the peers' windows between two
-/// barriers per chunk; a local input is **pushed**: each rank stores its
-/// chunk into slot `me` of every receiver's staging slice, meets the
-/// others at its barrier once, and reduces its own input with the slots
-/// (local loads only; the staging area alternates with the barrier epoch,
-/// so one barrier per chunk suffices). On 2 ranks that moves the same
-/// NVLink bytes as the two-shot in one phase instead of two.
+/// One-shot: every rank (or only `root`) reduces the part's range: a
+/// reduction of one block ([`reduce_range`] with blocks 0 elements apart).
+/// A local input is pushed (one barrier per chunk), a window input read
+/// in place. On 2 ranks that moves the same NVLink bytes as the two-shot in
+/// one phase instead of two.
 ///
 /// # Safety
 /// As for [`all_reduce`].
@@ -91,59 +88,9 @@ unsafe fn one_shot<C: Coop, T: Element>(
     red: &Reduction<T>,
     root: Option<u32>,
 ) -> Result<(), CollError> {
-    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
-    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
-    let size = size_of::<T>();
-    let (pb, pe) = piece(count, 16 / size, part.count as usize, part.index as usize);
-    let receives = |r: u32| root.is_none_or(|root| root == r);
-    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
-    match src {
-        Input::Window(s) => {
-            let staged = Staged::new(s.window, s.offset, (count * size) as u64);
-            // SAFETY: the contract: the windows hold the input, complete
-            // before the barrier; `dst` holds the range; nobody leaves
-            // before every peer is done reading its window.
-            unsafe {
-                bar.sync(coop, Order::AcqRel)?;
-                if receives(me) && pe > pb {
-                    let from = |p: u32| staged.at(p, 0, pb * size) as *const T;
-                    reduce_into(t, nt, n, &from, 1, &|_| dst.add(pb), 0, pe - pb, red);
-                }
-                bar.sync(coop, Order::AcqRel)?;
-            }
-        }
-        Input::Local(src) => {
-            // Slot `p` of a receiver's slice: sender `p`'s chunk.
-            let chunk = chunk_elems::<T>(ctx, part, n);
-            let mut c0 = pb;
-            while c0 < pe {
-                let m = chunk.min(pe - c0);
-                let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (m * size) as u64);
-                for k in 1..n {
-                    let p = (me + k) % n;
-                    if receives(p) {
-                        // SAFETY: the input holds the chunk; receiver `p`'s
-                        // slot holds `m <= chunk` elements and was last read
-                        // before `p` arrived at this epoch (`staging`).
-                        unsafe { copy_strided(t, nt, slots.at(p, me, 0), src.add(c0) as *const u8, m * size) };
-                    }
-                }
-                // SAFETY: as above.
-                unsafe { bar.sync(coop, Order::AcqRel) }?;
-                if receives(me) {
-                    let from = |p: u32| if p == me { src.wrapping_add(c0) } else { slots.at(me, p, 0) as *const T };
-                    // SAFETY: every sender stored its chunk into the
-                    // caller's slots before the barrier; the caller's own is
-                    // its input; `dst` holds the chunk (in place: each
-                    // element is read before it is written, by one thread).
-                    unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0), 0, m, red) };
-                }
-                c0 += m;
-            }
-        }
-    }
-    Ok(())
+    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    // SAFETY: this function's contract; the part's piece of the one block.
+    unsafe { reduce_range(coop, ctx, part, src, 0, pb, pe, dst.wrapping_add(pb), red, root) }
 }
 
 /// Two-shot, pushed: for each chunk of the part's range, every rank stores
@@ -263,20 +210,33 @@ pub unsafe fn reduce_scatter<C: Coop, T: Element>(
     }
     let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
     // SAFETY: this function's contract; the part's piece of the blocks.
-    unsafe { reduce_scatter_range(coop, ctx, part, src, count, pb, pe, dst.wrapping_add(pb), red) }
+    unsafe { reduce_range(coop, ctx, part, src, count, pb, pe, dst.wrapping_add(pb), red, None) }
 }
 
-/// Elements `b..e` of a reduce-scatter whose input blocks lie `stride`
-/// elements apart: `dst[i - b] = red over the LSA ranks r of src_r[me *
-/// stride + i]` for `b <= i < e` (the part does all of `b..e`; its LSA
-/// barrier and staging slice carry it).
+/// Elements `b..e` of the reduction over the LSA ranks of each rank's
+/// block `me`, input blocks `stride` elements apart: `dst[i - b] = red over
+/// the LSA ranks r of src_r[me * stride + i]` for `b <= i < e`, on every
+/// rank or only on `root`. A reduce-scatter's range (`stride` its count),
+/// or with `stride` 0 a one-shot all-reduce's or reduce's (every rank's
+/// one block). The part does all of `b..e`; its LSA barrier and staging
+/// slice carry it.
+///
+/// A window input is read in place from the peers' windows between two
+/// barriers. A local input is **pushed**: each rank stores its block for
+/// `p` into slot `me` of receiver `p`'s staging slice, meets the others at
+/// its barrier once, and reduces its own block with its slots (local loads
+/// only; the staging area alternates with the barrier epoch, so one
+/// barrier per chunk suffices).
 ///
 /// # Safety
-/// As for [`reduce_scatter`]: `src` holds `lsa_size` blocks of `stride >=
-/// e` elements on every rank (a window: at the same offset), `dst` `e - b`
-/// elements; every rank calls with the same `stride`, `b`, `e` and part.
+/// As for [`reduce_scatter`]: `src` holds `lsa_size` blocks of `stride`
+/// elements (`stride` 0: one block) of at least `e` elements on every rank
+/// (a window: at the same offset); `dst` holds `e - b` elements where it
+/// receives (in place: each element is read before it is written, by one
+/// thread); every rank calls with the same `stride`, `b`, `e`, `root` and
+/// part.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn reduce_scatter_range<C: Coop, T: Element>(
+pub(super) unsafe fn reduce_range<C: Coop, T: Element>(
     coop: &C,
     ctx: &CollContext,
     part: Part,
@@ -286,28 +246,31 @@ pub(super) unsafe fn reduce_scatter_range<C: Coop, T: Element>(
     e: usize,
     dst: *mut T,
     red: &Reduction<T>,
+    root: Option<u32>,
 ) -> Result<(), CollError> {
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
     let size = size_of::<T>();
+    let receives = |r: u32| root.is_none_or(|root| root == r);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
     match src {
         Input::Window(s) => {
-            // Zero copy: every rank reads its shard from the peers' windows.
             let staged = Staged::new(s.window, s.offset, (stride * size) as u64);
             // SAFETY: the contract: the windows hold the input, complete
-            // before the barrier; `dst` holds the range.
+            // before the barrier; `dst` holds the range; nobody leaves
+            // before every peer is done reading its window.
             unsafe {
                 bar.sync(coop, Order::AcqRel)?;
-                let from = |p: u32| staged.at(p, me, b * size) as *const T;
-                reduce_into(t, nt, n, &from, 1, &|_| dst, 0, e - b, red);
+                if receives(me) && e > b {
+                    let from = |p: u32| staged.at(p, me, b * size) as *const T;
+                    reduce_into(t, nt, n, &from, 1, &|_| dst, 0, e - b, red);
+                }
                 bar.sync(coop, Order::AcqRel)?;
             }
         }
         Input::Local(src) => {
-            // Pushed: every rank stores block `p`'s chunk into rank `p`'s
-            // slot, then reduces its own from its slots and its input.
+            // Slot `p` of a receiver's slice: sender `p`'s chunk.
             let chunk = chunk_elems::<T>(ctx, part, n);
             let mut c0 = b;
             while c0 < e {
@@ -315,31 +278,37 @@ pub(super) unsafe fn reduce_scatter_range<C: Coop, T: Element>(
                 let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (m * size) as u64);
                 for k in 1..n {
                     let p = (me + k) % n;
-                    // SAFETY: the input holds `n` blocks of `stride`; peer
-                    // `p`'s slot holds `m <= chunk` elements and was last
-                    // read before `p` arrived at this epoch (`staging`).
-                    unsafe {
-                        copy_strided(
-                            t,
-                            nt,
-                            slots.at(p, me, 0),
-                            src.add(p as usize * stride + c0) as *const u8,
-                            m * size,
-                        )
-                    };
+                    if receives(p) {
+                        // SAFETY: the input holds block `p`'s chunk;
+                        // receiver `p`'s slot holds `m <= chunk` elements and
+                        // was last read before `p` arrived at this epoch
+                        // (`staging`).
+                        unsafe {
+                            copy_strided(
+                                t,
+                                nt,
+                                slots.at(p, me, 0),
+                                src.add(p as usize * stride + c0) as *const u8,
+                                m * size,
+                            )
+                        };
+                    }
                 }
                 // SAFETY: as above.
                 unsafe { bar.sync(coop, Order::AcqRel) }?;
-                let from = |p: u32| {
-                    if p == me {
-                        src.wrapping_add(me as usize * stride + c0)
-                    } else {
-                        slots.at(me, p, 0) as *const T
-                    }
-                };
-                // SAFETY: every peer stored its block `me`'s chunk into the
-                // caller's slots before the barrier; `dst` holds the range.
-                unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0 - b), 0, m, red) };
+                if receives(me) {
+                    let from = |p: u32| {
+                        if p == me {
+                            src.wrapping_add(me as usize * stride + c0)
+                        } else {
+                            slots.at(me, p, 0) as *const T
+                        }
+                    };
+                    // SAFETY: every sender stored its chunk of block `me`
+                    // into the caller's slots before the barrier; the
+                    // caller's own is its input; `dst` holds the range.
+                    unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0 - b), 0, m, red) };
+                }
                 c0 += m;
             }
         }
