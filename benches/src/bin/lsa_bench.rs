@@ -1,5 +1,8 @@
 //! LSA benchmark: put bandwidth (SM stores, bulk-copy engine, copy engine),
-//! put + signal round trip, and LSA barrier latency between two GPUs.
+//! put + signal round trip, and LSA barrier latency, between two GPUs or
+//! more: puts go from LSA rank 0 to 1 (one way) or between the pairs
+//! `r`, `r ^ 1` (both directions); the round trip pairs every rank `r` with
+//! `r ^ x`, all pairs at once; the barrier spans the whole team.
 //!
 //! ```text
 //! devcomm-run -n 2 target/release/lsa_bench            # GPUs (or emulated)
@@ -65,8 +68,14 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// Our partner in the puts: LSA ranks pair up `r` with `r ^ 1` (0 and
+    /// 1 for the one-way rows; every pair at once for "both directions").
     fn peer(&self) -> u32 {
-        1 - self.win.lsa_rank()
+        self.win.lsa_rank() ^ 1
+    }
+    /// Whether we have a partner (not the last rank of an odd team).
+    fn has_peer(&self) -> bool {
+        self.peer() < self.win.lsa_size()
     }
     fn src(&self) -> u64 {
         self.win.local_ptr::<u8>(0) as u64
@@ -162,7 +171,8 @@ fn bench(quick: bool) -> Result<()> {
     }
 
     // ---- optional sweep of launch shapes at one large size (LSA_BENCH_SWEEP=1) ----
-    if std::env::var("LSA_BENCH_SWEEP").is_ok_and(|v| v == "1") {
+    // (Every rank puts to its partner: the team must pair up.)
+    if std::env::var("LSA_BENCH_SWEEP").is_ok_and(|v| v == "1") && win.lsa_size() % 2 == 0 {
         let bytes = max / 4;
         if rank == 0 {
             println!();
@@ -253,7 +263,7 @@ fn bench(quick: bool) -> Result<()> {
             );
         }
         for &bytes in &sizes {
-            let active = both || rank == 0;
+            let active = (both && ctx.has_peer()) || rank == 0;
             comm.bootstrap_barrier()?;
             if active && !both {
                 ctx.verify("sm", bytes, Ctx::sm_put)?;
@@ -337,7 +347,7 @@ fn bench(quick: bool) -> Result<()> {
     // ---- put + signal round trip: generic (copy + release signal) and LL ----
     if rank == 0 {
         println!();
-        println!("# put + signal round trip between the GPUs (us per round trip)");
+        println!("# put + signal round trip, LSA rank 0 <-> 1 (every pair r, r ^ 1 at once; us per round trip)");
         println!(
             "#   generic: CTA copy, sync, red.release.sys signal, acquire wait; LL: data+flag in each 8-byte store"
         );
@@ -349,82 +359,114 @@ fn bench(quick: bool) -> Result<()> {
     let ll_dst = 2 * max + 384 * 1024;
     let ll_slot = 2 * max + 512 * 1024;
     let pp_sizes: &[u64] = if quick { &[8, 4096] } else { &[8, 64, 512, 4096, 65536] };
-    for &bytes in pp_sizes {
-        let iters: u32 = if quick {
+    // Median µs per round trip between the ranks paired by `pair_xor`, every
+    // pair at once (rank 0's pair reported): variant 0 generic, 1 LL.
+    let pp_iters = |bytes: u64| -> u32 {
+        if quick {
             50
         } else if bytes <= 4096 {
             20_000
         } else {
             5_000
-        };
-        let threads = if bytes <= 512 { 32 } else { 512 };
-        let mut results = [0.0f64; 2];
-        for (variant, result) in results.iter_mut().enumerate() {
-            let mut samples = Vec::new();
-            for rep in 0..if quick { 1 } else { 5 } {
-                window.write(&ctx.stream, sig_off as usize, &[0u64])?;
-                window.write(&ctx.stream, ll_slot as usize, &vec![0u8; 2 * bytes as usize + 8])?;
-                comm.bootstrap_barrier()?;
-                let out = dev.alloc_from(&[0u64])?;
-                let errors = dev.alloc_from(&[0u32; 2])?;
-                // SAFETY: offsets inside the window; out/errors live until the reads below.
-                unsafe {
-                    if variant == 0 {
-                        ctx.stream.launch_in::<lsa_pingpong>(
-                            &ctx.kernels,
-                            LaunchConfig::new(1, threads),
-                            (
-                                ctx.dev_comm,
-                                win,
-                                0u64,
-                                data_off,
-                                sig_off,
-                                bytes,
-                                iters,
-                                out.as_mut_ptr(),
-                                errors.as_mut_ptr(),
-                            ),
-                        )?;
-                    } else {
-                        ctx.stream.launch_in::<lsa_pingpong_ll>(
-                            &ctx.kernels,
-                            LaunchConfig::new(1, 32),
-                            (
-                                ctx.dev_comm,
-                                win,
-                                ll_src,
-                                ll_dst,
-                                ll_slot,
-                                bytes,
-                                iters,
-                                out.as_mut_ptr(),
-                                errors.as_mut_ptr(),
-                            ),
-                        )?;
-                    }
-                }
-                let errs = ctx.stream.read_vec(&errors)?;
-                if let Some(err) = Error::from_device_code(errs[0], &format!("ping-pong of {bytes} B")) {
-                    return Err(err);
-                }
-                let ns = ctx.stream.read_vec(&out)?[0];
-                if rep > 0 || quick {
-                    samples.push(ns as f64 / iters as f64 / 1e3);
-                }
-                comm.bootstrap_barrier()?;
-            }
-            *result = median(samples);
         }
+    };
+    let pingpong = |pair_xor: u32, bytes: u64, variant: usize| -> Result<f64> {
+        let iters = pp_iters(bytes);
+        let threads = if bytes <= 512 { 32 } else { 512 };
+        let mut samples = Vec::new();
+        for rep in 0..if quick { 1 } else { 5 } {
+            window.write(&ctx.stream, sig_off as usize, &[0u64])?;
+            window.write(&ctx.stream, ll_slot as usize, &vec![0u8; 2 * bytes as usize + 8])?;
+            comm.bootstrap_barrier()?;
+            let out = dev.alloc_from(&[0u64])?;
+            let errors = dev.alloc_from(&[0u32; 2])?;
+            // SAFETY: offsets inside the window; out/errors live until the reads below.
+            unsafe {
+                if variant == 0 {
+                    ctx.stream.launch_in::<lsa_pingpong>(
+                        &ctx.kernels,
+                        LaunchConfig::new(1, threads),
+                        (
+                            ctx.dev_comm,
+                            win,
+                            pair_xor,
+                            0u64,
+                            data_off,
+                            sig_off,
+                            bytes,
+                            iters,
+                            out.as_mut_ptr(),
+                            errors.as_mut_ptr(),
+                        ),
+                    )?;
+                } else {
+                    ctx.stream.launch_in::<lsa_pingpong_ll>(
+                        &ctx.kernels,
+                        LaunchConfig::new(1, 32),
+                        (
+                            ctx.dev_comm,
+                            win,
+                            pair_xor,
+                            ll_src,
+                            ll_dst,
+                            ll_slot,
+                            bytes,
+                            iters,
+                            out.as_mut_ptr(),
+                            errors.as_mut_ptr(),
+                        ),
+                    )?;
+                }
+            }
+            let errs = ctx.stream.read_vec(&errors)?;
+            if let Some(err) = Error::from_device_code(errs[0], &format!("ping-pong of {bytes} B")) {
+                return Err(err);
+            }
+            let ns = ctx.stream.read_vec(&out)?[0];
+            if rep > 0 || quick {
+                samples.push(ns as f64 / iters as f64 / 1e3);
+            }
+            comm.bootstrap_barrier()?;
+        }
+        Ok(median(samples))
+    };
+    for &bytes in pp_sizes {
+        let generic = pingpong(1, bytes, 0)?;
+        let ll = pingpong(1, bytes, 1)?;
         if rank == 0 {
-            println!("{bytes:>10} {:>12.3} {:>10.3} {iters:>8}", results[0], results[1]);
-            println!("csv,pingpong,{bytes},{:.4},{:.4}", results[0], results[1]);
+            println!("{bytes:>10} {generic:>12.3} {ll:>10.3} {:>8}", pp_iters(bytes));
+            println!("csv,pingpong,{bytes},{generic:.4},{ll:.4}");
+        }
+    }
+
+    // ---- the same at 8 B with every rank paired (r with r ^ x), per x ----
+    let n = win.lsa_size();
+    if n > 2 {
+        if rank == 0 {
+            println!();
+            println!(
+                "# put + signal round trip of 8 B, every rank r paired with r ^ x at once (us; rank 0 <-> rank x)"
+            );
+            println!("{:>6} {:>6} {:>12} {:>10}", "x", "pairs", "generic_us", "ll_us");
+        }
+        for x in 1..n {
+            let generic = pingpong(x, 8, 0)?;
+            let ll = pingpong(x, 8, 1)?;
+            if rank == 0 {
+                let pairs = (0..n).filter(|&r| (r ^ x) < n).count() / 2;
+                println!("{x:>6} {pairs:>6} {generic:>12.3} {ll:>10.3}");
+                println!("csv,pingpong_pairs,{n},{x},{pairs},{generic:.4},{ll:.4}");
+            }
         }
     }
 
     // ---- LSA barrier ----
     if rank == 0 {
         println!();
-        println!("# LSA barrier across the GPUs (one block of 32 threads; us per barrier)");
+        println!(
+            "# LSA barrier across the {} ranks of the team (one block of 32 threads; us per barrier)",
+            win.lsa_size()
+        );
     }
     for (order, name) in [(0u32, "relaxed"), (3, "acq_rel")] {
         let rounds: u32 = if quick { 50 } else { 20_000 };

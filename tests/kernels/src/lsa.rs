@@ -44,6 +44,15 @@ unsafe fn barrier0_acq_rel(comm: &DevComm, cta: &Cta, errors: *mut u32) {
     barrier_rounds(comm, cta, 0, 1, Order::AcqRel, errors)
 }
 
+/// This LSA rank's ping-pong partner, `lsa_rank ^ pair_xor`, and whether
+/// this rank is the lower of the pair (the one that starts each round);
+/// `None` when it has none (`pair_xor` 0, or the partner past the team).
+fn partner(comm: &DevComm, pair_xor: u32) -> Option<(u32, bool)> {
+    let me = comm.lsa_rank();
+    let peer = me ^ pair_xor;
+    (pair_xor != 0 && peer < comm.lsa_size()).then_some((peer, me < peer))
+}
+
 fn op_of(op: u32) -> ReduceOp {
     match op {
         1 => ReduceOp::Prod,
@@ -185,22 +194,24 @@ kernel! {
         lsa::ops::copy_bulk_strided(&Cta::new(), dst, src, bytes as usize, smem, chunk, stages, b, nb);
     }
 
-    /// Put + signal ping-pong between LSA ranks 0 and 1 (one block).
+    /// Put + signal ping-pong between the LSA ranks paired by `pair_xor`
+    /// (rank `r` with rank `r ^ pair_xor`; every pair at once; one block).
     ///
-    /// Rank 0, `iters` times: copy `bytes` from its window at `src_off` to
-    /// rank 1's window at `dst_off`, `sync`, add 1 to rank 1's signal at
-    /// `sig_off` with release; wait for its own signal to reach the round.
-    /// Rank 1 mirrors it. `out[0]` gets the elapsed ns (rank 0: the round
-    /// trips), errors go to `errors`. Signals must start at 0.
+    /// The lower rank of a pair, `iters` times: copy `bytes` from its window
+    /// at `src_off` to its partner's window at `dst_off`, `sync`, add 1 to
+    /// the partner's signal at `sig_off` with release; wait for its own
+    /// signal to reach the round. The higher rank mirrors it. `out[0]` gets
+    /// the elapsed ns (on the lower rank: the round trips), errors go to
+    /// `errors`. Signals must start at 0.
     ///
     /// # Safety
-    /// Offsets inside the window; `lsa_size >= 2`; ranks other than 0 and 1 return.
-    pub unsafe fn lsa_pingpong(comm: DevComm, win: WindowDesc, src_off: u64, dst_off: u64, sig_off: u64, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
-        let me = comm.lsa_rank();
-        if me > 1 {
+    /// Offsets inside the window; a rank without a partner (`pair_xor` 0,
+    /// or `r ^ pair_xor >= lsa_size`) returns.
+    pub unsafe fn lsa_pingpong(comm: DevComm, win: WindowDesc, pair_xor: u32, src_off: u64, dst_off: u64, sig_off: u64, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
+        let Some((peer, first)) = partner(&comm, pair_xor) else {
             return;
-        }
-        let peer = 1 - me;
+        };
+        let me = if first { 0 } else { 1 };
         let cta = Cta::new();
         let leader = cta.is_leader();
         let t0 = global_timer_ns();
@@ -235,22 +246,21 @@ kernel! {
         }
     }
 
-    /// LL ping-pong between LSA ranks 0 and 1 (the first `ceil(bytes/4)`
-    /// lanes of warp 0, at most 32): each round, rank 0
-    /// sends `bytes` from its window at `src_off` into rank 1's LL slot at
-    /// `slot_off` with flag = round, and waits for the reply in its own slot
-    /// (copied to `dst_off`); rank 1 mirrors it. `out[0]`: elapsed ns on
-    /// rank 0. Slots must start zeroed.
+    /// LL ping-pong between the LSA ranks paired by `pair_xor`, as in
+    /// [`lsa_pingpong`] (the first `ceil(bytes/4)` lanes of warp 0, at most
+    /// 32): each round, the lower rank sends `bytes` from its window at
+    /// `src_off` into its partner's LL slot at `slot_off` with flag = round,
+    /// and waits for the reply in its own slot (copied to `dst_off`); the
+    /// higher rank mirrors it. `out[0]`: elapsed ns. Slots must start zeroed.
     ///
     /// # Safety
     /// Offsets inside the window, the slot `ll::slot_bytes(bytes)` long and
-    /// 8-aligned; `lsa_size >= 2`; other ranks return.
-    pub unsafe fn lsa_pingpong_ll(comm: DevComm, win: WindowDesc, src_off: u64, dst_off: u64, slot_off: u64, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
-        let me = comm.lsa_rank();
-        if me > 1 {
+    /// 8-aligned; a rank without a partner returns.
+    pub unsafe fn lsa_pingpong_ll(comm: DevComm, win: WindowDesc, pair_xor: u32, src_off: u64, dst_off: u64, slot_off: u64, bytes: u64, iters: u32, out: *mut u64, errors: *mut u32) {
+        let Some((peer, first)) = partner(&comm, pair_xor) else {
             return;
-        }
-        let peer = 1 - me;
+        };
+        let me = if first { 0 } else { 1 };
         // As many lanes as the message has LL words (at most a warp).
         let lanes = (bytes.div_ceil(4)).clamp(1, 32) as u32;
         if devcomm_device::arch::lane_id() >= lanes || devcomm_device::arch::warp_id() > 0 {
