@@ -202,21 +202,30 @@ fn reductions<T: TestElem>(c: &mut Ctx, len: usize, algorithm: Algorithm) {
             let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
             check_one(r, &xs, *g).unwrap_or_else(|e| panic!("all_reduce {what} element {i}: got {g:?}, {e}"));
         }
-        // reduce to the last rank.
-        let root = n - 1;
-        let out = output::<T>(c, len);
-        let recv = if me == root { Operand::range(&out, GUARD, len).unwrap() } else { Operand::null() };
-        c.coll.reduce(Operand::range(&send, 0, len).unwrap(), recv, op(r), root, c.stream).unwrap();
-        c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("reduce {what}: {e}"));
-        let got = read_out(c.stream, &out, &what);
-        if me == root {
-            for (i, g) in got.iter().enumerate() {
-                let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
-                check_one(r, &xs, *g).unwrap_or_else(|e| panic!("reduce {what} element {i}: got {g:?}, {e}"));
+        // reduce: direct to the last rank, relayed to a root that moves
+        // with the case (Auto: both).
+        let rooted: &[Algorithm] = match algorithm {
+            Algorithm::Auto => &[Algorithm::OneShot, Algorithm::TwoShot],
+            Algorithm::TwoShot => &[Algorithm::TwoShot],
+            _ => &[Algorithm::OneShot],
+        };
+        for &how in rooted {
+            let root = if how == Algorithm::TwoShot { case as usize % n } else { n - 1 };
+            let out = output::<T>(c, len);
+            let recv = if me == root { Operand::range(&out, GUARD, len).unwrap() } else { Operand::null() };
+            c.coll.reduce_with(Operand::range(&send, 0, len).unwrap(), recv, op(r), root, how, c.stream).unwrap();
+            c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("reduce {what} {how:?}: {e}"));
+            let got = read_out(c.stream, &out, &what);
+            if me == root {
+                for (i, g) in got.iter().enumerate() {
+                    let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
+                    check_one(r, &xs, *g)
+                        .unwrap_or_else(|e| panic!("reduce {what} {how:?} to {root} element {i}: got {g:?}, {e}"));
+                }
+            } else {
+                let poison = bytemuck::cast_slice::<T, u8>(&got).iter().all(|&b| b == POISON);
+                assert!(poison, "reduce {what} {how:?}: a non-root's output was written");
             }
-        } else {
-            let poison = bytemuck::cast_slice::<T, u8>(&got).iter().all(|&b| b == POISON);
-            assert!(poison, "reduce {what}: a non-root's output was written");
         }
         // reduce_scatter: shard `me` of `n * len`.
         let out = output::<T>(c, len);
@@ -302,16 +311,17 @@ fn movements<T: TestElem>(c: &mut Ctx, len: usize) {
         let got = read_out(c.stream, &out, &what);
         let want: Vec<T> = (0..n).flat_map(|q| ins[q][..len].to_vec()).collect();
         assert_eq!(got, want, "all_gather {what} ({how})");
-        // broadcast from each root
-        for (root, root_in) in ins.iter().enumerate() {
+        // broadcast from each root (direct), and relayed from one
+        let relayed = (Algorithm::TwoShot, case as usize % n);
+        for (algorithm, root) in (0..n).map(|r| (Algorithm::OneShot, r)).chain([relayed]) {
             let out = output::<T>(c, len);
             let s = if me == root { src(len) } else { Operand::null() };
-            c.coll.broadcast(s, Operand::range(&out, GUARD, len).unwrap(), root, c.stream).unwrap();
+            c.coll.broadcast_with(s, Operand::range(&out, GUARD, len).unwrap(), root, algorithm, c.stream).unwrap();
             c.coll.synchronize(c.stream).unwrap();
             assert_eq!(
                 read_out(c.stream, &out, &what),
-                root_in[..len].to_vec(),
-                "broadcast {what} root {root} ({how})"
+                ins[root][..len].to_vec(),
+                "broadcast {what} root {root} ({how}, {algorithm:?})"
             );
         }
         // gather to the last rank, scatter from rank 0
@@ -341,10 +351,12 @@ fn movements<T: TestElem>(c: &mut Ctx, len: usize) {
     }
     // In-place broadcast (the root's send is its recv) and all_gather
     // (send is the rank's own block of recv).
-    let buf = c.comm.device().alloc_from(&ins[me][..len]).unwrap();
-    c.coll.broadcast(&buf, &buf, 0, c.stream).unwrap();
-    c.coll.synchronize(c.stream).unwrap();
-    assert_eq!(c.stream.read_vec(&buf).unwrap(), ins[0][..len].to_vec(), "broadcast in place {what}");
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+        let buf = c.comm.device().alloc_from(&ins[me][..len]).unwrap();
+        c.coll.broadcast_with(&buf, &buf, 0, algorithm, c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap();
+        assert_eq!(c.stream.read_vec(&buf).unwrap(), ins[0][..len].to_vec(), "broadcast in place {what} {algorithm:?}");
+    }
     let mut all = vec![T::zeroed(); n * len];
     all[me * len..(me + 1) * len].copy_from_slice(&ins[me][..len]);
     let buf = c.comm.device().alloc_from(&all).unwrap();
@@ -367,6 +379,8 @@ fn bad_input(c: &mut Ctx) {
     inv(c.coll.all_reduce(&a, &b, Op::Sum, c.stream), "all_reduce lengths differ");
     inv(c.coll.reduce(&a, &a, Op::Sum, n, c.stream), "reduce root out of range");
     inv(c.coll.broadcast(&a, &a, n + 3, c.stream), "broadcast root out of range");
+    inv(c.coll.broadcast_with(&a, &a, 0, Algorithm::Ll, c.stream), "broadcast with LL");
+    inv(c.coll.reduce_with(&a, &a, Op::Sum, 0, Algorithm::Ll, c.stream), "reduce with LL");
     inv(c.coll.all_reduce(Operand::null(), &a, Op::Sum, c.stream), "null send");
     inv(Operand::range(&a, 5, 6).map(|_| ()), "range past the end");
     inv(Operand::range(&a, usize::MAX, 2).map(|_| ()), "range overflows");

@@ -70,8 +70,9 @@ struct Args {
     /// Also run NCCL on the same buffers (libnccl loaded at run time).
     #[arg(long)]
     nccl: bool,
-    /// auto, ll, one_shot, two_shot (all_reduce; over several LSA teams:
-    /// the in-team step of the two-step hierarchical all-reduce).
+    /// auto, ll, one_shot, two_shot: all_reduce's (over several LSA teams:
+    /// the in-team step of the two-step hierarchical all-reduce); broadcast's
+    /// and reduce's one_shot (direct) or two_shot (relayed).
     #[arg(long, default_value = "auto")]
     algorithm: String,
     /// Over several LSA teams (`DEVCOMM_LSA_SIZE` below the rank count):
@@ -207,8 +208,8 @@ impl<T: CollType> Bench<'_, T> {
             Kind::AllReduce => c.all_reduce_with(send, recv, Op::Sum, algorithm, s),
             Kind::AllGather => c.all_gather(send, recv, s),
             Kind::ReduceScatter => c.reduce_scatter(send, recv, Op::Sum, s),
-            Kind::Broadcast => c.broadcast(send, recv, 0, s),
-            Kind::Reduce => c.reduce(send, recv, Op::Sum, 0, s),
+            Kind::Broadcast => c.broadcast_with(send, recv, 0, algorithm, s),
+            Kind::Reduce => c.reduce_with(send, recv, Op::Sum, 0, algorithm, s),
             Kind::AllToAll => c.all_to_all(send, recv, s),
             Kind::SendRecv => {
                 let (n, me) = (self.comm.count(), self.comm.rank());

@@ -154,12 +154,13 @@ macro_rules! reducing_kernels {
             /// As for the all-reduce kernel.
             pub unsafe fn $reduce(args: CollArgs) {
                 let cta = Cta::new();
-                let r = match reduction::<$t>(&args) {
-                    Ok(red) => coll::reduce(
+                let r = match (reduction::<$t>(&args), Algorithm::from_code(args.algorithm)) {
+                    (Ok(red), Some(algorithm)) => coll::reduce(
                         &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
-                        args.count as usize, &red, args.root,
+                        args.count as usize, &red, args.root, algorithm,
                     ),
-                    Err(e) => Err(e),
+                    (Err(e), _) => Err(e),
+                    (_, None) => Err(CollError::BadArgument),
                 };
                 report(&cta, &args, r);
             }
@@ -262,7 +263,10 @@ kernel! {
     /// As for the all-reduce kernels.
     pub unsafe fn broadcast(args: CollArgs) {
         let cta = Cta::new();
-        let r = coll::broadcast(&cta, &args.ctx, Part::block(), input::<u8>(&args.src), args.dst.ptr as *mut u8, args.count as usize, args.root);
+        let r = match Algorithm::from_code(args.algorithm) {
+            Some(algorithm) => coll::broadcast(&cta, &args.ctx, Part::block(), input::<u8>(&args.src), args.dst.ptr as *mut u8, args.count as usize, args.root, algorithm),
+            None => Err(CollError::BadArgument),
+        };
         report(&cta, &args, r);
     }
 

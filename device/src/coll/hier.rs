@@ -321,7 +321,7 @@ pub unsafe fn broadcast<C: Coop, T: Copy>(
     }
     if teams == 1 {
         // SAFETY: this function's contract is the team broadcast's.
-        return unsafe { super::broadcast(coop, ctx, part, src, dst, count, root) };
+        return unsafe { super::broadcast(coop, ctx, part, src, dst, count, root, Algorithm::Auto) };
     }
     let (root_team, root_lsa) = (root / lsa, root % lsa);
     let (l, me) = (ctx.scratch().lsa_rank(), ctx.comm().rail().rank);
@@ -345,7 +345,7 @@ pub unsafe fn broadcast<C: Coop, T: Copy>(
         // The root's team from the root's input; the others from what
         // arrived at their rank `root_lsa` (in place there).
         let from = if me == root_team { src } else { Input::Local(dst as *const T) };
-        super::broadcast(coop, ctx, part, from, dst, count, root_lsa)
+        super::broadcast(coop, ctx, part, from, dst, count, root_lsa, Algorithm::Auto)
     }
 }
 
@@ -386,7 +386,7 @@ pub unsafe fn reduce<C: Coop, T: Element>(
     let (team_red, rail_red) = levels(op, scalar, teams, lsa);
     if teams == 1 {
         // SAFETY: this function's contract is the team reduce's.
-        return unsafe { super::reduce(coop, ctx, part, src, dst, count, &team_red, root) };
+        return unsafe { super::reduce(coop, ctx, part, src, dst, count, &team_red, root, Algorithm::Auto) };
     }
     let (root_team, root_lsa) = (root / lsa, root % lsa);
     let (l, me) = (ctx.scratch().lsa_rank(), ctx.comm().rail().rank);
@@ -396,7 +396,7 @@ pub unsafe fn reduce<C: Coop, T: Element>(
     // and the root's consumer writes this part's piece, which it never
     // sends; the context has the rail exchange (checked).
     unsafe {
-        super::reduce(coop, ctx, part, src, dst, count, &team_red, root_lsa)?;
+        super::reduce(coop, ctx, part, src, dst, count, &team_red, root_lsa, Algorithm::Auto)?;
         if l == root_lsa {
             rail_exchange(
                 coop,

@@ -51,6 +51,14 @@
 //!
 //! [`Algorithm::Auto`] picks by size ([`Algorithm::choose`]).
 //!
+//! [`broadcast`] and [`reduce`] take an algorithm too: `OneShot` sends
+//! directly (the root stores the message into every peer's slot, or every
+//! rank into the root's: 1 barrier per chunk), `TwoShot` relays it through
+//! the other ranks on a team of three or more (a scatter then an
+//! all-gather, or a reduce-scatter then a gather, overlapped: every link
+//! carries one message instead of the root's `n - 1`; see `relay.rs`).
+//! [`Algorithm::choose_rooted`] picks.
+//!
 //! ## Building blocks for fusing
 //!
 //! An all-reduce is a [`reduce_scatter`] then an [`all_gather`]: a kernel
@@ -66,6 +74,7 @@ pub mod op;
 pub mod p2p;
 pub(crate) mod pack;
 mod reduce;
+mod relay;
 mod staging;
 
 pub use crate::abi::coll::{CollArgs, CollBuffer, CollContext, P2pArgs, P2pKind, P2pOp, MAX_GROUP_OPS};
@@ -156,6 +165,10 @@ pub const LL_MAX_BYTES: u64 = 16 << 10;
 /// two-shot took 19.6 µs at 2 MiB and 525 µs at 128 MiB against the pulled
 /// one-shot's 22.8 and 843: `benches/results/2026-11-24-h200x2-push.md`).
 pub const ONE_SHOT_MAX_BYTES: u64 = 512 << 10;
+/// Broadcasts and reduces of at least this many bytes take
+/// [`Algorithm::TwoShot`] (relayed) on teams of three or more. Below it the
+/// two extra barrier epochs cost more than the root's link saves.
+pub const RELAY_MIN_BYTES: u64 = 512 << 10;
 /// [`ONE_SHOT_MAX_BYTES`] on two ranks, where both algorithms store one
 /// copy of the message per rank and the pushed one-shot needs one barrier
 /// per chunk instead of two: on 2 × H200 it took 17.0–17.7 µs at 2 MiB
@@ -172,6 +185,19 @@ impl Algorithm {
             2 => Some(Algorithm::OneShot),
             3 => Some(Algorithm::TwoShot),
             _ => None,
+        }
+    }
+
+    /// The broadcast or reduce algorithm for `bytes` on `ctx`:
+    /// [`Algorithm::TwoShot`] (relayed by the ranks other than the root) from
+    /// [`RELAY_MIN_BYTES`] on teams of three or more, else
+    /// [`Algorithm::OneShot`] (direct).
+    #[inline(always)]
+    pub const fn choose_rooted(bytes: u64, ctx: &CollContext) -> Algorithm {
+        if ctx.scratch().lsa_size() >= 3 && bytes >= RELAY_MIN_BYTES {
+            Algorithm::TwoShot
+        } else {
+            Algorithm::OneShot
         }
     }
 

@@ -11,7 +11,7 @@
 //! reads the peers' windows between two barriers.
 
 use super::staging::{area, piece, slice, Staged};
-use super::{check_part, CollContext, CollError, Input, Part};
+use super::{check_part, relay, Algorithm, CollContext, CollError, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
 use crate::lsa::{ops::copy_strided, LsaBarrierSession};
@@ -238,9 +238,15 @@ pub unsafe fn all_gather<C: Coop, T: Copy>(
 /// `dst[i] = src_root[i]` for `i < count` on every rank (`ncclBroadcast`);
 /// only the root's `src` is read. In place when `dst` is `src`.
 ///
+/// `algorithm`: `OneShot` sends directly from the root, `TwoShot` relays
+/// through the other ranks (teams of three or more; the same as `OneShot`
+/// on two), `Auto` picks ([`Algorithm::choose_rooted`]); `Ll` is a
+/// [`CollError::BadArgument`].
+///
 /// # Safety
 /// As for [`all_gather`], `dst` holding `count` elements; `root <
-/// lsa_size` the same on every rank.
+/// lsa_size` and `algorithm` the same on every rank.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn broadcast<C: Coop, T: Copy>(
     coop: &C,
     ctx: &CollContext,
@@ -249,8 +255,27 @@ pub unsafe fn broadcast<C: Coop, T: Copy>(
     dst: *mut T,
     count: usize,
     root: u32,
+    algorithm: Algorithm,
 ) -> Result<(), CollError> {
     let (src, bytes) = as_bytes(src, count);
+    let n = ctx.scratch().lsa_size();
+    let algorithm = match algorithm {
+        Algorithm::Auto => Algorithm::choose_rooted(bytes as u64, ctx),
+        a => a,
+    };
+    if algorithm == Algorithm::Ll {
+        check_part(ctx, part)?;
+        return Err(CollError::BadArgument);
+    }
+    if algorithm == Algorithm::TwoShot && n >= 3 {
+        check_part(ctx, part)?;
+        if root >= n {
+            return Err(CollError::BadArgument);
+        }
+        let (pb, pe) = piece(bytes, 16, part.count as usize, part.index as usize);
+        // SAFETY: this function's contract; the part's piece of the message.
+        return unsafe { relay::broadcast(coop, ctx, part, src.local(), dst as *mut u8, pb, pe, root) };
+    }
     let mv = Movement { bytes, only_from: Some(root), only_to: None };
     // SAFETY: this function's contract.
     unsafe { run(coop, ctx, part, src, dst as *mut u8, mv, |_| 0, |_| 0) }

@@ -5,7 +5,7 @@ use super::element::Element;
 use super::op::Reduction;
 use super::pack::reduce_into;
 use super::staging::{area, piece, Staged};
-use super::{check_part, chunk_elems, ll, Algorithm, CollContext, CollError, Input, Part};
+use super::{check_part, chunk_elems, ll, relay, Algorithm, CollContext, CollError, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
 use crate::lsa::{ops::copy_strided, LsaBarrierSession};
@@ -163,8 +163,15 @@ unsafe fn two_shot<C: Coop, T: Element>(
 /// `dst[i] = red over the LSA ranks of src[i]` on `root` only
 /// (`ncclReduce`); other ranks' `dst` is not touched (may be null).
 ///
+/// `algorithm`: `OneShot` sends every rank's input to the root, `TwoShot`
+/// relays it (a reduce-scatter over the other ranks, then a gather to the
+/// root; teams of three or more, the same as `OneShot` on two), `Auto`
+/// picks ([`Algorithm::choose_rooted`]); `Ll` is a
+/// [`CollError::BadArgument`].
+///
 /// # Safety
-/// As for [`all_reduce`], with `root < lsa_size` the same on every rank.
+/// As for [`all_reduce`], with `root < lsa_size` and `algorithm` the same
+/// on every rank.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce<C: Coop, T: Element>(
     coop: &C,
@@ -175,13 +182,24 @@ pub unsafe fn reduce<C: Coop, T: Element>(
     count: usize,
     red: &Reduction<T>,
     root: u32,
+    algorithm: Algorithm,
 ) -> Result<(), CollError> {
     check_part(ctx, part)?;
-    if root >= ctx.scratch().lsa_size() {
+    let n = ctx.scratch().lsa_size();
+    if root >= n || algorithm == Algorithm::Ll {
         return Err(CollError::BadArgument);
     }
     if count == 0 {
         return Ok(());
+    }
+    let algorithm = match algorithm {
+        Algorithm::Auto => Algorithm::choose_rooted((count * size_of::<T>()) as u64, ctx),
+        a => a,
+    };
+    if algorithm == Algorithm::TwoShot && n >= 3 {
+        let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+        // SAFETY: this function's contract; the part's piece of the input.
+        return unsafe { relay::reduce(coop, ctx, part, src.local(), dst.wrapping_add(pb), pb, pe, red, root) };
     }
     // SAFETY: this function's contract.
     unsafe { one_shot(coop, ctx, part, src, dst, count, red, Some(root)) }

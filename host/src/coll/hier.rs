@@ -469,7 +469,7 @@ impl Collectives<'_> {
             Operand::null()
         };
         let bytes = count * std::mem::size_of::<T>();
-        self.launch_lsa(Kind::Broadcast, &src, &recv, count, &Op::Sum, root_lsa, Algorithm::OneShot, bytes, stream)
+        self.launch_lsa(Kind::Broadcast, &src, &recv, count, &Op::Sum, root_lsa, Algorithm::Auto, bytes, stream)
     }
 
     /// Reduce: in each team to the root's LSA rank, then those partial
@@ -491,7 +491,7 @@ impl Collectives<'_> {
         let on_rail = g.lsa_rank == root_lsa;
         let partial = if on_rail { self.temp::<T>(1, count)? } else { Operand::null() };
         let bytes = count * std::mem::size_of::<T>();
-        self.launch_lsa(Kind::Reduce, send, &partial, count, &team_op, root_lsa, Algorithm::OneShot, bytes, stream)?;
+        self.launch_lsa(Kind::Reduce, send, &partial, count, &team_op, root_lsa, Algorithm::Auto, bytes, stream)?;
         if !on_rail {
             return Ok(());
         }

@@ -748,7 +748,9 @@ impl<'c> Collectives<'c> {
     }
 
     /// `recv[i] = op over ranks of send[i]` on `root` only (`ncclReduce`);
-    /// `recv` may be [`Operand::null`] elsewhere.
+    /// `recv` may be [`Operand::null`] elsewhere. Relayed through the other
+    /// ranks from [`RELAY_MIN_BYTES`](devcomm_device::coll::RELAY_MIN_BYTES)
+    /// on teams of three or more ([`Algorithm::choose_rooted`]).
     #[doc(alias = "ncclReduce")]
     pub fn reduce<'a, T: CollType>(
         &self,
@@ -758,6 +760,22 @@ impl<'c> Collectives<'c> {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        self.reduce_with(send, recv, op, root, Algorithm::Auto, stream)
+    }
+
+    /// [`Collectives::reduce`] with a given algorithm: `OneShot` every
+    /// rank's input straight to the root, `TwoShot` relayed (see the device
+    /// [`reduce`](devcomm_device::coll::reduce)); `Ll` is refused.
+    pub fn reduce_with<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        op: Op<'_, T>,
+        root: usize,
+        algorithm: Algorithm,
+        stream: &Stream,
+    ) -> Result<()> {
+        no_ll("reduce", algorithm)?;
         let (send, recv) = (send.into(), recv.into());
         self.check_root("reduce", root)?;
         self.check_operand("reduce send", &send)?;
@@ -766,7 +784,7 @@ impl<'c> Collectives<'c> {
             same_len("reduce", send.len, recv.len)?;
         }
         let bytes = send.len * std::mem::size_of::<T>();
-        self.run::<T>(Kind::Reduce, &send, &recv, send.len, &op, root, Algorithm::OneShot, bytes, stream)
+        self.run::<T>(Kind::Reduce, &send, &recv, send.len, &op, root, algorithm, bytes, stream)
     }
 
     /// `recv[i] = op over ranks r of send_r[rank * recv.len() + i]`
@@ -806,7 +824,9 @@ impl<'c> Collectives<'c> {
 
     /// `recv = send_root` on every rank (`ncclBroadcast`); `send` is read
     /// on the root only ([`Operand::null`] elsewhere); in place when the
-    /// root's `send` and `recv` are the same memory.
+    /// root's `send` and `recv` are the same memory. Relayed through the
+    /// other ranks from [`RELAY_MIN_BYTES`](devcomm_device::coll::RELAY_MIN_BYTES)
+    /// on teams of three or more ([`Algorithm::choose_rooted`]).
     #[doc(alias = "ncclBroadcast")]
     pub fn broadcast<'a, T: CollType>(
         &self,
@@ -815,6 +835,21 @@ impl<'c> Collectives<'c> {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        self.broadcast_with(send, recv, root, Algorithm::Auto, stream)
+    }
+
+    /// [`Collectives::broadcast`] with a given algorithm: `OneShot` from
+    /// the root to every rank, `TwoShot` relayed (see the device
+    /// [`broadcast`](devcomm_device::coll::broadcast)); `Ll` is refused.
+    pub fn broadcast_with<'a, T: CollType>(
+        &self,
+        send: impl Into<Operand<'a, T>>,
+        recv: impl Into<Operand<'a, T>>,
+        root: usize,
+        algorithm: Algorithm,
+        stream: &Stream,
+    ) -> Result<()> {
+        no_ll("broadcast", algorithm)?;
         let (send, recv) = (send.into(), recv.into());
         self.check_root("broadcast", root)?;
         self.check_operand("broadcast recv", &recv)?;
@@ -823,7 +858,7 @@ impl<'c> Collectives<'c> {
             same_len("broadcast", send.len, recv.len)?;
         }
         let bytes = recv.len * std::mem::size_of::<T>();
-        self.run::<T>(Kind::Broadcast, &send, &recv, recv.len, &Op::Sum, root, Algorithm::OneShot, bytes, stream)
+        self.run::<T>(Kind::Broadcast, &send, &recv, recv.len, &Op::Sum, root, algorithm, bytes, stream)
     }
 
     /// `recv[r * send.len() + i] = send_r[i]` on `root` (`ncclGather`):
@@ -1081,6 +1116,16 @@ impl<'c> Collectives<'c> {
         }
         Ok(())
     }
+}
+
+/// Broadcast and reduce have no LL algorithm.
+fn no_ll(what: &str, algorithm: Algorithm) -> Result<()> {
+    if algorithm == Algorithm::Ll {
+        return Err(Error::invalid_argument(format!(
+            "{what} has no Algorithm::Ll: use Auto, OneShot (direct) or TwoShot (relayed)"
+        )));
+    }
+    Ok(())
 }
 
 fn same_len(what: &str, a: usize, b: usize) -> Result<()> {
