@@ -156,9 +156,14 @@ pub enum Algorithm {
     TwoShot = 3,
 }
 
-/// All-reduce messages up to this many bytes take [`Algorithm::Ll`] (when
-/// the context's LL slots hold them).
+/// All-reduce messages up to this many bytes take [`Algorithm::Ll`] on a
+/// team of two (when the context's LL slots hold them).
 pub const LL_MAX_BYTES: u64 = 16 << 10;
+/// [`LL_MAX_BYTES`] on teams of three or more, where each word goes to
+/// every peer from one CTA: on 4 × H200 the LL all-reduce took 5.8 µs at 4
+/// KiB but 10.3 at 8 KiB and 19.1 at 16 KiB in kernel, one-shot 6.9, 8.7
+/// and 7.6 (`benches/results/2026-11-26-h200x4-scale.md`).
+pub const LL_MAX_BYTES_MANY_RANKS: u64 = 4 << 10;
 /// Above this many bytes all-reduce takes [`Algorithm::TwoShot`] on more
 /// than two ranks: one-shot stores `n - 1` copies of the message per rank
 /// across NVLink, two-shot `2 (n - 1) / n` (on 2 × H200 the pushed
@@ -167,8 +172,11 @@ pub const LL_MAX_BYTES: u64 = 16 << 10;
 pub const ONE_SHOT_MAX_BYTES: u64 = 512 << 10;
 /// Broadcasts and reduces of at least this many bytes take
 /// [`Algorithm::TwoShot`] (relayed) on teams of three or more. Below it the
-/// two extra barrier epochs cost more than the root's link saves.
-pub const RELAY_MIN_BYTES: u64 = 512 << 10;
+/// two extra barrier epochs cost more than the root's link saves: on 4 ×
+/// H200 the relayed broadcast took 17.2 µs at 1 MiB and 22.2 at 2 MiB, the
+/// direct one 16.4 and 24.6; the reduce 24.1 and 30.4 against 18.2 and 35.7
+/// (`benches/results/2026-11-26-h200x4-scale.md`).
+pub const RELAY_MIN_BYTES: u64 = 2 << 20;
 /// [`ONE_SHOT_MAX_BYTES`] on two ranks, where both algorithms store one
 /// copy of the message per rank and the pushed one-shot needs one barrier
 /// per chunk instead of two: on 2 × H200 it took 17.0–17.7 µs at 2 MiB
@@ -202,13 +210,16 @@ impl Algorithm {
     }
 
     /// The all-reduce algorithm for `bytes` per rank on `ctx`: LL up to
-    /// [`LL_MAX_BYTES`] (and the LL slots' size), one-shot up to
+    /// [`LL_MAX_BYTES`] ([`LL_MAX_BYTES_MANY_RANKS`] on teams of three or
+    /// more; and the LL slots' size), one-shot up to
     /// [`ONE_SHOT_MAX_BYTES`] ([`ONE_SHOT_MAX_BYTES_2_RANKS`] on a team of
     /// two), two-shot beyond.
     #[inline(always)]
     pub const fn choose(bytes: u64, ctx: &CollContext) -> Algorithm {
-        let one_shot_max = if ctx.scratch().lsa_size() <= 2 { ONE_SHOT_MAX_BYTES_2_RANKS } else { ONE_SHOT_MAX_BYTES };
-        if bytes <= LL_MAX_BYTES && bytes <= ctx.ll_bytes() {
+        let two = ctx.scratch().lsa_size() <= 2;
+        let one_shot_max = if two { ONE_SHOT_MAX_BYTES_2_RANKS } else { ONE_SHOT_MAX_BYTES };
+        let ll_max = if two { LL_MAX_BYTES } else { LL_MAX_BYTES_MANY_RANKS };
+        if bytes <= ll_max && bytes <= ctx.ll_bytes() {
             Algorithm::Ll
         } else if bytes <= one_shot_max {
             Algorithm::OneShot

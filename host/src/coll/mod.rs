@@ -91,7 +91,8 @@ mod p2p;
 
 pub use datatype::{CollType, DataType, Fp8E4M3, Fp8E5M2};
 pub use devcomm_device::coll::{
-    Algorithm, P2pKind, RedOp, LL_MAX_BYTES, ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES_2_RANKS,
+    Algorithm, P2pKind, RedOp, LL_MAX_BYTES, LL_MAX_BYTES_MANY_RANKS, ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES_2_RANKS,
+    RELAY_MIN_BYTES,
 };
 pub use hier::{MultiTeam, HIER_SPLIT_MIN_BYTES, MULTI_TEAM_ENV};
 pub use p2p::Group;
@@ -749,7 +750,7 @@ impl<'c> Collectives<'c> {
 
     /// `recv[i] = op over ranks of send[i]` on `root` only (`ncclReduce`);
     /// `recv` may be [`Operand::null`] elsewhere. Relayed through the other
-    /// ranks from [`RELAY_MIN_BYTES`](devcomm_device::coll::RELAY_MIN_BYTES)
+    /// ranks from [`RELAY_MIN_BYTES`]
     /// on teams of three or more ([`Algorithm::choose_rooted`]).
     #[doc(alias = "ncclReduce")]
     pub fn reduce<'a, T: CollType>(
@@ -825,7 +826,7 @@ impl<'c> Collectives<'c> {
     /// `recv = send_root` on every rank (`ncclBroadcast`); `send` is read
     /// on the root only ([`Operand::null`] elsewhere); in place when the
     /// root's `send` and `recv` are the same memory. Relayed through the
-    /// other ranks from [`RELAY_MIN_BYTES`](devcomm_device::coll::RELAY_MIN_BYTES)
+    /// other ranks from [`RELAY_MIN_BYTES`]
     /// on teams of three or more ([`Algorithm::choose_rooted`]).
     #[doc(alias = "ncclBroadcast")]
     pub fn broadcast<'a, T: CollType>(
