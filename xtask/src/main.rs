@@ -331,7 +331,7 @@ fn cmd_bundle(args: &PtxArgs, dir: &Path, strip: bool) -> Result<()> {
 }
 
 /// Packs a bundle over [`BUNDLE_LIMIT`] into `bundle.tar.xz` inside it (the
-/// binaries embed the same PTX and compress well: 174 MiB became 14 MiB);
+/// binaries embed the same PTX and compress well: 552 MiB became 9 MiB);
 /// `benches/gpu/common.sh` unpacks it on the device machine.
 fn pack(dir: &Path) -> Result<(), String> {
     let packed = dir.with_extension("tar.xz.tmp");
@@ -344,7 +344,10 @@ fn pack(dir: &Path) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("running tar: {e}"))?;
     let xz = Command::new("xz")
-        .args(["-T0", "-6"])
+        // One block with a dictionary larger than a few binaries: the copies
+        // of the PTX that every binary embeds compress to almost nothing
+        // (2026-11-26: 552 MiB → 9 MiB; `-T0 -6` cut it in blocks and gave 64).
+        .args(["-T1", "--lzma2=preset=6,dict=128MiB"])
         .stdin(tar.stdout.ok_or("tar has no stdout")?)
         .stdout(out)
         .status()
