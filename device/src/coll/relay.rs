@@ -87,6 +87,37 @@ impl Relay {
     }
 }
 
+/// Runs `step(i, cur, prev)` for the epochs `i` of a relay of `chunks`
+/// chunks (`0..chunks + 2`; none when `chunks` is 0), `cur` the offset of
+/// the part's staging slice for data stored in this epoch and `prev` that
+/// of the data stored in the one before; the part's LSA barrier after each
+/// epoch but the last, which only reads what the one before stored.
+///
+/// # Safety
+/// `ctx` live, its barrier for `part` used by the collectives alone; every
+/// thread of `coop` and every rank call with the same `chunks`.
+unsafe fn epochs<C: Coop>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    chunks: usize,
+    mut step: impl FnMut(usize, u64, u64),
+) -> Result<(), CollError> {
+    if chunks == 0 {
+        return Ok(());
+    }
+    // SAFETY: the contract.
+    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    for i in 0..chunks + 2 {
+        step(i, area(ctx, part, bar.epoch()), area(ctx, part, bar.epoch().wrapping_sub(1)));
+        if i <= chunks {
+            // SAFETY: as above.
+            unsafe { bar.sync(coop, Order::AcqRel) }?;
+        }
+    }
+    Ok(())
+}
+
 /// `dst[i] = src_root[i]` for the part's bytes `[b, e)`, relayed (see the
 /// [module docs](self)). Slots: 0 the root's piece, `1 + g` helper `g`'s.
 ///
@@ -108,13 +139,7 @@ pub(super) unsafe fn broadcast<C: Coop>(
     let r = Relay::new::<u8>(ctx, part, b, e, root, ctx.scratch().lsa_size());
     let helpers = r.n - 1;
     let chunks = r.chunks();
-    if chunks == 0 {
-        return Ok(());
-    }
-    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
-    for i in 0..chunks + 2 {
-        let (cur, prev) = (area(ctx, part, bar.epoch()), area(ctx, part, bar.epoch().wrapping_sub(1)));
+    let step = |i: usize, cur: u64, prev: u64| {
         match r.helper() {
             None if i < chunks => {
                 let (c0, m) = r.range(i);
@@ -158,13 +183,9 @@ pub(super) unsafe fn broadcast<C: Coop>(
                 }
             }
         }
-        // The last epoch only reads what the one before stored.
-        if i <= chunks {
-            // SAFETY: as above.
-            unsafe { bar.sync(coop, Order::AcqRel) }?;
-        }
-    }
-    Ok(())
+    };
+    // SAFETY: the contract (a live context whose barriers are the collectives').
+    unsafe { epochs(coop, ctx, part, chunks, step) }
 }
 
 /// `dst[i - b] = red over the LSA ranks of src[i]` for the part's elements
@@ -192,13 +213,7 @@ pub(super) unsafe fn reduce<C: Coop, T: Element>(
     let n = ctx.scratch().lsa_size();
     let r = Relay::new::<T>(ctx, part, b, e, root, 2 * n - 1);
     let chunks = r.chunks();
-    if chunks == 0 {
-        return Ok(());
-    }
-    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
-    for i in 0..chunks + 2 {
-        let (cur, prev) = (area(ctx, part, bar.epoch()), area(ctx, part, bar.epoch().wrapping_sub(1)));
+    let step = |i: usize, cur: u64, prev: u64| {
         if i < chunks {
             let (c0, m) = r.range(i);
             for h in (0..n - 1).filter(|&h| r.rank_of(h) != r.me) {
@@ -246,10 +261,7 @@ pub(super) unsafe fn reduce<C: Coop, T: Element>(
             }
             _ => {}
         }
-        if i <= chunks {
-            // SAFETY: as above.
-            unsafe { bar.sync(coop, Order::AcqRel) }?;
-        }
-    }
-    Ok(())
+    };
+    // SAFETY: the contract (a live context whose barriers are the collectives').
+    unsafe { epochs(coop, ctx, part, chunks, step) }
 }
