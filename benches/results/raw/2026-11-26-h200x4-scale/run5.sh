@@ -13,5 +13,5 @@ SECONDS=0
 timeout 330 env DEVCOMM_RUNTIME=cuda $B/tests/coll-* --test-threads=1 --exact coll_3_ranks coll_4_ranks coll_8_ranks > $L/t_coll.log 2>&1
 echo "coll tests exit $? ${SECONDS}s: $(grep -E '^test result' $L/t_coll.log | tail -n 1) skipped-lines $(grep -ci skipped $L/t_coll.log)"
 for op in broadcast reduce; do echo "== $op"; $P -n 4 $B/bin/devcomm_perf --nccl -o $op -b 1M -e 128M -f 8 > $L/$op.log 2>&1; echo "exit $?"; done
-} 2>&1 | tee $L/run5.log
-cd $L && tar czf $OUT/logs5.tgz *.log && cp run5.log $OUT/
+} 2>&1 | tee $OUT/run5.log
+cd $L && tar czf $OUT/logs5.tgz *.log
