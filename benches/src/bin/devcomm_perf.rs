@@ -358,6 +358,20 @@ impl<T: CollType> Bench<'_, T> {
         Ok(out)
     }
 
+    /// The algorithm the host collectives run for `bytes` of this
+    /// collective when asked for `algorithm`: `Auto` resolved as they resolve
+    /// it (all-reduce: `Algorithm::choose`; broadcast and reduce:
+    /// `Algorithm::choose_rooted`); the others have one algorithm (`Auto`).
+    fn resolve(&self, bytes: usize, algorithm: Algorithm) -> Algorithm {
+        let ctx = self.coll.context();
+        match (self.kind, algorithm) {
+            (Kind::AllReduce, Algorithm::Auto) => Algorithm::choose(bytes as u64, &ctx),
+            (Kind::Broadcast | Kind::Reduce, Algorithm::Auto) => Algorithm::choose_rooted(bytes as u64, &ctx),
+            (Kind::AllReduce | Kind::Broadcast | Kind::Reduce, a) => a,
+            _ => Algorithm::Auto,
+        }
+    }
+
     /// The CTAs the host collectives give a `bytes`-byte all-reduce or
     /// all-gather with `algorithm` (LL: one).
     fn grid(&self, bytes: usize, algorithm: Algorithm) -> u32 {
@@ -413,11 +427,7 @@ impl<T: CollType> Bench<'_, T> {
     ) -> Result<(f64, f64, f64)> {
         let module = devcomm_tests::test_kernels(self.comm.device());
         let bytes = len * std::mem::size_of::<T>();
-        let algorithm = match (self.kind, algorithm) {
-            (Kind::AllReduce, Algorithm::Auto) => Algorithm::choose(bytes as u64, &self.coll.context()),
-            (Kind::AllReduce, a) => a,
-            _ => Algorithm::Auto,
-        };
+        let algorithm = self.resolve(bytes, algorithm);
         let plain = LaunchConfig::new(self.grid(bytes, algorithm), self.coll.threads());
         let cfg = if self.coll.config().cooperative { plain.co_resident() } else { plain };
         let args = self.args_for(src.kernel_buffer(), recv, len, algorithm, 0, 0);
@@ -443,17 +453,8 @@ impl<T: CollType> Bench<'_, T> {
     fn trace(&self, src: Operand<'_, T>, recv: &DeviceBuffer<T>, len: usize, algorithm: Algorithm) -> Result<()> {
         let module = devcomm_tests::test_kernels(self.comm.device());
         let bytes = len * std::mem::size_of::<T>();
-        let (which, algorithm) = match self.kind {
-            Kind::AllGather => (0u32, Algorithm::Auto),
-            _ => (
-                1u32,
-                if algorithm == Algorithm::Auto {
-                    Algorithm::choose(bytes as u64, &self.coll.context())
-                } else {
-                    algorithm
-                },
-            ),
-        };
+        let which = if self.kind == Kind::AllGather { 0u32 } else { 1 };
+        let algorithm = self.resolve(bytes, algorithm);
         let ctas = self.grid(bytes, algorithm) as usize;
         let calls = self.args.trace;
         let stamps = self.comm.device().alloc_from(&vec![0u64; calls * ctas * 4])?;
@@ -518,10 +519,7 @@ impl<T: CollType> Bench<'_, T> {
         let module = devcomm_tests::test_kernels(self.comm.device());
         let errors = self.comm.device().alloc_from(&[0u32])?;
         let bytes = len * std::mem::size_of::<T>();
-        let algorithm = match algorithm {
-            Algorithm::Auto => Algorithm::choose(bytes as u64, &self.coll.context()),
-            a => a,
-        };
+        let algorithm = self.resolve(bytes, algorithm);
         let ctas = self.grid(bytes, algorithm);
         let iters = self.args.iters as u32;
         let launch = || -> Result<()> {
