@@ -202,15 +202,21 @@ fn reductions<T: TestElem>(c: &mut Ctx, len: usize, algorithm: Algorithm) {
             let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
             check_one(r, &xs, *g).unwrap_or_else(|e| panic!("all_reduce {what} element {i}: got {g:?}, {e}"));
         }
-        // reduce: direct to the last rank, relayed to a root that moves
-        // with the case (Auto: both).
+        // reduce: direct to the last rank, relayed and LL to roots that
+        // move with the case (Auto: all three, LL where the slots hold it).
+        let fits_ll = len * std::mem::size_of::<T>() <= c.coll.config().ll_bytes;
         let rooted: &[Algorithm] = match algorithm {
+            Algorithm::Auto if fits_ll => &[Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ll],
             Algorithm::Auto => &[Algorithm::OneShot, Algorithm::TwoShot],
             Algorithm::TwoShot => &[Algorithm::TwoShot],
             _ => &[Algorithm::OneShot],
         };
         for &how in rooted {
-            let root = if how == Algorithm::TwoShot { case as usize % n } else { n - 1 };
+            let root = match how {
+                Algorithm::TwoShot => case as usize % n,
+                Algorithm::Ll => (case as usize + 1) % n,
+                _ => n - 1,
+            };
             let out = output::<T>(c, len);
             let recv = if me == root { Operand::range(&out, GUARD, len).unwrap() } else { Operand::null() };
             c.coll.reduce_with(Operand::range(&send, 0, len).unwrap(), recv, op(r), root, how, c.stream).unwrap();
@@ -311,9 +317,12 @@ fn movements<T: TestElem>(c: &mut Ctx, len: usize) {
         let got = read_out(c.stream, &out, &what);
         let want: Vec<T> = (0..n).flat_map(|q| ins[q][..len].to_vec()).collect();
         assert_eq!(got, want, "all_gather {what} ({how})");
-        // broadcast from each root (direct), and relayed from one
+        // broadcast from each root (direct, and LL where the slots hold
+        // it), and relayed from one
         let relayed = (Algorithm::TwoShot, case as usize % n);
-        for (algorithm, root) in (0..n).map(|r| (Algorithm::OneShot, r)).chain([relayed]) {
+        let ll = if len * size <= c.coll.config().ll_bytes { n } else { 0 };
+        let direct = (0..n).map(|r| (Algorithm::OneShot, r));
+        for (algorithm, root) in direct.chain((0..ll).map(|r| (Algorithm::Ll, (r + 1) % n))).chain([relayed]) {
             let out = output::<T>(c, len);
             let s = if me == root { src(len) } else { Operand::null() };
             c.coll.broadcast_with(s, Operand::range(&out, GUARD, len).unwrap(), root, algorithm, c.stream).unwrap();
@@ -351,7 +360,10 @@ fn movements<T: TestElem>(c: &mut Ctx, len: usize) {
     }
     // In-place broadcast (the root's send is its recv) and all_gather
     // (send is the rank's own block of recv).
-    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ll] {
+        if algorithm == Algorithm::Ll && len * size > c.coll.config().ll_bytes {
+            continue;
+        }
         let buf = c.comm.device().alloc_from(&ins[me][..len]).unwrap();
         c.coll.broadcast_with(&buf, &buf, 0, algorithm, c.stream).unwrap();
         c.coll.synchronize(c.stream).unwrap();
@@ -367,6 +379,52 @@ fn movements<T: TestElem>(c: &mut Ctx, len: usize) {
     window.deregister().unwrap();
 }
 
+/// LL broadcasts and reduces queued back to back with no wait between
+/// them, roots moving, odd sizes up to the LL slots: a root can run calls
+/// ahead of its receivers, so only the channels' credits keep a slot from
+/// being overwritten before it was read. Every output checked at the end.
+fn ll_rooted_queued(c: &mut Ctx) {
+    let (n, me) = (c.n, c.me);
+    let max = c.coll.config().ll_bytes / 4;
+    let calls = 24;
+    let mut checks = Vec::new();
+    for i in 0..calls {
+        let case = c.next_case();
+        let len = [1, 7, 33, max.max(1)][i % 4].min(max.max(1));
+        let ins: Vec<Vec<f32>> = (0..n).map(|q| input::<f32>(case, q, len, false)).collect();
+        let send = c.comm.device().alloc_from(&ins[me]).unwrap();
+        let out = output::<f32>(c, len);
+        let root = (i * 5 + i / n) % n;
+        let recv = Operand::range(&out, GUARD, len).unwrap();
+        if i % 2 == 0 {
+            let s = if me == root { Operand::from(&send) } else { Operand::null() };
+            c.coll.broadcast_with(s, recv, root, Algorithm::Ll, c.stream).unwrap();
+        } else {
+            let recv = if me == root { recv } else { Operand::null() };
+            c.coll.reduce_with(&send, recv, Op::Sum, root, Algorithm::Ll, c.stream).unwrap();
+        }
+        checks.push((i, root, ins, send, out));
+    }
+    c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("queued LL broadcasts and reduces: {e}"));
+    for (i, root, ins, _send, out) in checks {
+        let what = format!("queued LL call {i} (root {root})");
+        let got = read_out(c.stream, &out, &what);
+        if i % 2 == 0 {
+            assert_eq!(got, ins[root], "{what}: broadcast");
+        } else if me == root {
+            for (k, g) in got.iter().enumerate() {
+                let xs: Vec<f32> = ins.iter().map(|v| v[k]).collect();
+                check_one(R::Sum, &xs, *g).unwrap_or_else(|e| panic!("{what}: reduce element {k}: got {g}, {e}"));
+            }
+        } else {
+            assert!(
+                bytemuck::cast_slice::<f32, u8>(&got).iter().all(|&b| b == POISON),
+                "{what}: a non-root's output was written"
+            );
+        }
+    }
+}
+
 /// Bad input returns typed errors (on this rank alone: nothing is launched).
 fn bad_input(c: &mut Ctx) {
     let n = c.n;
@@ -379,13 +437,13 @@ fn bad_input(c: &mut Ctx) {
     inv(c.coll.all_reduce(&a, &b, Op::Sum, c.stream), "all_reduce lengths differ");
     inv(c.coll.reduce(&a, &a, Op::Sum, n, c.stream), "reduce root out of range");
     inv(c.coll.broadcast(&a, &a, n + 3, c.stream), "broadcast root out of range");
-    inv(c.coll.broadcast_with(&a, &a, 0, Algorithm::Ll, c.stream), "broadcast with LL");
-    inv(c.coll.reduce_with(&a, &a, Op::Sum, 0, Algorithm::Ll, c.stream), "reduce with LL");
     inv(c.coll.all_reduce(Operand::null(), &a, Op::Sum, c.stream), "null send");
     inv(Operand::range(&a, 5, 6).map(|_| ()), "range past the end");
     inv(Operand::range(&a, usize::MAX, 2).map(|_| ()), "range overflows");
     let big = c.comm.device().alloc::<f32>(10_000).unwrap();
     inv(c.coll.all_reduce_with(&big, &big, Op::Sum, Algorithm::Ll, c.stream), "LL too large");
+    inv(c.coll.broadcast_with(&big, &big, 0, Algorithm::Ll, c.stream), "LL broadcast too large");
+    inv(c.coll.reduce_with(&big, &big, Op::Sum, 0, Algorithm::Ll, c.stream), "LL reduce too large");
     if n > 1 {
         inv(c.coll.all_gather(&a, &a, c.stream), "all_gather recv not ranks × send");
     }
@@ -441,6 +499,8 @@ fn tiny() -> CollConfig {
         stage_bytes: 1024,
         hier_split_min_bytes: 64,
         rail_chunk_bytes: 256,
+        p2p_gin_chunk_bytes: 1024,
+        p2p_gin_slots: 4,
         ..CollConfig::default()
     }
 }
@@ -877,6 +937,7 @@ fn child_body(comm: &Communicator) {
         if std::env::var(TEAMS_ENV).is_ok_and(|v| v == "full") {
             multi_team_battery(&mut c);
         }
+        ll_rooted_queued(&mut c);
         bad_input(&mut c);
         stream.synchronize().unwrap();
         assert!(c.coll.error().is_none());
@@ -910,6 +971,7 @@ fn child_body(comm: &Communicator) {
     }
     movements::<u8>(&mut c, 1500);
     movements::<f64>(&mut c, 300);
+    ll_rooted_queued(&mut c);
     bad_input(&mut c);
     stream.synchronize().unwrap();
     assert!(c.coll.error().is_none());

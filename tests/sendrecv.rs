@@ -27,10 +27,18 @@ use rand::{Rng, SeedableRng};
 const GUARD: usize = 3;
 const POISON: u8 = 0x5A;
 
-/// Tiny channels: 256-byte chunks, 2 slots (eager up to 512 bytes), up to
-/// 3 CTAs per operation.
+/// Tiny channels: 256-byte chunks, 2 slots (eager up to 512 bytes) inside
+/// an LSA team, 400-byte chunks and 3 slots over GIN; up to 3 CTAs per
+/// operation.
 fn tiny() -> CollConfig {
-    CollConfig { p2p_chunk_bytes: 256, p2p_slots: 2, p2p_max_ctas: 3, ..CollConfig::default() }
+    CollConfig {
+        p2p_chunk_bytes: 256,
+        p2p_slots: 2,
+        p2p_gin_chunk_bytes: 400,
+        p2p_gin_slots: 3,
+        p2p_max_ctas: 3,
+        ..CollConfig::default()
+    }
 }
 
 /// Message `case` from `src` to `dst`, `len` random elements (never all zero).

@@ -72,7 +72,7 @@ struct Args {
     nccl: bool,
     /// auto, ll, one_shot, two_shot: all_reduce's (over several LSA teams:
     /// the in-team step of the two-step hierarchical all-reduce); broadcast's
-    /// and reduce's one_shot (direct) or two_shot (relayed).
+    /// and reduce's ll (no barrier), one_shot (direct) or two_shot (relayed).
     #[arg(long, default_value = "auto")]
     algorithm: String,
     /// Over several LSA teams (`DEVCOMM_LSA_SIZE` below the rank count):
@@ -86,6 +86,20 @@ struct Args {
     /// `CollConfig::stage_bytes` (default: the library's).
     #[arg(long, value_parser = bytes)]
     stage_bytes: Option<usize>,
+    /// `CollConfig::p2p_chunk_bytes` (default: the library's): the chunks
+    /// of sends and receives inside an LSA team.
+    #[arg(long, value_parser = bytes)]
+    p2p_chunk_bytes: Option<usize>,
+    /// `CollConfig::p2p_slots` (default: the library's).
+    #[arg(long)]
+    p2p_slots: Option<u32>,
+    /// `CollConfig::p2p_gin_chunk_bytes` (default: the library's): the
+    /// chunks of sends and receives over GIN, between LSA teams.
+    #[arg(long, value_parser = bytes)]
+    p2p_gin_chunk_bytes: Option<usize>,
+    /// `CollConfig::p2p_gin_slots` (default: the library's).
+    #[arg(long)]
+    p2p_gin_slots: Option<u32>,
     /// `CollConfig::max_ctas` (default: the library's).
     #[arg(long)]
     max_ctas: Option<u32>,
@@ -639,6 +653,10 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
     config.bytes_per_cta = args.bytes_per_cta.unwrap_or(config.bytes_per_cta);
     config.max_ctas = args.max_ctas.unwrap_or(config.max_ctas);
     config.stage_bytes = args.stage_bytes.unwrap_or(config.stage_bytes);
+    config.p2p_chunk_bytes = args.p2p_chunk_bytes.unwrap_or(config.p2p_chunk_bytes);
+    config.p2p_slots = args.p2p_slots.unwrap_or(config.p2p_slots);
+    config.p2p_gin_chunk_bytes = args.p2p_gin_chunk_bytes.unwrap_or(config.p2p_gin_chunk_bytes);
+    config.p2p_gin_slots = args.p2p_gin_slots.unwrap_or(config.p2p_gin_slots);
     config.threads = args.threads.unwrap_or(config.threads);
     config.cooperative &= !args.no_cooperative;
     let lsa = comm.lsa_size()?;

@@ -9,9 +9,14 @@ use super::{DevComm, WindowDesc};
 /// barrier_base + parts` (one per [`Part`](crate::coll::Part)), and a
 /// scratch window laid out as:
 ///
-/// * LL slots at `ll_offset`: 2 parities × `lsa_size` sources × `2 *
-///   ll_bytes` bytes (each 8 bytes of payload travel with two 4-byte flags
-///   in 16 bytes), zeroed when made;
+/// * the LL area at `ll_offset` ([`CollContext::ll_area_bytes`]), zeroed
+///   when made: the all-reduce's slots, 2 parities × `lsa_size` sources ×
+///   `2 * ll_bytes` bytes (each 8 bytes of payload travel with two 4-byte
+///   flags in 16 bytes); then the LL broadcast's and reduce's channels
+///   (`coll::ll_rooted`): one slot of `2 * ll_bytes` bytes per source,
+///   then 16 bytes holding this rank's count of those calls, then per
+///   peer the flag of the last message sent to it and the flag it last
+///   acknowledged (a `u32` each);
 /// * staging at `stage_offset`: two areas of `stage_bytes` bytes each,
 ///   used by barrier-epoch parity (pushed and staged chunks);
 /// * point-to-point channels at `p2p_offset` (when `p2p_slots > 0`, see
@@ -46,7 +51,8 @@ pub struct CollContext {
     pub(crate) rail_offset: u64,
     pub(crate) rail_chunk: u64,
     pub(crate) rail_signal_base: u32,
-    pub(crate) reserved0: u32,
+    pub(crate) p2p_gin_slots: u32,
+    pub(crate) p2p_gin_chunk: u64,
 }
 
 impl CollContext {
@@ -56,7 +62,7 @@ impl CollContext {
     /// `comm` is live and has LSA barriers `barrier_base..barrier_base +
     /// parts`, used by nothing else while collectives run; `scratch` is a
     /// window of the same LSA team whose every rank's copy holds the layout
-    /// above (`ll_offset + 4 * lsa_size * ll_bytes <= stage_offset`, the
+    /// above (`ll_offset + ll_area_bytes(lsa_size, ll_bytes) <= stage_offset`, the
     /// staging areas inside the window, offsets and sizes multiples of 16,
     /// the LL slots zeroed before first use), used by nothing else.
     #[allow(clippy::too_many_arguments)]
@@ -90,7 +96,8 @@ impl CollContext {
             rail_offset: 0,
             rail_chunk: 0,
             rail_signal_base: 0,
-            reserved0: 0,
+            p2p_gin_slots: 0,
+            p2p_gin_chunk: 0,
         }
     }
 
@@ -113,18 +120,30 @@ impl CollContext {
     /// The context with point-to-point channels to ranks outside the LSA
     /// team, over GIN (context `gin_context` of the communicator): in
     /// window `scratch` (registered for GIN on every rank,
-    /// [`CollContext::p2p_gin_bytes`] bytes: per world rank `p2p_slots`
-    /// inbox slots, then as many outbox slots, of `p2p_chunk` bytes, then
-    /// one length word per inbox slot), and GIN signals `signal_base ..
-    /// signal_base + 2 * nranks * p2p_slots` (one per inbox slot: chunks
-    /// arrived; one per outbox slot: chunks consumed by the receiver). Call
-    /// after [`CollContext::with_p2p`].
+    /// [`CollContext::p2p_gin_bytes`] bytes: per world rank `slots` inbox
+    /// slots, then as many outbox slots, of `chunk` bytes, then one length
+    /// word per inbox slot), and GIN signals `signal_base .. signal_base +
+    /// 2 * nranks * slots` (one per inbox slot: chunks arrived; one per
+    /// outbox slot: chunks consumed by the receiver). GIN channels have
+    /// their own chunk size: each chunk costs the proxy a fixed time, so
+    /// they want larger chunks than NVLink's. Call after
+    /// [`CollContext::with_p2p`].
     ///
     /// # Safety
     /// The device communicator has GIN with those signals (zero) and that
     /// context, used by nothing else; `scratch` as above, on every rank,
-    /// used by nothing else.
-    pub const unsafe fn with_p2p_gin(mut self, scratch: WindowDesc, signal_base: u32, gin_context: u32) -> Self {
+    /// used by nothing else; `chunk` a non-zero multiple of 16, `slots >
+    /// 0`.
+    pub const unsafe fn with_p2p_gin(
+        mut self,
+        scratch: WindowDesc,
+        signal_base: u32,
+        gin_context: u32,
+        chunk: u64,
+        slots: u32,
+    ) -> Self {
+        self.p2p_gin_chunk = chunk;
+        self.p2p_gin_slots = slots;
         self.gin_scratch = scratch;
         self.gin_signal_base = signal_base;
         self.gin_context = gin_context;
@@ -222,12 +241,12 @@ impl CollContext {
     /// outbox slot `[dst][slot]`), or of its length word (`len`).
     #[inline(always)]
     pub(crate) const fn p2p_gin_offset(&self, rank: u32, slot: u32, what: u32) -> u64 {
-        let n = self.comm.nranks as u64 * self.p2p_slots as u64;
-        let i = rank as u64 * self.p2p_slots as u64 + slot as u64;
+        let n = self.comm.nranks as u64 * self.p2p_gin_slots as u64;
+        let i = rank as u64 * self.p2p_gin_slots as u64 + slot as u64;
         match what {
-            0 => i * self.p2p_chunk,
-            1 => (n + i) * self.p2p_chunk,
-            _ => 2 * n * self.p2p_chunk + i * 8,
+            0 => i * self.p2p_gin_chunk,
+            1 => (n + i) * self.p2p_gin_chunk,
+            _ => 2 * n * self.p2p_gin_chunk + i * 8,
         }
     }
 
@@ -235,8 +254,8 @@ impl CollContext {
     /// (`credit`: consumed from outbox slot `[dst][slot]`).
     #[inline(always)]
     pub(crate) const fn p2p_gin_signal(&self, rank: u32, slot: u32, credit: bool) -> u32 {
-        let n = self.comm.nranks * self.p2p_slots;
-        self.gin_signal_base + credit as u32 * n + rank * self.p2p_slots + slot
+        let n = self.comm.nranks * self.p2p_gin_slots;
+        self.gin_signal_base + credit as u32 * n + rank * self.p2p_gin_slots + slot
     }
 
     /// The context with LL all-to-all sessions
@@ -286,6 +305,18 @@ impl CollContext {
     #[inline(always)]
     pub const fn p2p_slots(&self) -> u32 {
         self.p2p_slots
+    }
+
+    /// Payload bytes of each GIN point-to-point slot (0: no GIN channels).
+    #[inline(always)]
+    pub const fn p2p_gin_chunk(&self) -> u64 {
+        self.p2p_gin_chunk
+    }
+
+    /// Slots of each GIN point-to-point channel.
+    #[inline(always)]
+    pub const fn p2p_gin_slots(&self) -> u32 {
+        self.p2p_gin_slots
     }
 
     /// Offset of the data of slot `slot` from source `src`.
@@ -346,6 +377,34 @@ impl CollContext {
     #[inline(always)]
     pub const fn ll_slot_offset(&self, parity: u32, src: u32) -> u64 {
         self.ll_offset + ((parity as u64 & 1) * self.scratch.lsa_size as u64 + src as u64) * 2 * self.ll_bytes
+    }
+
+    /// Bytes of the LL area (see the type's docs) of a team of
+    /// `lsa_size` ranks with LL slots of `ll_bytes` payload bytes.
+    pub const fn ll_area_bytes(lsa_size: u32, ll_bytes: u64) -> u64 {
+        let n = lsa_size as u64;
+        6 * n * ll_bytes + 16 + (8 * n).next_multiple_of(16)
+    }
+
+    /// Offset of the LL broadcast's and reduce's slot for messages from
+    /// `src`.
+    #[inline(always)]
+    pub const fn ll_chan_slot_offset(&self, src: u32) -> u64 {
+        self.ll_offset + (4 * self.scratch.lsa_size as u64 + 2 * src as u64) * self.ll_bytes
+    }
+
+    /// Offset of the LL channels' `u32` word `which` about `peer` (`0`:
+    /// the flag last sent to it, `1`: the flag it last acknowledged), or
+    /// (`which == 2`) of this rank's count of LL broadcasts and reduces.
+    #[inline(always)]
+    pub const fn ll_chan_word_offset(&self, which: u32, peer: u32) -> u64 {
+        let n = self.scratch.lsa_size as u64;
+        let words = self.ll_offset + 6 * n * self.ll_bytes;
+        if which == 2 {
+            words
+        } else {
+            words + 16 + (which as u64 * n + peer as u64) * 4
+        }
     }
 
     /// Offset of staging area `parity & 1` (two areas of
@@ -488,7 +547,7 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<CollBuffer>(), 8 + 40 + 8 + 8);
-        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48 + 24);
+        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48 + 32);
         assert_eq!(size_of::<CollArgs>() % 8, 0);
         assert_eq!(size_of::<P2pOp>(), 32);
         // Kernel parameters stay within the 4 KiB every CUDA version takes.

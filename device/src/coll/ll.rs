@@ -23,7 +23,7 @@ use core::mem::size_of;
 /// # Safety
 /// `src` valid for `bytes`, `8 * w < bytes`.
 #[inline(always)]
-unsafe fn read_word(src: *const u8, bytes: usize, w: usize) -> u64 {
+pub(crate) unsafe fn read_word(src: *const u8, bytes: usize, w: usize) -> u64 {
     let at = w * 8;
     if at + 8 <= bytes && (src as usize) % 8 == 0 {
         // SAFETY: 8 bytes inside `src`, aligned (both `src` and `at` are
@@ -44,7 +44,7 @@ unsafe fn read_word(src: *const u8, bytes: usize, w: usize) -> u64 {
 /// # Safety
 /// `dst` valid for `bytes`, `8 * w < bytes`, the bytes the caller's alone.
 #[inline(always)]
-unsafe fn write_word(dst: *mut u8, bytes: usize, w: usize, v: u64) {
+pub(crate) unsafe fn write_word(dst: *mut u8, bytes: usize, w: usize, v: u64) {
     let at = w * 8;
     if at + 8 <= bytes && (dst as usize) % 8 == 0 {
         // SAFETY: as in `read_word`.
@@ -87,6 +87,49 @@ pub(crate) unsafe fn poll_flagged(at: *const u64, flag: u32) -> Option<u64> {
     (lo & !0xffff_ffff == f && hi & !0xffff_ffff == f).then_some((lo & 0xffff_ffff) | (hi << 32))
 }
 
+/// Spins until the LL word pair at `at` carries `flag`; its payload.
+///
+/// # Safety
+/// As for [`store_flagged`].
+#[inline(always)]
+pub(crate) unsafe fn wait_flagged(at: *const u64, flag: u32, deadline: &mut Deadline) -> Result<u64, CollError> {
+    loop {
+        // SAFETY: the caller's contract.
+        if let Some(v) = unsafe { poll_flagged(at, flag) } {
+            return Ok(v);
+        }
+        deadline.poll().map_err(CollError::Wait)?;
+    }
+}
+
+/// The reduction of the 8-byte payload words `word(p)` of ranks `p < n`,
+/// lane by lane in rank order (the same bits on every rank); the first
+/// error of `word` ends it.
+#[inline(always)]
+pub(crate) fn reduce_word<T: Element>(
+    red: &Reduction<T>,
+    n: u32,
+    mut word: impl FnMut(u32) -> Result<u64, CollError>,
+) -> Result<u64, CollError> {
+    let lanes = 8 / size_of::<T>();
+    let mut acc = [red.first(lane::<T>(0, 0)); 16]; // 16: `each_lane!` covers up to 16 lanes (8 used at most)
+    for p in 0..n {
+        let v = word(p)?;
+        each_lane!(lanes, |l| {
+            let x = lane::<T>(v, l);
+            acc[l] = if p == 0 { red.first(x) } else { red.step(acc[l], x) };
+        });
+    }
+    let mut out = 0u64;
+    each_lane!(lanes, |l| {
+        let bits = red.finish(acc[l]).to_bits64();
+        let width = size_of::<T>() * 8;
+        let bits = if width == 64 { bits } else { bits & ((1u64 << width) - 1) };
+        out |= bits << (l * width);
+    });
+    Ok(out)
+}
+
 /// The LL all-reduce (see the module docs).
 ///
 /// # Safety
@@ -127,44 +170,28 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
         w += nt;
     }
     // Receive and reduce, in rank order (the same bits on every rank).
-    let lanes = 8 / size_of::<T>();
     let mut deadline = Deadline::new(&ctx.comm().abort());
     let mut result = Ok(());
     let mut w = wb + t;
-    'words: while w < we {
-        let mut acc = [red.first(lane::<T>(0, 0)); 16]; // 16: `each_lane!` covers up to 16 lanes (8 used at most)
-        for p in 0..n {
-            let v = if p == me {
+    while w < we {
+        let out = reduce_word(red, n, |p| {
+            if p == me {
                 // SAFETY: as for the send.
-                unsafe { read_word(src8, bytes, w) }
+                Ok(unsafe { read_word(src8, bytes, w) })
             } else {
-                let at = slot(me, p).wrapping_add(2 * w);
-                loop {
-                    // SAFETY: the caller's own slot `[seq & 1][p]`, word
-                    // pair `w` (in bounds as above), only accessed atomically.
-                    if let Some(v) = unsafe { poll_flagged(at, seq) } {
-                        break v;
-                    }
-                    if let Err(e) = deadline.poll() {
-                        result = Err(CollError::Wait(e));
-                        break 'words;
-                    }
-                }
-            };
-            each_lane!(lanes, |l| {
-                let x = lane::<T>(v, l);
-                acc[l] = if p == 0 { red.first(x) } else { red.step(acc[l], x) };
-            });
-        }
-        let mut out = 0u64;
-        each_lane!(lanes, |l| {
-            let bits = red.finish(acc[l]).to_bits64();
-            let width = size_of::<T>() * 8;
-            let bits = if width == 64 { bits } else { bits & ((1u64 << width) - 1) };
-            out |= bits << (l * width);
+                // SAFETY: the caller's own slot `[seq & 1][p]`, word pair
+                // `w` (in bounds as above), only accessed atomically.
+                unsafe { wait_flagged(slot(me, p).wrapping_add(2 * w), seq, &mut deadline) }
+            }
         });
-        // SAFETY: `8w < bytes`, inside `dst`; word `w` is this thread's.
-        unsafe { write_word(dst8, bytes, w, out) };
+        match out {
+            // SAFETY: `8w < bytes`, inside `dst`; word `w` is this thread's.
+            Ok(v) => unsafe { write_word(dst8, bytes, w, v) },
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
         w += nt;
     }
     coop.agree(result)

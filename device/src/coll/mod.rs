@@ -46,12 +46,14 @@
 //! | [`Algorithm`] | how | barriers per chunk | for |
 //! |---|---|---|---|
 //! | `Ll` (all-reduce) | each rank stores its input with a flag in every 8 bytes into every peer's LL slot; arrival is the signal | none | ≤ [`CollContext::ll_bytes`] |
+//! | `Ll` (broadcast, reduce) | the root stores its input with flags into every peer's channel slot, or every rank into the root's; the receiver acknowledges each message so the slot is reused only once free | none | ≤ [`CollContext::ll_bytes`] |
 //! | `OneShot` | every rank stores its input into every peer's staging slot (a window input: every rank reads the peers' windows) and reduces all of it | 1 (window: 2) | medium (2 ranks: up to 2 MiB) |
 //! | `TwoShot` | every rank stores shard `p` of its input into rank `p`'s staging slot; rank `r` reduces shard `r` and stores it into every peer's result slot; each copies the results out (only stores cross NVLink) | 2 | large |
 //!
 //! [`Algorithm::Auto`] picks by size ([`Algorithm::choose`]).
 //!
-//! [`broadcast`] and [`reduce`] take an algorithm too: `OneShot` sends
+//! [`broadcast`] and [`reduce`] take an algorithm too: `Ll` as above,
+//! `OneShot` sends
 //! directly (the root stores the message into every peer's slot, or every
 //! rank into the root's: 1 barrier per chunk), `TwoShot` relays it through
 //! the other ranks on a team of three or more (a scatter then an
@@ -69,6 +71,7 @@ pub mod element;
 pub mod hier;
 mod ll;
 pub mod ll_a2a;
+mod ll_rooted;
 mod movement;
 pub mod op;
 pub mod p2p;
@@ -197,9 +200,13 @@ impl Algorithm {
     }
 
     /// The broadcast or reduce algorithm for `bytes` on `ctx`:
-    /// [`Algorithm::TwoShot`] (relayed by the ranks other than the root) from
-    /// [`RELAY_MIN_BYTES`] on teams of three or more, else
-    /// [`Algorithm::OneShot`] (direct).
+    /// [`Algorithm::TwoShot`] (relayed by the ranks other than the root)
+    /// from [`RELAY_MIN_BYTES`] on teams of three or more, else
+    /// [`Algorithm::OneShot`] (direct). Never [`Algorithm::Ll`]: on 2 ×
+    /// H200 the LL broadcast and reduce took what the direct ones take
+    /// (8 B host-launched: 6.5 against 6.4 µs, 9.7 against 9.4; the barrier
+    /// is not what these calls wait for), so they are there to be asked for
+    /// (`benches/results/2026-11-26-h200x2-ll-rooted-rma-p2p.md`).
     #[inline(always)]
     pub const fn choose_rooted(bytes: u64, ctx: &CollContext) -> Algorithm {
         if ctx.scratch().lsa_size() >= 3 && bytes >= RELAY_MIN_BYTES {

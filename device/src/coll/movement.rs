@@ -11,7 +11,7 @@
 //! reads the peers' windows between two barriers.
 
 use super::staging::{area, piece, slice, Staged};
-use super::{check_part, relay, Algorithm, CollContext, CollError, Input, Part};
+use super::{check_part, ll_rooted, relay, Algorithm, CollContext, CollError, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
 use crate::lsa::{ops::copy_strided, LsaBarrierSession};
@@ -238,10 +238,11 @@ pub unsafe fn all_gather<C: Coop, T: Copy>(
 /// `dst[i] = src_root[i]` for `i < count` on every rank (`ncclBroadcast`);
 /// only the root's `src` is read. In place when `dst` is `src`.
 ///
-/// `algorithm`: `OneShot` sends directly from the root, `TwoShot` relays
+/// `algorithm`: `Ll` sends the root's data and flags in the same stores
+/// (no barrier; up to [`CollContext::ll_bytes`], part 0 of a grid moves
+/// all of it), `OneShot` sends directly from the root, `TwoShot` relays
 /// through the other ranks (teams of three or more; the same as `OneShot`
-/// on two), `Auto` picks ([`Algorithm::choose_rooted`]); `Ll` is a
-/// [`CollError::BadArgument`].
+/// on two), `Auto` picks ([`Algorithm::choose_rooted`]).
 ///
 /// # Safety
 /// As for [`all_gather`], `dst` holding `count` elements; `root <
@@ -264,8 +265,8 @@ pub unsafe fn broadcast<C: Coop, T: Copy>(
         a => a,
     };
     if algorithm == Algorithm::Ll {
-        check_part(ctx, part)?;
-        return Err(CollError::BadArgument);
+        // SAFETY: this function's contract.
+        return unsafe { ll_rooted::broadcast(coop, ctx, part, src.local(), dst as *mut u8, bytes, root) };
     }
     if algorithm == Algorithm::TwoShot && n >= 3 {
         check_part(ctx, part)?;

@@ -32,6 +32,8 @@
 //! deadlock unless the sends and receives run at once (one group, one
 //! launch: what `devcomm::coll::Group` does). Chunk `i` of a message is
 //! done by part `i % part.count`; parts of the two ends need not match.
+//! Channels to ranks outside the LSA team have their own chunk size and
+//! slot count ([`CollContext::p2p_gin_chunk`], [`CollContext::p2p_gin_slots`]).
 //! Every message takes at least one chunk (a 0-byte message carries its
 //! length), so mismatched counts are reported, not hung on.
 
@@ -81,12 +83,24 @@ struct Chunk {
     len: usize,
 }
 
-/// The chunks of `op` that `part` moves, in order: chunk `i` of the
-/// message for every `i ≡ part.index (mod part.count)`.
+/// Bytes per chunk and slots per channel on `route`: NVLink channels'
+/// ([`CollContext::p2p_chunk`]) or GIN channels' (larger: each chunk costs
+/// the proxy a fixed time).
 #[inline(always)]
-fn chunks_of(ctx: &CollContext, part: Part, op: &P2pOp) -> impl Iterator<Item = Chunk> {
-    let (chunk, slots, bytes, first) = (ctx.p2p_chunk(), ctx.p2p_slots().max(1) as u64, op.bytes, op.first_seq);
-    (part.index as u64..p2p_chunks(ctx, bytes)).step_by(part.count.max(1) as usize).map(move |i| {
+fn geometry(ctx: &CollContext, route: Route) -> (u64, u64) {
+    match route {
+        Route::Lsa(_) => (ctx.p2p_chunk(), ctx.p2p_slots() as u64),
+        Route::Gin => (ctx.p2p_gin_chunk(), ctx.p2p_gin_slots() as u64),
+    }
+}
+
+/// The chunks of `op` (on `route`) that `part` moves, in order: chunk `i`
+/// of the message for every `i ≡ part.index (mod part.count)`.
+#[inline(always)]
+fn chunks_of(ctx: &CollContext, part: Part, op: &P2pOp, route: Route) -> impl Iterator<Item = Chunk> {
+    let (chunk, slots) = geometry(ctx, route);
+    let (slots, bytes, first) = (slots.max(1), op.bytes, op.first_seq);
+    (part.index as u64..chunks(chunk, bytes)).step_by(part.count.max(1) as usize).map(move |i| {
         let seq = first.wrapping_add(i);
         let z = seq.wrapping_sub(1);
         let begin = i * chunk;
@@ -100,14 +114,24 @@ fn chunks_of(ctx: &CollContext, part: Part, op: &P2pOp) -> impl Iterator<Item = 
     })
 }
 
-/// Chunks of a `bytes`-byte message on `ctx`'s channels (at least one).
+/// Chunks of `chunk` bytes in a `bytes`-byte message (at least one).
 #[inline(always)]
-pub const fn p2p_chunks(ctx: &CollContext, bytes: u64) -> u64 {
-    if ctx.p2p_chunk() == 0 || bytes == 0 {
+const fn chunks(chunk: u64, bytes: u64) -> u64 {
+    if chunk == 0 || bytes == 0 {
         1
     } else {
-        bytes.div_ceil(ctx.p2p_chunk())
+        bytes.div_ceil(chunk)
     }
+}
+
+/// Chunks of a `bytes`-byte message on `ctx`'s channel to (or from) world
+/// rank `peer` (at least one): what the message advances the channel's
+/// sequence numbers by. Channels to ranks outside the LSA team (GIN) cut
+/// larger chunks than those inside it.
+#[inline(always)]
+pub fn p2p_chunks(ctx: &CollContext, peer: u32, bytes: u64) -> u64 {
+    let route = route(ctx, &P2pOp { ptr: 0, bytes, first_seq: 1, peer, kind: 0 }).unwrap_or(Route::Lsa(0));
+    chunks(geometry(ctx, route).0, bytes)
 }
 
 /// Checks the context, part and peer (the same answer on every thread).
@@ -118,7 +142,10 @@ fn check(ctx: &CollContext, part: Part, op: &P2pOp) -> Result<Route, CollError> 
     } else if ctx.p2p_slots() == 0 || op.first_seq == 0 {
         Err(CollError::BadArgument)
     } else {
-        route(ctx, op)
+        match route(ctx, op)? {
+            Route::Gin if ctx.p2p_gin_slots() == 0 || ctx.p2p_gin_chunk() == 0 => Err(CollError::BadArgument),
+            r => Ok(r),
+        }
     }
 }
 
@@ -151,7 +178,7 @@ unsafe fn send_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp,
     let me = ctx.scratch().lsa_rank();
     let slots = ctx.p2p_slots() as u64;
     let mut deadline = Deadline::new(&ctx.comm().abort());
-    for Chunk { seq: s, slot, begin, len: m, .. } in chunks_of(ctx, part, op) {
+    for Chunk { seq: s, slot, begin, len: m, .. } in chunks_of(ctx, part, op, Route::Lsa(peer)) {
         let mut r = Ok(());
         if coop.is_leader() {
             let credit = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(2, peer, slot), me);
@@ -213,7 +240,7 @@ unsafe fn recv_lsa<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp,
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let me = ctx.scratch().lsa_rank();
     let mut deadline = Deadline::new(&ctx.comm().abort());
-    for Chunk { seq: s, slot, begin, len: m, .. } in chunks_of(ctx, part, op) {
+    for Chunk { seq: s, slot, begin, len: m, .. } in chunks_of(ctx, part, op, Route::Lsa(peer)) {
         let mut r = Ok(());
         if coop.is_leader() {
             let flag = ctx.scratch().lsa_ptr::<u64>(ctx.p2p_word_offset(0, peer, slot), me);
@@ -263,7 +290,7 @@ unsafe fn send_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
     let world = ctx.comm().world();
     let win = ctx.gin_scratch();
     let gin = coop.agree(Gin::new(ctx.comm(), ctx.gin_context()).map_err(CollError::from))?;
-    for Chunk { slot, used, begin, len, .. } in chunks_of(ctx, part, op) {
+    for Chunk { slot, used, begin, len, .. } in chunks_of(ctx, part, op, Route::Gin) {
         let m = len as u64;
         if used > 0 {
             // The receiver consumed the slot's previous chunk (so its put
@@ -341,7 +368,7 @@ unsafe fn recv_gin<C: Coop>(coop: &C, ctx: &CollContext, part: Part, op: &P2pOp)
     let world = ctx.comm().world();
     let win = ctx.gin_scratch();
     let gin = coop.agree(Gin::new(ctx.comm(), ctx.gin_context()).map_err(CollError::from))?;
-    for Chunk { slot, used, begin, len: m, .. } in chunks_of(ctx, part, op) {
+    for Chunk { slot, used, begin, len: m, .. } in chunks_of(ctx, part, op, Route::Gin) {
         gin.wait_signal(coop, ctx.p2p_gin_signal(op.peer, slot, false), used + 1)?;
         let mut r = Ok(());
         if coop.is_leader() {

@@ -5,7 +5,7 @@ use super::element::Element;
 use super::op::Reduction;
 use super::pack::reduce_into;
 use super::staging::{area, piece, Staged};
-use super::{check_part, chunk_elems, ll, relay, Algorithm, CollContext, CollError, Input, Part};
+use super::{check_part, chunk_elems, ll, ll_rooted, relay, Algorithm, CollContext, CollError, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
 use crate::lsa::{ops::copy_strided, LsaBarrierSession};
@@ -163,11 +163,12 @@ unsafe fn two_shot<C: Coop, T: Element>(
 /// `dst[i] = red over the LSA ranks of src[i]` on `root` only
 /// (`ncclReduce`); other ranks' `dst` is not touched (may be null).
 ///
-/// `algorithm`: `OneShot` sends every rank's input to the root, `TwoShot`
-/// relays it (a reduce-scatter over the other ranks, then a gather to the
-/// root; teams of three or more, the same as `OneShot` on two), `Auto`
-/// picks ([`Algorithm::choose_rooted`]); `Ll` is a
-/// [`CollError::BadArgument`].
+/// `algorithm`: `Ll` sends every rank's input with flags in the same
+/// stores to the root (no barrier; up to [`CollContext::ll_bytes`], part 0
+/// of a grid moves all of it), `OneShot` sends every rank's input to the
+/// root, `TwoShot` relays it (a reduce-scatter over the other ranks, then
+/// a gather to the root; teams of three or more, the same as `OneShot` on
+/// two), `Auto` picks ([`Algorithm::choose_rooted`]).
 ///
 /// # Safety
 /// As for [`all_reduce`], with `root < lsa_size` and `algorithm` the same
@@ -186,16 +187,20 @@ pub unsafe fn reduce<C: Coop, T: Element>(
 ) -> Result<(), CollError> {
     check_part(ctx, part)?;
     let n = ctx.scratch().lsa_size();
-    if root >= n || algorithm == Algorithm::Ll {
+    if root >= n {
         return Err(CollError::BadArgument);
-    }
-    if count == 0 {
-        return Ok(());
     }
     let algorithm = match algorithm {
         Algorithm::Auto => Algorithm::choose_rooted((count * size_of::<T>()) as u64, ctx),
         a => a,
     };
+    if algorithm == Algorithm::Ll {
+        // SAFETY: this function's contract.
+        return unsafe { ll_rooted::reduce(coop, ctx, part, src.local(), dst, count, red, root) };
+    }
+    if count == 0 {
+        return Ok(());
+    }
     if algorithm == Algorithm::TwoShot && n >= 3 {
         let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
         // SAFETY: this function's contract; the part's piece of the input.

@@ -148,6 +148,18 @@ pub struct CollConfig {
     /// ranks): a send of up to `p2p_slots * p2p_chunk_bytes` bytes
     /// completes before its receive starts.
     pub p2p_slots: u32,
+    /// Payload bytes of each slot of the point-to-point channels to ranks
+    /// of other LSA teams, over GIN (several LSA teams only; a multiple of
+    /// 16). Larger than [`CollConfig::p2p_chunk_bytes`]: each chunk costs
+    /// the GIN proxy about 20 µs on 2 × H200, so a 32 MiB send between two
+    /// one-rank LSA teams moved 3.7 GB/s in 64 KiB chunks and 34–52 GB/s
+    /// in 1 MiB chunks (`benches/results/2026-11-26-h200x2-ll-rooted-rma-p2p.md`).
+    pub p2p_gin_chunk_bytes: usize,
+    /// Slots of each GIN point-to-point channel. The GIN window holds `2 *
+    /// ranks * p2p_gin_slots * p2p_gin_chunk_bytes` bytes (32 MiB per rank
+    /// of the world by default); with 1 MiB chunks a 64 MiB send moved
+    /// 15.7 / 33.7 / 45.6 GB/s with 8 / 16 / 32 slots (same file).
+    pub p2p_gin_slots: u32,
     /// Slots (of 8 bytes of payload each) per parity of every block's LL
     /// all-to-all inbox (`devcomm_device::coll::LlA2aSession`), one block
     /// per CTA of `max_ctas`.
@@ -204,6 +216,8 @@ impl Default for CollConfig {
             stage_bytes: 32 << 20,
             p2p_chunk_bytes: 64 << 10,
             p2p_slots: 32,
+            p2p_gin_chunk_bytes: 1 << 20,
+            p2p_gin_slots: 16,
             p2p_max_ctas: 16,
             ll_a2a_slots: 2048,
             check_arguments: std::env::var(CHECK_ENV).is_ok_and(|v| v.trim() == "1"),
@@ -516,6 +530,18 @@ impl Communicator {
         if config.p2p_slots == 0 || config.p2p_slots > 1024 {
             return Err(Error::invalid_argument(format!("p2p_slots {} not in 1..=1024", config.p2p_slots)));
         }
+        if config.p2p_gin_chunk_bytes == 0
+            || config.p2p_gin_chunk_bytes % 16 != 0
+            || config.p2p_gin_chunk_bytes > (64 << 20)
+        {
+            return Err(Error::invalid_argument(format!(
+                "p2p_gin_chunk_bytes {} not a non-zero multiple of 16 up to 64 MiB",
+                config.p2p_gin_chunk_bytes
+            )));
+        }
+        if config.p2p_gin_slots == 0 || config.p2p_gin_slots > 1024 {
+            return Err(Error::invalid_argument(format!("p2p_gin_slots {} not in 1..=1024", config.p2p_gin_slots)));
+        }
         if config.rail_chunk_bytes == 0 || config.rail_chunk_bytes % 16 != 0 || config.rail_chunk_bytes > (64 << 20) {
             return Err(Error::invalid_argument(format!(
                 "rail_chunk_bytes {} not a non-zero multiple of 16 up to 64 MiB",
@@ -528,7 +554,7 @@ impl Communicator {
         if config.ll_a2a_slots > (1 << 20) {
             return Err(Error::invalid_argument(format!("ll_a2a_slots {} above 2^20", config.ll_a2a_slots)));
         }
-        let ll_area = 2 * n * 2 * config.ll_bytes;
+        let ll_area = CollContext::ll_area_bytes(lsa as u32, config.ll_bytes as u64).next_multiple_of(16) as usize;
         let a2a_area = CollContext::ll_a2a_bytes(config.max_ctas, config.ll_a2a_slots) as usize;
         let p2p_area = CollContext::p2p_bytes(lsa as u32, config.p2p_chunk_bytes as u64, config.p2p_slots) as usize;
         let p2p_words = 3 * lsa * config.p2p_slots as usize * 8;
@@ -537,7 +563,8 @@ impl Communicator {
         // The GIN channels' window (several LSA teams only).
         let gin = if several_teams {
             // The point-to-point channels, then the rail exchange.
-            let p2p_bytes = CollContext::p2p_gin_bytes(n as u32, config.p2p_chunk_bytes as u64, config.p2p_slots);
+            let p2p_bytes =
+                CollContext::p2p_gin_bytes(n as u32, config.p2p_gin_chunk_bytes as u64, config.p2p_gin_slots);
             let rail_offset = p2p_bytes.next_multiple_of(16);
             let teams = (n / lsa) as u32;
             let bytes = rail_offset + CollContext::rail_bytes(config.max_ctas, teams, config.rail_chunk_bytes as u64);
@@ -545,8 +572,8 @@ impl Communicator {
             let window = self.register_window(&mem, WindowFlags::COLL_SYMMETRIC)?;
             req.use_window(&window);
             req.gin_connection_type = crate::gin::GinConnectionType::Full;
-            req.gin_signal_count =
-                CollContext::p2p_gin_signals(n as u32, config.p2p_slots) + CollContext::rail_signals(config.max_ctas);
+            req.gin_signal_count = CollContext::p2p_gin_signals(n as u32, config.p2p_gin_slots)
+                + CollContext::rail_signals(config.max_ctas);
             req.gin_context_count = 1;
             Some((window, mem, rail_offset))
         } else {
@@ -600,11 +627,12 @@ impl Communicator {
             // (16-byte aligned, `rail_chunk_bytes` a multiple of 16,
             // checked above), and declared with use_window.
             Some((window, _, rail_offset)) => unsafe {
-                ctx.with_p2p_gin(window.desc(), 0, 0).with_rail(
-                    *rail_offset,
-                    config.rail_chunk_bytes as u64,
-                    CollContext::p2p_gin_signals(n as u32, config.p2p_slots),
-                )
+                ctx.with_p2p_gin(window.desc(), 0, 0, config.p2p_gin_chunk_bytes as u64, config.p2p_gin_slots)
+                    .with_rail(
+                        *rail_offset,
+                        config.rail_chunk_bytes as u64,
+                        CollContext::p2p_gin_signals(n as u32, config.p2p_gin_slots),
+                    )
             },
             None => ctx,
         };
@@ -735,12 +763,7 @@ impl<'c> Collectives<'c> {
         same_len("all_reduce", send.len, recv.len)?;
         let count = send.len;
         let bytes = (count * std::mem::size_of::<T>()) as u64;
-        if algorithm == Algorithm::Ll && bytes > self.ctx.ll_bytes() {
-            return Err(Error::invalid_argument(format!(
-                "all_reduce with Algorithm::Ll: {bytes} bytes exceed the LL slots' {} (CollConfig::ll_bytes)",
-                self.ctx.ll_bytes()
-            )));
-        }
+        check_ll("all_reduce", algorithm, bytes, self.ctx.ll_bytes())?;
         let resolved = match algorithm {
             Algorithm::Auto => Algorithm::choose(bytes, &self.ctx),
             a => a,
@@ -764,9 +787,10 @@ impl<'c> Collectives<'c> {
         self.reduce_with(send, recv, op, root, Algorithm::Auto, stream)
     }
 
-    /// [`Collectives::reduce`] with a given algorithm: `OneShot` every
-    /// rank's input straight to the root, `TwoShot` relayed (see the device
-    /// [`reduce`](devcomm_device::coll::reduce)); `Ll` is refused.
+    /// [`Collectives::reduce`] with a given algorithm: `Ll` data and flags
+    /// in the same stores, no barrier (up to [`CollConfig::ll_bytes`]),
+    /// `OneShot` every rank's input straight to the root, `TwoShot` relayed
+    /// (see the device [`reduce`](devcomm_device::coll::reduce)).
     pub fn reduce_with<'a, T: CollType>(
         &self,
         send: impl Into<Operand<'a, T>>,
@@ -776,7 +800,6 @@ impl<'c> Collectives<'c> {
         algorithm: Algorithm,
         stream: &Stream,
     ) -> Result<()> {
-        no_ll("reduce", algorithm)?;
         let (send, recv) = (send.into(), recv.into());
         self.check_root("reduce", root)?;
         self.check_operand("reduce send", &send)?;
@@ -785,6 +808,8 @@ impl<'c> Collectives<'c> {
             same_len("reduce", send.len, recv.len)?;
         }
         let bytes = send.len * std::mem::size_of::<T>();
+        check_ll("reduce", algorithm, bytes as u64, self.ctx.ll_bytes())?;
+        let algorithm = resolve_rooted(algorithm, bytes, &self.ctx);
         self.run::<T>(Kind::Reduce, &send, &recv, send.len, &op, root, algorithm, bytes, stream)
     }
 
@@ -839,9 +864,10 @@ impl<'c> Collectives<'c> {
         self.broadcast_with(send, recv, root, Algorithm::Auto, stream)
     }
 
-    /// [`Collectives::broadcast`] with a given algorithm: `OneShot` from
-    /// the root to every rank, `TwoShot` relayed (see the device
-    /// [`broadcast`](devcomm_device::coll::broadcast)); `Ll` is refused.
+    /// [`Collectives::broadcast`] with a given algorithm: `Ll` data and
+    /// flags in the same stores, no barrier (up to [`CollConfig::ll_bytes`]),
+    /// `OneShot` from the root to every rank, `TwoShot` relayed (see the
+    /// device [`broadcast`](devcomm_device::coll::broadcast)).
     pub fn broadcast_with<'a, T: CollType>(
         &self,
         send: impl Into<Operand<'a, T>>,
@@ -850,7 +876,6 @@ impl<'c> Collectives<'c> {
         algorithm: Algorithm,
         stream: &Stream,
     ) -> Result<()> {
-        no_ll("broadcast", algorithm)?;
         let (send, recv) = (send.into(), recv.into());
         self.check_root("broadcast", root)?;
         self.check_operand("broadcast recv", &recv)?;
@@ -859,6 +884,8 @@ impl<'c> Collectives<'c> {
             same_len("broadcast", send.len, recv.len)?;
         }
         let bytes = recv.len * std::mem::size_of::<T>();
+        check_ll("broadcast", algorithm, bytes as u64, self.ctx.ll_bytes())?;
+        let algorithm = resolve_rooted(algorithm, bytes, &self.ctx);
         self.run::<T>(Kind::Broadcast, &send, &recv, recv.len, &Op::Sum, root, algorithm, bytes, stream)
     }
 
@@ -1119,11 +1146,20 @@ impl<'c> Collectives<'c> {
     }
 }
 
-/// Broadcast and reduce have no LL algorithm.
-fn no_ll(what: &str, algorithm: Algorithm) -> Result<()> {
-    if algorithm == Algorithm::Ll {
+/// `algorithm` for a broadcast or reduce of `bytes`, `Auto` resolved as
+/// the device resolves it (so that an LL call launches one CTA).
+fn resolve_rooted(algorithm: Algorithm, bytes: usize, ctx: &CollContext) -> Algorithm {
+    match algorithm {
+        Algorithm::Auto => Algorithm::choose_rooted(bytes as u64, ctx),
+        a => a,
+    }
+}
+
+/// A message for [`Algorithm::Ll`] must fit the LL slots.
+fn check_ll(what: &str, algorithm: Algorithm, bytes: u64, ll_bytes: u64) -> Result<()> {
+    if algorithm == Algorithm::Ll && bytes > ll_bytes {
         return Err(Error::invalid_argument(format!(
-            "{what} has no Algorithm::Ll: use Auto, OneShot (direct) or TwoShot (relayed)"
+            "{what} with Algorithm::Ll: {bytes} bytes exceed the LL slots' {ll_bytes} (CollConfig::ll_bytes)"
         )));
     }
     Ok(())

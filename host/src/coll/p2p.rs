@@ -270,7 +270,7 @@ impl<'c> Collectives<'c> {
         let mut seqs = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
         let counter = &mut seqs[peer][kind as usize];
         let first = *counter + 1;
-        *counter += p2p_chunks(&self.ctx, bytes);
+        *counter += p2p_chunks(&self.ctx, peer as u32, bytes);
         Ok(first)
     }
 
@@ -481,7 +481,7 @@ impl<'c> Collectives<'c> {
                 if slot == 0 || (ops[order[slot - 1]].1, ops[order[slot - 1]].0) != (peer, kind) {
                     tasks += 1;
                 }
-                most_chunks = most_chunks.max(p2p_chunks(&self.ctx, bytes));
+                most_chunks = most_chunks.max(p2p_chunks(&self.ctx, peer as u32, bytes));
                 let first_seq = self.reserve_p2p(kind, peer, bytes)?;
                 if kind == P2pKind::Send && peer / self.lsa != self.comm.rank() / self.lsa {
                     gin_bytes += bytes;
