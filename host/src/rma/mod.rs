@@ -103,15 +103,19 @@ pub struct RmaConfig {
     /// into the peer's window, then the signal through the proxy (no
     /// staging, no proxy copy). Smaller ones, and puts to other nodes or
     /// to oneself, go through the proxy. `usize::MAX`: never. Default
-    /// 4096, or `DEVCOMM_RMA_DIRECT_MIN_BYTES`.
+    /// 128 KiB, or `DEVCOMM_RMA_DIRECT_MIN_BYTES`: on 2 × H200 the SM copy
+    /// beat the copy engine up to 64 KiB (8 B / 4 KiB round trip 14.6 /
+    /// 14.8 µs against 29; 64 KiB puts 9.1 against 5.1–7.0 GB/s) and they
+    /// met at 256 KiB (22.6 against 22.0–26.5 GB/s;
+    /// `benches/results/2026-11-26-h200x2-ll-rooted-rma-p2p.md`).
     pub direct_min_bytes: usize,
     /// Puts of at most this many bytes (and at least one) to a peer of this
     /// rank's LSA team take the SM-copy direct path: one kernel copies them
     /// into the peer's window with stores, releases them at system scope and
     /// posts the signal through the proxy (one launch, no proxy copy). 0:
-    /// never. Default 4095 (with `direct_min_bytes` 4096 every put within the
-    /// node is direct), or `DEVCOMM_RMA_SM_COPY_MAX_BYTES`. Where both
-    /// apply, the copy engine wins.
+    /// never. Default 128 KiB - 1 (with `direct_min_bytes` 128 KiB every
+    /// put within the node is direct), or `DEVCOMM_RMA_SM_COPY_MAX_BYTES`.
+    /// Where both apply, the copy engine wins.
     pub sm_copy_max_bytes: usize,
 }
 
@@ -131,8 +135,8 @@ impl Default for RmaConfig {
             contexts: 1,
             stage_bytes: 4 << 20,
             queue_depth: 0,
-            direct_min_bytes: env(DIRECT_MIN_BYTES_ENV, 4096),
-            sm_copy_max_bytes: env(SM_COPY_MAX_BYTES_ENV, 4095),
+            direct_min_bytes: env(DIRECT_MIN_BYTES_ENV, 128 << 10),
+            sm_copy_max_bytes: env(SM_COPY_MAX_BYTES_ENV, (128 << 10) - 1),
         }
     }
 }
