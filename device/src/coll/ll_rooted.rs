@@ -18,11 +18,15 @@
 //!   slots and its own input word by word in rank order.
 //!
 //! In steady state the acknowledgement arrived long before the next call
-//! (it travels while the sender's next launch is queued), so a call costs
-//! the launch and one NVLink crossing, where a barrier-based one costs a
-//! barrier round trip more. The credit makes reuse safe whatever the order
-//! of roots and calls: the slot of channel `a → b` is written again only
-//! after `b` acknowledged the message in it.
+//! (it travels while the sender's next launch is queued), so a call should
+//! cost the launch and one NVLink crossing, where a barrier-based one costs
+//! a barrier round trip more. Measured on 2 × H200 it does not: 6.5 µs for
+//! an 8-byte broadcast against the direct algorithm's 6.4
+//! (`benches/results/2026-11-26-h200x2-ll-rooted-rma-p2p.md`), so
+//! [`Algorithm::choose_rooted`](super::Algorithm::choose_rooted) leaves it
+//! to be asked for. The credit makes reuse safe whatever the order of roots
+//! and calls: the slot of channel `a → b` is written again only after `b`
+//! acknowledged the message in it.
 //!
 //! Part 0 of a grid moves the whole message (LL messages are small: at most
 //! [`CollContext::ll_bytes`]); the other parts have nothing to do.
