@@ -192,8 +192,8 @@ pub(super) unsafe fn broadcast<C: Coop>(
 /// over the LL channels (see the module docs).
 ///
 /// # Safety
-/// As for [`super::reduce`]; `src` and (on the root) `dst` local, `dst`
-/// equal to `src` or not overlapping it.
+/// As for [`super::reduce`], which checked `part` and `root`; `src` and (on
+/// the root) `dst` local, `dst` equal to `src` or not overlapping it.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn reduce<C: Coop, T: Element>(
     coop: &C,
@@ -205,11 +205,7 @@ pub(super) unsafe fn reduce<C: Coop, T: Element>(
     red: &Reduction<T>,
     root: u32,
 ) -> Result<(), CollError> {
-    check_part(ctx, part)?;
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
-    if root >= n {
-        return Err(CollError::BadArgument);
-    }
     let bytes = count * size_of::<T>();
     if bytes as u64 > ctx.ll_bytes() {
         return Err(CollError::TooLarge);

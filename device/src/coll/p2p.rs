@@ -53,14 +53,14 @@ enum Route {
     Gin,
 }
 
-/// Where `op.peer` (a world rank) is reached from, checked.
+/// Where world rank `peer` is reached from, checked.
 #[inline(always)]
-fn route(ctx: &CollContext, op: &P2pOp) -> Result<Route, CollError> {
+fn route(ctx: &CollContext, peer: u32) -> Result<Route, CollError> {
     let c = ctx.comm();
-    if op.peer >= c.nranks() {
+    if peer >= c.nranks() {
         return Err(CollError::BadArgument);
     }
-    match c.lsa().world_to_rank(c.rank(), op.peer) {
+    match c.lsa().world_to_rank(c.rank(), peer) {
         Some(l) if l < ctx.scratch().lsa_size() => Ok(Route::Lsa(l)),
         Some(_) => Err(CollError::BadArgument),
         None if ctx.has_p2p_gin() => Ok(Route::Gin),
@@ -130,7 +130,7 @@ const fn chunks(chunk: u64, bytes: u64) -> u64 {
 /// larger chunks than those inside it.
 #[inline(always)]
 pub fn p2p_chunks(ctx: &CollContext, peer: u32, bytes: u64) -> u64 {
-    let route = route(ctx, &P2pOp { ptr: 0, bytes, first_seq: 1, peer, kind: 0 }).unwrap_or(Route::Lsa(0));
+    let route = route(ctx, peer).unwrap_or(Route::Lsa(0));
     chunks(geometry(ctx, route).0, bytes)
 }
 
@@ -142,7 +142,7 @@ fn check(ctx: &CollContext, part: Part, op: &P2pOp) -> Result<Route, CollError> 
     } else if ctx.p2p_slots() == 0 || op.first_seq == 0 {
         Err(CollError::BadArgument)
     } else {
-        match route(ctx, op)? {
+        match route(ctx, op.peer)? {
             Route::Gin if ctx.p2p_gin_slots() == 0 || ctx.p2p_gin_chunk() == 0 => Err(CollError::BadArgument),
             r => Ok(r),
         }

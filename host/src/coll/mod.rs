@@ -554,7 +554,7 @@ impl Communicator {
         if config.ll_a2a_slots > (1 << 20) {
             return Err(Error::invalid_argument(format!("ll_a2a_slots {} above 2^20", config.ll_a2a_slots)));
         }
-        let ll_area = CollContext::ll_area_bytes(lsa as u32, config.ll_bytes as u64).next_multiple_of(16) as usize;
+        let ll_area = CollContext::ll_area_bytes(lsa as u32, config.ll_bytes as u64) as usize;
         let a2a_area = CollContext::ll_a2a_bytes(config.max_ctas, config.ll_a2a_slots) as usize;
         let p2p_area = CollContext::p2p_bytes(lsa as u32, config.p2p_chunk_bytes as u64, config.p2p_slots) as usize;
         let p2p_words = 3 * lsa * config.p2p_slots as usize * 8;
