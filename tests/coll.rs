@@ -425,6 +425,96 @@ fn ll_rooted_queued(c: &mut Ctx) {
     }
 }
 
+/// Collectives captured into a CUDA graph once and launched four times,
+/// with fresh inputs and poisoned outputs before each launch, and an
+/// uncaptured LL all-reduce between launches (each replay must number its
+/// LL calls afresh: a replayed number would read the last replay's data).
+/// Sends refuse a capturing stream, and the capture survives the refusal.
+fn graph_replay(c: &mut Ctx) {
+    let (n, me) = (c.n, c.me);
+    let dev = c.comm.device();
+    let (ll, big) = (5, 301); // 20 bytes: LL; 1204 bytes: several chunks of the tiny scratch
+    let root = n - 1;
+    let mut a = dev.alloc::<f32>(ll).unwrap();
+    let mut b = dev.alloc::<f32>(big).unwrap();
+    let mut outs: Vec<DeviceBuffer<f32>> =
+        [ll, big, ll, big, big, n * ll].iter().map(|&l| output::<f32>(c, l)).collect();
+    let range = |i: usize, l: usize| Operand::range(&outs[i], GUARD, l).unwrap();
+    let record = |s: &Stream| -> devcomm::Result<()> {
+        c.coll.all_reduce_with(&a, range(0, ll), Op::Sum, Algorithm::Ll, s)?;
+        c.coll.all_reduce_with(&b, range(1, big), Op::Sum, Algorithm::TwoShot, s)?;
+        c.coll.broadcast_with(&a, range(2, ll), 0, Algorithm::Ll, s)?;
+        c.coll.broadcast(&b, range(3, big), root, s)?;
+        c.coll.reduce(&b, range(4, big), Op::Max, root, s)?;
+        c.coll.all_gather(&a, range(5, n * ll), s)
+    };
+    // Once uncaptured: what a first call builds is built.
+    record(c.stream).unwrap();
+    c.coll.synchronize(c.stream).unwrap();
+    let graph = c
+        .stream
+        .capture(|s| {
+            record(s)?;
+            if n > 1 {
+                match c.coll.send(&a, (me + 1) % n, s) {
+                    Err(Error::InvalidUsage(m)) => assert!(m.contains("graph"), "send under capture: {m}"),
+                    other => panic!("send under capture: expected InvalidUsage, got {other:?}"),
+                }
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("capturing collectives: {e}"));
+    let extra = dev.alloc::<f32>(ll).unwrap();
+    for launch in 0..4 {
+        let case = c.next_case();
+        let ia: Vec<Vec<f32>> = (0..n).map(|q| input::<f32>(case, q, ll, false)).collect();
+        let ib: Vec<Vec<f32>> = (0..n).map(|q| input::<f32>(case + 1000, q, big, false)).collect();
+        c.stream.write(&mut a, &ia[me]).unwrap();
+        c.stream.write(&mut b, &ib[me]).unwrap();
+        for o in outs.iter_mut() {
+            c.stream.memset(o, POISON).unwrap();
+        }
+        // SAFETY: every buffer the graph uses is alive until the
+        // synchronize below.
+        unsafe { graph.launch(c.stream).unwrap() };
+        c.coll.all_reduce_with(&extra, &extra, Op::Sum, Algorithm::Ll, c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("graph launch {launch}: {e}"));
+        let what = |k: &str| format!("graph launch {launch}: {k}");
+        let sum = |ins: &[Vec<f32>], got: &[f32], k: &str| {
+            for (i, g) in got.iter().enumerate() {
+                let xs: Vec<f32> = ins.iter().map(|v| v[i]).collect();
+                check_one(R::Sum, &xs, *g).unwrap_or_else(|e| panic!("{} element {i}: got {g}, {e}", what(k)));
+            }
+        };
+        sum(&ia, &read_out(c.stream, &outs[0], &what("LL all-reduce")), "LL all-reduce");
+        sum(&ib, &read_out(c.stream, &outs[1], &what("two-shot all-reduce")), "two-shot all-reduce");
+        assert_eq!(read_out(c.stream, &outs[2], &what("LL broadcast")), ia[0], "{}", what("LL broadcast"));
+        assert_eq!(read_out(c.stream, &outs[3], &what("broadcast")), ib[root], "{}", what("broadcast"));
+        let got = read_out(c.stream, &outs[4], &what("reduce"));
+        if me == root {
+            for (i, g) in got.iter().enumerate() {
+                let xs: Vec<f32> = ib.iter().map(|v| v[i]).collect();
+                check_one(R::Max, &xs, *g).unwrap_or_else(|e| panic!("{} element {i}: got {g}, {e}", what("reduce")));
+            }
+        }
+        assert_eq!(read_out(c.stream, &outs[5], &what("all-gather")), ia.concat(), "{}", what("all-gather"));
+    }
+}
+
+/// A world of several LSA teams refuses to capture its collectives (their
+/// channels are numbered on the host), and the capture survives it.
+fn graph_refused_across_teams(c: &mut Ctx) {
+    let a = c.comm.device().alloc_from(&[1.0f32; 7]).unwrap();
+    let graph = c.stream.capture(|s| {
+        match c.coll.all_reduce(&a, &a, Op::Sum, s) {
+            Err(Error::InvalidUsage(m)) => assert!(m.contains("graph"), "all_reduce under capture: {m}"),
+            other => panic!("all_reduce across teams under capture: expected InvalidUsage, got {other:?}"),
+        }
+        Ok(())
+    });
+    graph.unwrap_or_else(|e| panic!("an empty capture: {e}"));
+}
+
 /// Bad input returns typed errors (on this rank alone: nothing is launched).
 fn bad_input(c: &mut Ctx) {
     let n = c.n;
@@ -911,6 +1001,7 @@ fn child_body(comm: &Communicator) {
         world_reducing::<f32>(&mut c, WorldOp::ReduceScatter, 37, true, 3, true);
         world_reducing::<bf16>(&mut c, WorldOp::Reduce(last), 333, false, 2, true);
         world_broadcast(&mut c, 333, 3, last);
+        graph_refused_across_teams(&mut c);
         stream.synchronize().unwrap();
         assert!(c.coll.error().is_none());
         drop(c);
@@ -938,6 +1029,11 @@ fn child_body(comm: &Communicator) {
             multi_team_battery(&mut c);
         }
         ll_rooted_queued(&mut c);
+        if c.comm.lsa_size().unwrap() == c.n {
+            graph_replay(&mut c);
+        } else {
+            graph_refused_across_teams(&mut c);
+        }
         bad_input(&mut c);
         stream.synchronize().unwrap();
         assert!(c.coll.error().is_none());
@@ -972,6 +1068,11 @@ fn child_body(comm: &Communicator) {
     movements::<u8>(&mut c, 1500);
     movements::<f64>(&mut c, 300);
     ll_rooted_queued(&mut c);
+    if c.comm.lsa_size().unwrap() == c.n {
+        graph_replay(&mut c);
+    } else {
+        graph_refused_across_teams(&mut c);
+    }
     bad_input(&mut c);
     stream.synchronize().unwrap();
     assert!(c.coll.error().is_none());

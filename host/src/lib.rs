@@ -134,7 +134,7 @@ pub mod error;
 pub mod runtime;
 
 pub use error::{Error, ErrorCode, Result};
-pub use runtime::{Device, DeviceBuffer, Event, LaunchConfig, Module, RuntimeKind, RuntimeSelection, Stream};
+pub use runtime::{Device, DeviceBuffer, Event, Graph, LaunchConfig, Module, RuntimeKind, RuntimeSelection, Stream};
 
 pub mod bootstrap;
 pub mod coll;

@@ -124,6 +124,11 @@ struct Args {
     /// devcomm collective (when it exceeds the GPU time, the host bounds it).
     #[arg(long)]
     floor: bool,
+    /// Time CUDA graphs (as nccl-tests' `-G`): the `iters` calls of a
+    /// repetition captured once into a graph, each repetition one launch of
+    /// it (devcomm, the floor's empty kernels and NCCL alike).
+    #[arg(long)]
+    graph: bool,
 }
 
 fn bytes(s: &str) -> std::result::Result<usize, String> {
@@ -235,21 +240,41 @@ impl<T: CollType> Bench<'_, T> {
         }
     }
 
-    /// Median µs per operation of `f` (iters back to back, reps times).
+    /// Median µs per operation of `f` (iters back to back, reps times;
+    /// with `--graph`, the iters captured once and the graph launched once
+    /// per repetition).
     fn time(&self, f: &dyn Fn() -> Result<()>) -> Result<f64> {
         let dev = self.comm.device();
         for _ in 0..self.args.warmup {
             f()?;
         }
         self.coll.synchronize(self.stream)?;
+        let iters = || -> Result<()> {
+            for _ in 0..self.args.iters {
+                f()?;
+            }
+            Ok(())
+        };
+        let graph = if self.args.graph { Some(self.stream.capture(|_| iters())?) } else { None };
+        let run = || -> Result<()> {
+            match &graph {
+                // SAFETY: the graph's buffers are this size's, alive until
+                // the synchronize after the last repetition.
+                Some(g) => unsafe { g.launch(self.stream) },
+                None => iters(),
+            }
+        };
+        if graph.is_some() {
+            // One untimed launch: uploads the graph.
+            run()?;
+            self.coll.synchronize(self.stream)?;
+        }
         let mut t = Vec::new();
         for _ in 0..self.args.reps {
             self.comm.bootstrap_barrier()?;
             let (a, b) = (Event::new(dev)?, Event::new(dev)?);
             self.stream.record(&a)?;
-            for _ in 0..self.args.iters {
-                f()?;
-            }
+            run()?;
             self.stream.record(&b)?;
             self.coll.synchronize(self.stream)?;
             t.push(a.elapsed_ms(&b)? as f64 * 1000.0 / self.args.iters as f64);
@@ -677,7 +702,7 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
             String::new()
         };
         println!(
-            "# devcomm-perf {:?} {} on {} ranks{teams} ({} runtime), iters {} warmup {} reps {} (median), {}",
+            "# devcomm-perf {:?} {} on {} ranks{teams} ({} runtime), iters {} warmup {} reps {} (median), {}{}",
             kind,
             args.datatype,
             comm.count(),
@@ -685,7 +710,8 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
             args.iters,
             args.warmup,
             args.reps,
-            if args.window { "operands in windows" } else { "operands in device buffers" }
+            if args.window { "operands in windows" } else { "operands in device buffers" },
+            if args.graph { ", each repetition one CUDA graph of iters calls" } else { "" }
         );
         let mut head = "#        size        count   type  redop root |  devcomm out of place: time algbw busbw #wrong |  in place: time algbw busbw #wrong".to_string();
         if args.in_kernel {

@@ -14,9 +14,12 @@ use super::{DevComm, WindowDesc};
 ///   `2 * ll_bytes` bytes (each 8 bytes of payload travel with two 4-byte
 ///   flags in 16 bytes); then the LL broadcast's and reduce's channels
 ///   (`coll::ll_rooted`): one slot of `2 * ll_bytes` bytes per source,
-///   then 16 bytes holding this rank's count of those calls, then per
-///   peer the flag of the last message sent to it and the flag it last
-///   acknowledged (a `u32` each);
+///   then 16 bytes holding this rank's count of those calls (a `u32`) and
+///   its count of device-counted LL all-reduces (`seq == 0`, a `u32`),
+///   then per peer the flag of the last message sent to it and the flag it
+///   last acknowledged (a `u32` each); then the device-counted
+///   all-reduce's slots, laid out as the first ones (kept apart so that
+///   calls numbered by the host and by the device never share a slot);
 /// * staging at `stage_offset`: two areas of `stage_bytes` bytes each,
 ///   used by barrier-epoch parity (pushed and staged chunks);
 /// * point-to-point channels at `p2p_offset` (when `p2p_slots > 0`, see
@@ -379,11 +382,26 @@ impl CollContext {
         self.ll_offset + ((parity as u64 & 1) * self.scratch.lsa_size as u64 + src as u64) * 2 * self.ll_bytes
     }
 
+    /// Offset of the device-counted LL all-reduce's slot `[parity][src]`
+    /// (calls with `seq == 0`, see [`crate::coll::all_reduce`]).
+    #[inline(always)]
+    pub const fn ll_counted_slot_offset(&self, parity: u32, src: u32) -> u64 {
+        let n = self.scratch.lsa_size as u64;
+        let base = self.ll_offset + 6 * n * self.ll_bytes + 16 + (8 * n).next_multiple_of(16);
+        base + ((parity as u64 & 1) * n + src as u64) * 2 * self.ll_bytes
+    }
+
+    /// Offset of this rank's `u32` count of device-counted LL all-reduces.
+    #[inline(always)]
+    pub const fn ll_counted_seq_offset(&self) -> u64 {
+        self.ll_chan_word_offset(2, 0) + 4
+    }
+
     /// Bytes of the LL area (see the type's docs) of a team of
     /// `lsa_size` ranks with LL slots of `ll_bytes` payload bytes.
     pub const fn ll_area_bytes(lsa_size: u32, ll_bytes: u64) -> u64 {
         let n = lsa_size as u64;
-        6 * n * ll_bytes + 16 + (8 * n).next_multiple_of(16)
+        10 * n * ll_bytes + 16 + (8 * n).next_multiple_of(16)
     }
 
     /// Offset of the LL broadcast's and reduce's slot for messages from

@@ -8,6 +8,13 @@
 //! with two parities: a rank writes parity `seq & 1` again only at call
 //! `seq + 2`, after it received every peer's call `seq + 1`, which each
 //! peer sent after it finished reading its call-`seq` slots.
+//!
+//! The numbers come from the caller (the host's
+//! `Collectives::next_seq`, the same on every rank) or, with `seq == 0`,
+//! from the device: the coop's leader counts this rank's such calls in its
+//! scratch ([`next_count`]), so a launch captured into a CUDA graph
+//! numbers each replay afresh. The two kinds have slots of their own: a
+//! sequence only stays consecutive among calls numbered alike.
 
 use super::element::Element;
 use super::op::Reduction;
@@ -130,6 +137,29 @@ pub(crate) fn reduce_word<T: Element>(
     Ok(out)
 }
 
+/// The next value (one more, skipping 0) of this rank's counter at `at`,
+/// to every thread of the coop: its leader reads the counter, stores it one
+/// higher and hands the value out. Only leaders touch the counter, one call
+/// at a time, so consecutive calls need no more ordering than their own.
+///
+/// # Safety
+/// `at` is a `u32` of this rank's scratch accessed only this way.
+#[inline(always)]
+pub(crate) unsafe fn next_count<C: Coop>(coop: &C, at: *mut u32) -> u32 {
+    let mut value = 0;
+    if coop.is_leader() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            value = match atomic::load_relaxed(at, Scope::Gpu).wrapping_add(1) {
+                0 => 1,
+                v => v,
+            };
+            atomic::store_relaxed(at, value, Scope::Gpu);
+        }
+    }
+    coop.sync_max(value)
+}
+
 /// The LL all-reduce (see the module docs).
 ///
 /// # Safety
@@ -146,15 +176,25 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
     seq: u32,
 ) -> Result<(), CollError> {
     let bytes = count * size_of::<T>();
-    if bytes as u64 > ctx.ll_bytes() || seq == 0 {
+    if bytes as u64 > ctx.ll_bytes() || (seq == 0 && part.count != 1) {
         return coop.agree(Err(if seq == 0 { CollError::BadArgument } else { CollError::TooLarge }));
     }
+    let counted = seq == 0;
+    let seq = if counted {
+        // SAFETY: this rank's counted-call word (`ctx` live: the contract).
+        unsafe { next_count(coop, ctx.scratch().local_ptr::<u32>(ctx.ll_counted_seq_offset())) }
+    } else {
+        seq
+    };
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
     let words = bytes.div_ceil(8);
     let (wb, we) = super::staging::piece(words, 1, part.count as usize, part.index as usize);
     let (src8, dst8) = (src as *const u8, dst as *mut u8);
-    let slot = |peer: u32, from: u32| -> *mut u64 { ctx.scratch().lsa_ptr(ctx.ll_slot_offset(seq, from), peer) };
+    let slot = |peer: u32, from: u32| -> *mut u64 {
+        let at = if counted { ctx.ll_counted_slot_offset(seq, from) } else { ctx.ll_slot_offset(seq, from) };
+        ctx.scratch().lsa_ptr(at, peer)
+    };
     // Send: word `w` of the input to every peer.
     let mut w = wb + t;
     while w < we {

@@ -32,7 +32,7 @@
 //! [`CollContext::ll_bytes`]); the other parts have nothing to do.
 
 use super::element::Element;
-use super::ll::{read_word, reduce_word, store_flagged, wait_flagged, write_word};
+use super::ll::{next_count, read_word, reduce_word, store_flagged, wait_flagged, write_word};
 use super::op::Reduction;
 use super::{check_part, CollContext, CollError, Part};
 use crate::atomic::{self, Scope};
@@ -41,28 +41,15 @@ use crate::wait::{self, Deadline};
 use core::mem::size_of;
 
 /// The flag of this rank's next LL broadcast or reduce, to every thread
-/// of the coop: its leader reads this rank's count of them, stores it one
-/// higher (skipping 0) and hands the flag out. Only the leader touches the
-/// count, so consecutive calls need no more ordering than its own.
+/// of the coop (this rank's count of them, one higher).
 ///
 /// # Safety
 /// `ctx` live.
 #[inline(always)]
 unsafe fn next_flag<C: Coop>(coop: &C, ctx: &CollContext) -> u32 {
-    let mut flag = 0;
-    if coop.is_leader() {
-        let count = ctx.scratch().local_ptr::<u32>(ctx.ll_chan_word_offset(2, 0));
-        // SAFETY: this rank's own count word, accessed only atomically (by
-        // leaders of this context's LL broadcasts and reduces, one at a time).
-        unsafe {
-            flag = match atomic::load_relaxed(count, Scope::Gpu).wrapping_add(1) {
-                0 => 1,
-                f => f,
-            };
-            atomic::store_relaxed(count, flag, Scope::Gpu);
-        }
-    }
-    coop.sync_max(flag)
+    // SAFETY: this rank's own count word, touched only by leaders of this
+    // context's LL broadcasts and reduces, one at a time.
+    unsafe { next_count(coop, ctx.scratch().local_ptr::<u32>(ctx.ll_chan_word_offset(2, 0))) }
 }
 
 /// Waits (leader) until channel `me → to`'s slot is free: `to`

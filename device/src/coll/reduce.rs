@@ -21,8 +21,13 @@ fn overlaps<T>(a: *const T, b: *const T, count: usize) -> bool {
 /// `dst[i] = red over the LSA ranks of src[i]` for `i < count`, on every
 /// rank (`ncclAllReduce`). In place when `dst` is `src`'s local address.
 ///
-/// `seq` numbers the collective calls made with `ctx` (non-zero, one more
-/// per call, the same on every rank): LL uses it as its flag.
+/// `seq` numbers the LL calls made with `ctx` (LL uses it as its flag):
+/// either the host's numbers (`Collectives::next_seq` /
+/// `reserve_seq`: non-zero, one more per call, the same on every rank), or
+/// 0 for numbers the device counts itself, which a kernel captured into a
+/// CUDA graph needs (each replay then numbers its calls afresh). 0 needs a
+/// single-part call (`part.count == 1`): parts counting on their own could
+/// disagree; with more parts it is [`CollError::BadArgument`].
 ///
 /// # Safety
 /// `ctx` is live; `src` holds `count` elements on every rank (in a window:

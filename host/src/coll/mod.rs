@@ -38,6 +38,21 @@
 //! (a timeout, an abort) is kept and returned by the next call and by
 //! [`Collectives::synchronize`].
 //!
+//! ## CUDA graphs
+//!
+//! The collectives within one LSA team (all of them but `send`, `recv`,
+//! groups and `all_to_all_v`) can be captured into a graph
+//! ([`Stream::capture`](crate::runtime::Stream::capture)) and the graph
+//! launched again and again ([`Graph::launch`](crate::runtime::Graph::launch)):
+//! they keep no host-side state between calls (the LL all-reduce numbers
+//! its calls on the device, the barriers count their epochs there). Every
+//! rank captures the same calls and launches its graph as often. Sends,
+//! receives and collectives across LSA teams number their channels' chunks
+//! on the host and refuse a capturing stream with
+//! [`Error::InvalidUsage`]. Capture after a first, uncaptured call of each
+//! kind and size: that call builds what it needs (loads kernels, grows
+//! buffers), which a capture does not allow.
+//!
 //! ## Several LSA teams
 //!
 //! In a world of several LSA teams (several nodes, or `DEVCOMM_LSA_SIZE`
@@ -1026,6 +1041,7 @@ impl<'c> Collectives<'c> {
             self.check_across_ranks(kind, T::DTYPE, count, root, op.code(), send.window.is_some())?;
         }
         if self.gin_window.is_some() {
+            refuse_capture(stream, "a collective across LSA teams")?;
             // Several LSA teams: hierarchical where it applies, else flat
             // (sends and receives, GIN between teams).
             if self.hierarchical(kind) {
@@ -1052,11 +1068,17 @@ impl<'c> Collectives<'c> {
         stream: &Stream,
     ) -> Result<()> {
         let (scalar, scalar_ptr) = op.scalar()?;
-        let seq = self.next_seq();
         if bytes == 0 {
             return Ok(());
         }
-        let ctas = if algorithm == Algorithm::Ll {
+        // An LL all-reduce numbers its calls on the device (`seq` 0), so a
+        // launch captured into a CUDA graph stays right when replayed; the
+        // device counts them per single-part call, hence one CTA.
+        let ll = match (kind, algorithm) {
+            (Kind::AllReduce, Algorithm::Auto) => Algorithm::choose(bytes as u64, &self.ctx) == Algorithm::Ll,
+            (_, a) => a == Algorithm::Ll,
+        };
+        let ctas = if ll {
             1
         } else {
             bytes.div_ceil(self.config.bytes_per_cta).clamp(1, self.config.max_ctas as usize) as u32
@@ -1084,7 +1106,7 @@ impl<'c> Collectives<'c> {
             op: op.code() as u32,
             root: root as u32,
             algorithm: algorithm as u32,
-            seq,
+            seq: 0,
         };
         // Part `b` waits for part `b` of every other rank: if a rank ran
         // its CTAs in waves, rank 0's first wave could wait for a CTA that
@@ -1156,6 +1178,18 @@ fn resolve_rooted(algorithm: Algorithm, bytes: usize, ctx: &CollContext) -> Algo
 }
 
 /// A message for [`Algorithm::Ll`] must fit the LL slots.
+/// Refuses `what` on a capturing stream: its sequence numbers are the
+/// host's, so a graph replaying it would reuse them.
+pub(super) fn refuse_capture(stream: &Stream, what: &str) -> Result<()> {
+    if stream.is_capturing()? {
+        return Err(Error::invalid_usage(format!(
+            "{what} cannot be captured into a CUDA graph yet (its channels are numbered by the host, and a replay \
+             would reuse the numbers); capture collectives within one LSA team only"
+        )));
+    }
+    Ok(())
+}
+
 fn check_ll(what: &str, algorithm: Algorithm, bytes: u64, ll_bytes: u64) -> Result<()> {
     if algorithm == Algorithm::Ll && bytes > ll_bytes {
         return Err(Error::invalid_argument(format!(

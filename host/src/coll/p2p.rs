@@ -462,6 +462,7 @@ impl<'c> Collectives<'c> {
         if ops.is_empty() {
             return Ok(());
         }
+        super::refuse_capture(stream, "a send or receive")?;
         // Tasks: the operations by (peer, kind), each task's in the order added.
         let mut order: Vec<usize> = (0..ops.len()).collect();
         order.sort_by_key(|&i| (ops[i].1, ops[i].0 as u32, i));

@@ -330,6 +330,40 @@ impl Drop for CudaModule {
     }
 }
 
+/// A captured, instantiated graph.
+pub(crate) struct CudaGraphHandle {
+    device: Arc<CudaDevice>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: graph handles may be used from any thread (the driver's own
+// locking); this type never hands them out.
+unsafe impl Send for CudaGraphHandle {}
+// SAFETY: as above.
+unsafe impl Sync for CudaGraphHandle {}
+
+impl CudaGraphHandle {
+    /// Whether this graph belongs to `device`.
+    pub(crate) fn is_of(&self, device: &Arc<CudaDevice>) -> bool {
+        Arc::ptr_eq(&self.device, device)
+    }
+}
+
+impl Drop for CudaGraphHandle {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: ours; launches queued earlier keep their own reference
+            // in the driver (destroying an executable graph that is running
+            // is allowed).
+            unsafe {
+                let _ = result::graph::exec_destroy(self.exec);
+                let _ = result::graph::destroy(self.graph);
+            }
+        }
+    }
+}
+
 /// A stream of one GPU.
 pub(crate) struct CudaStreamHandle {
     pub(crate) device: Arc<CudaDevice>,
@@ -520,6 +554,62 @@ impl CudaStreamHandle {
 
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(cuda_err("cuStreamSynchronize"))
+    }
+
+    /// Starts capturing the stream into a graph (`cuStreamBeginCapture`,
+    /// thread-local mode: other threads, the GIN proxy's among them, go on
+    /// calling CUDA as they please).
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: a live stream of the bound context.
+        unsafe {
+            result::stream::begin_capture(
+                self.stream.cu_stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(cuda_err("cuStreamBeginCapture"))
+    }
+
+    /// Ends the capture and instantiates what it recorded.
+    pub(crate) fn end_capture(&self) -> Result<CudaGraphHandle> {
+        self.device.bind()?;
+        // SAFETY: a live stream of the bound context.
+        let graph =
+            unsafe { result::stream::end_capture(self.stream.cu_stream()) }.map_err(cuda_err("cuStreamEndCapture"))?;
+        if graph.is_null() {
+            return Err(Error::invalid_usage("end_capture: the stream was not capturing"));
+        }
+        // SAFETY: `graph` was just made by the capture.
+        match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+            Ok(exec) => Ok(CudaGraphHandle { device: self.device.clone(), graph, exec }),
+            Err(e) => {
+                // SAFETY: ours, used by nothing else.
+                let _ = unsafe { result::graph::destroy(graph) };
+                Err(cuda_err("cuGraphInstantiate")(e))
+            }
+        }
+    }
+
+    /// Whether the stream is capturing.
+    pub(crate) fn is_capturing(&self) -> Result<bool> {
+        self.device.bind()?;
+        // SAFETY: a live stream of the bound context.
+        let status = unsafe { result::stream::is_capturing(self.stream.cu_stream()) }
+            .map_err(cuda_err("cuStreamIsCapturing"))?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Queues one run of `graph`.
+    ///
+    /// # Safety
+    /// Whatever the captured work touches is alive until the stream passes
+    /// this point.
+    pub(crate) unsafe fn launch_graph(&self, graph: &CudaGraphHandle) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: a live executable graph and stream of this context; the
+        // memory it uses is the caller's contract.
+        unsafe { result::graph::launch(graph.exec, self.stream.cu_stream()) }.map_err(cuda_err("cuGraphLaunch"))
     }
 
     /// Whether the stream has finished all its work (`cuStreamQuery`);

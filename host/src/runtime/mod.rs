@@ -937,11 +937,141 @@ impl Stream {
         }
     }
 
+    /// Starts recording this stream's work into a graph instead of running
+    /// it (`cudaStreamBeginCapture`, in thread-local mode): launches,
+    /// copies, memsets and event records queued from now on are recorded;
+    /// [`Stream::end_capture`] returns them as a [`Graph`]. Work that waits
+    /// for the stream (a synchronize, a synchronous read or write, a query)
+    /// is an [`Error::InvalidUsage`] until the capture ends, on both
+    /// runtimes.
+    ///
+    /// Which of devcomm's own calls can be captured says where they are
+    /// documented (`Collectives`: the collectives within one LSA team; not
+    /// yet sends, receives, or collectives across LSA teams, which refuse).
+    #[doc(alias = "cudaStreamBeginCapture")]
+    pub fn begin_capture(&self) -> Result<()> {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.begin_capture(),
+            StreamInner::Emulated(s) => s.begin_capture(),
+        }
+    }
+
+    /// Ends the capture [`Stream::begin_capture`] started and returns what it
+    /// recorded, ready to launch.
+    ///
+    /// Errors: [`Error::InvalidUsage`] when the stream was not capturing;
+    /// [`Error::CudaError`] when CUDA invalidated the capture (an operation
+    /// it does not allow while capturing).
+    #[doc(alias = "cudaStreamEndCapture")]
+    pub fn end_capture(&self) -> Result<Graph> {
+        let inner = match &self.inner {
+            StreamInner::Cuda(s) => GraphInner::Cuda(s.end_capture()?),
+            StreamInner::Emulated(s) => GraphInner::Emulated(s.end_capture()?),
+        };
+        Ok(Graph { inner })
+    }
+
+    /// Captures what `record` queues on this stream into a [`Graph`]: a
+    /// [`Stream::begin_capture`], `record(self)`, then a
+    /// [`Stream::end_capture`], which also runs when `record` fails (its
+    /// error is returned, the capture dropped).
+    ///
+    /// ```
+    /// use devcomm::runtime::{Device, LaunchConfig, RuntimeSelection};
+    /// use devcomm_kernels::util::axpy_f32;
+    ///
+    /// # fn main() -> devcomm::Result<()> {
+    /// let dev = Device::open(RuntimeSelection::from_env()?, 0)?;
+    /// let stream = dev.new_stream()?;
+    /// let n = 1000;
+    /// let x = dev.alloc_from(&vec![1.0f32; n])?;
+    /// let y = dev.alloc_from(&vec![0.0f32; n])?;
+    /// // y = 2 x + y, captured once...
+    /// let graph = stream.capture(|s| {
+    ///     // SAFETY: x and y hold n elements and outlive every run (we
+    ///     // synchronize below, before they are dropped).
+    ///     unsafe { s.launch::<axpy_f32>(LaunchConfig::for_elements(n as u32, 256), (2.0, x.as_ptr(), y.as_ptr(), y.as_mut_ptr(), n as u32)) }
+    /// })?;
+    /// // ... and run three times.
+    /// for _ in 0..3 {
+    ///     // SAFETY: the buffers the graph uses are alive.
+    ///     unsafe { graph.launch(&stream)? };
+    /// }
+    /// assert_eq!(stream.read_vec(&y)?, vec![6.0f32; n]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn capture(&self, record: impl FnOnce(&Stream) -> Result<()>) -> Result<Graph> {
+        self.begin_capture()?;
+        let recorded = record(self);
+        let graph = self.end_capture();
+        recorded?;
+        graph
+    }
+
+    /// Whether this stream is capturing a graph.
+    #[doc(alias = "cudaStreamIsCapturing")]
+    pub fn is_capturing(&self) -> Result<bool> {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.is_capturing(),
+            StreamInner::Emulated(s) => s.is_capturing(),
+        }
+    }
+
     fn check_buffer(&self, dev: &Device) -> Result<()> {
         if device_key(&dev.inner) == self.owner {
             Ok(())
         } else {
             Err(Error::invalid_argument("buffer belongs to another device than the stream"))
+        }
+    }
+}
+
+/// Work captured from a stream ([`Stream::begin_capture`] …
+/// [`Stream::end_capture`], or [`Stream::capture`]), launched as a whole as
+/// often as wanted (`cudaGraphExec_t`): one launch call for all of it,
+/// which is what small collectives in a loop spend most of their time on.
+#[doc(alias = "cudaGraphExec_t")]
+pub struct Graph {
+    inner: GraphInner,
+}
+
+enum GraphInner {
+    Cuda(cuda::CudaGraphHandle),
+    Emulated(emulated::EmuGraph),
+}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graph").finish_non_exhaustive()
+    }
+}
+
+impl Graph {
+    /// Queues one run of the captured work on `stream` (of the device it
+    /// was captured on; `cudaGraphLaunch`). While `stream` is capturing,
+    /// the work is recorded into that capture instead.
+    ///
+    /// Errors: [`Error::InvalidUsage`] for a stream of another device or
+    /// runtime.
+    ///
+    /// # Safety
+    ///
+    /// Every pointer the captured work uses (the kernels' arguments, the
+    /// copies' ranges) is valid again for this run, until `stream` passes
+    /// it: the graph holds addresses, not the buffers.
+    #[doc(alias = "cudaGraphLaunch")]
+    pub unsafe fn launch(&self, stream: &Stream) -> Result<()> {
+        match (&self.inner, &stream.inner) {
+            (GraphInner::Cuda(g), StreamInner::Cuda(s)) if g.is_of(&s.device) => {
+                // SAFETY: forwarded from the caller.
+                unsafe { s.launch_graph(g) }
+            }
+            (GraphInner::Emulated(g), StreamInner::Emulated(s)) if g.is_of(s.ordinal()) => {
+                // SAFETY: forwarded from the caller.
+                unsafe { s.launch_graph(g) }
+            }
+            _ => Err(Error::invalid_usage("Graph::launch: the stream belongs to another device than the graph")),
         }
     }
 }

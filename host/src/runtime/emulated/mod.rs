@@ -253,6 +253,29 @@ impl Drop for HostAlloc {
 
 type Op = Box<dyn FnOnce() -> Result<()> + Send>;
 
+/// Work a graph can run again.
+type Replayable = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
+/// One operation of a captured graph: an event to mark unrecorded when the
+/// graph is launched (a record), and the work.
+struct Captured {
+    reset: Option<Arc<EmuEvent>>,
+    op: Replayable,
+}
+
+/// What a stream recorded between `begin_capture` and `end_capture`.
+pub(crate) struct EmuGraph {
+    ordinal: usize,
+    ops: Vec<Captured>,
+}
+
+impl EmuGraph {
+    /// Whether this graph was captured on device `ordinal`.
+    pub(crate) fn is_of(&self, ordinal: usize) -> bool {
+        self.ordinal == ordinal
+    }
+}
+
 #[derive(Default)]
 struct StreamState {
     submitted: u64,
@@ -266,6 +289,7 @@ pub(crate) struct EmuStream {
     tx: Mutex<Option<mpsc::Sender<Op>>>,
     state: Arc<(Mutex<StreamState>, Condvar)>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    capture: Mutex<Option<Vec<Captured>>>,
 }
 
 impl EmuStream {
@@ -292,7 +316,13 @@ impl EmuStream {
                 }
             })
             .expect("spawning an emulated stream thread");
-        Arc::new(EmuStream { ordinal, tx: Mutex::new(Some(tx)), state, worker: Mutex::new(Some(worker)) })
+        Arc::new(EmuStream {
+            ordinal,
+            tx: Mutex::new(Some(tx)),
+            state,
+            worker: Mutex::new(Some(worker)),
+            capture: Mutex::new(None),
+        })
     }
 
     fn submit(&self, op: Op) -> Result<()> {
@@ -304,6 +334,68 @@ impl EmuStream {
         let tx = tx.as_ref().ok_or_else(|| Error::invalid_usage("stream is destroyed"))?;
         self.state.0.lock().map_err(|_| Error::internal("stream poisoned"))?.submitted += 1;
         tx.send(op).map_err(|_| Error::internal("emulated stream worker is gone"))
+    }
+
+    /// Queues `op`, or records it while the stream captures a graph.
+    fn enqueue(&self, op: Replayable, reset: Option<Arc<EmuEvent>>) -> Result<()> {
+        {
+            let mut capture = self.capture.lock().map_err(|_| Error::internal("stream poisoned"))?;
+            if let Some(list) = capture.as_mut() {
+                list.push(Captured { reset, op });
+                return Ok(());
+            }
+        }
+        if let Some(ev) = reset {
+            *ev.at.lock().map_err(|_| Error::internal("event poisoned"))? = None;
+        }
+        self.submit(Box::new(move || op()))
+    }
+
+    /// Refuses `what` (work the caller waits for) while capturing, as CUDA
+    /// refuses to synchronize with a capturing stream.
+    fn refuse_while_capturing(&self, what: &str) -> Result<()> {
+        if self.capture.lock().map_err(|_| Error::internal("stream poisoned"))?.is_some() {
+            return Err(Error::invalid_usage(format!(
+                "{what} on a stream that is capturing a graph (end the capture first)"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        let mut capture = self.capture.lock().map_err(|_| Error::internal("stream poisoned"))?;
+        if capture.is_some() {
+            return Err(Error::invalid_usage("begin_capture: the stream is capturing already"));
+        }
+        *capture = Some(Vec::new());
+        Ok(())
+    }
+
+    pub(crate) fn end_capture(&self) -> Result<EmuGraph> {
+        let ops = self.capture.lock().map_err(|_| Error::internal("stream poisoned"))?.take();
+        let ops = ops.ok_or_else(|| Error::invalid_usage("end_capture: the stream was not capturing"))?;
+        Ok(EmuGraph { ordinal: self.ordinal, ops })
+    }
+
+    /// The device this stream belongs to.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub(crate) fn is_capturing(&self) -> Result<bool> {
+        Ok(self.capture.lock().map_err(|_| Error::internal("stream poisoned"))?.is_some())
+    }
+
+    /// Queues (or, while capturing, records) one run of `graph`'s work.
+    ///
+    /// # Safety
+    /// Whatever the captured work touches is alive until the stream passes
+    /// this point.
+    pub(crate) unsafe fn launch_graph(&self, graph: &EmuGraph) -> Result<()> {
+        for c in &graph.ops {
+            self.enqueue(c.op.clone(), c.reset.clone())?;
+        }
+        Ok(())
     }
 
     /// # Safety
@@ -319,14 +411,19 @@ impl EmuStream {
         }
         let job = grid::GridJob::<K::Args> { func: K::emulate, args, cfg, name: K::NAME };
         let job = grid::SendJob(job);
-        self.submit(Box::new(move || {
-            let job = job;
-            // SAFETY: the caller of `launch` vouched for the arguments.
-            unsafe { job.run() }
-        }))
+        self.enqueue(
+            Arc::new(move || {
+                // SAFETY: the caller of `launch` vouched for the arguments
+                // (for every run of a graph that captured it, the caller of
+                // `launch_graph` did).
+                unsafe { job.run() }
+            }),
+            None,
+        )
     }
 
     pub(crate) fn write(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.refuse_while_capturing("a synchronous write")?;
         let (d, s, n) = (dst as usize, src.as_ptr() as usize, src.len());
         self.submit(Box::new(move || {
             // SAFETY: dst is a live allocation of at least n bytes (checked by
@@ -339,6 +436,7 @@ impl EmuStream {
     }
 
     pub(crate) fn read(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.refuse_while_capturing("a synchronous read")?;
         let (s, d, n) = (src as usize, dst.as_mut_ptr() as usize, dst.len());
         self.submit(Box::new(move || {
             // SAFETY: as in `write`, the other way round: `src` is a live
@@ -353,6 +451,7 @@ impl EmuStream {
     /// As [`EmuStream::write`], waiting at most `limit`: the op copies from
     /// a copy of `src` of its own, so giving up leaves nothing borrowed.
     pub(crate) fn write_within(&self, dst: u64, src: &[u8], limit: std::time::Duration) -> Result<()> {
+        self.refuse_while_capturing("a synchronous write")?;
         let (d, data) = (dst as usize, src.to_vec());
         self.submit(Box::new(move || {
             // SAFETY: dst is a live allocation of at least data.len() bytes
@@ -366,6 +465,7 @@ impl EmuStream {
     /// As [`EmuStream::read`], waiting at most `limit`: the op copies into
     /// a buffer of its own, handed over once it has run.
     pub(crate) fn read_within(&self, src: u64, dst: &mut [u8], limit: std::time::Duration) -> Result<()> {
+        self.refuse_while_capturing("a synchronous read")?;
         let (s, n) = (src as usize, dst.len());
         let out = Arc::new(Mutex::new(vec![0u8; n]));
         let theirs = out.clone();
@@ -383,6 +483,7 @@ impl EmuStream {
 
     /// As [`EmuStream::synchronize`], giving up with `Timeout` after `limit`.
     pub(crate) fn synchronize_within(&self, limit: std::time::Duration) -> Result<()> {
+        self.refuse_while_capturing("synchronize")?;
         let end = std::time::Instant::now() + limit;
         let (lock, cv) = &*self.state;
         let mut s = lock.lock().map_err(|_| Error::internal("stream poisoned"))?;
@@ -419,9 +520,9 @@ impl EmuStream {
     /// Every range is live host memory until the stream passes this point.
     pub(crate) unsafe fn memcpy_batch(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
         let copies = copies.to_vec();
-        self.submit(Box::new(move || {
+        let op = move || {
             strict::copy_delay();
-            for (d, s, bytes) in copies {
+            for &(d, s, bytes) in &copies {
                 // SAFETY: the caller's contract: both ranges are live until
                 // the stream runs this op (it is in the stream, so they are);
                 // the ranges come from `Stream::memcpy_raw` /
@@ -429,33 +530,36 @@ impl EmuStream {
                 unsafe { std::ptr::copy_nonoverlapping(s as usize as *const u8, d as usize as *mut u8, bytes) };
             }
             Ok(())
-        }))
+        };
+        self.enqueue(Arc::new(op), None)
     }
 
     pub(crate) fn memset(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
         let d = dst as usize;
-        self.submit(Box::new(move || {
+        let op = move || {
             // SAFETY: dst is a live buffer of `bytes` bytes; the caller keeps
             // it alive until the stream passes this point (as with CUDA).
             unsafe { std::ptr::write_bytes(d as *mut u8, value, bytes) };
             Ok(())
-        }))
+        };
+        self.enqueue(Arc::new(op), None)
     }
 
     pub(crate) fn record(&self, event: &Arc<EmuEvent>) -> Result<()> {
         let ev = event.clone();
-        *ev.at.lock().map_err(|_| Error::internal("event poisoned"))? = None;
-        self.submit(Box::new(move || {
+        let op = move || {
             if let Ok(mut at) = ev.at.lock() {
                 *at = Some(Instant::now());
             }
             ev.cv.notify_all();
             Ok(())
-        }))
+        };
+        self.enqueue(Arc::new(op), Some(event.clone()))
     }
 
     /// Whether every submitted op has run; the stream's error if one failed.
     pub(crate) fn is_idle(&self) -> Result<bool> {
+        self.refuse_while_capturing("a query")?;
         let s = self.state.0.lock().map_err(|_| Error::internal("stream poisoned"))?;
         match &s.error {
             Some(e) => Err(e.clone()),
@@ -468,19 +572,21 @@ impl EmuStream {
     /// this point, accessed atomically by everybody.
     pub(crate) unsafe fn write_values(&self, ops: &[(u64, u64, bool)]) -> Result<()> {
         let ops = ops.to_vec();
-        self.submit(Box::new(move || {
+        let op = move || {
             strict::copy_delay();
-            for (addr, value, _barrier) in ops {
+            for &(addr, value, _barrier) in &ops {
                 // SAFETY: forwarded from the caller. SeqCst orders the store
                 // after everything this worker did before (earlier ops).
                 unsafe { std::sync::atomic::AtomicU64::from_ptr(addr as *mut u64) }
                     .store(value, std::sync::atomic::Ordering::SeqCst);
             }
             Ok(())
-        }))
+        };
+        self.enqueue(Arc::new(op), None)
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
+        self.refuse_while_capturing("synchronize")?;
         let (lock, cv) = &*self.state;
         let mut s = lock.lock().map_err(|_| Error::internal("stream poisoned"))?;
         while s.completed < s.submitted {
