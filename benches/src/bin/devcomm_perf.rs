@@ -129,6 +129,11 @@ struct Args {
     /// it (devcomm, the floor's empty kernels and NCCL alike).
     #[arg(long)]
     graph: bool,
+    /// With `--trace`: the traced all-reduces number their LL calls on the
+    /// device (sequence 0, as the host collectives do) instead of taking
+    /// numbers the host reserved.
+    #[arg(long)]
+    device_seq: bool,
 }
 
 fn bytes(s: &str) -> std::result::Result<usize, String> {
@@ -498,19 +503,32 @@ impl<T: CollType> Bench<'_, T> {
         let calls = self.args.trace;
         let stamps = self.comm.device().alloc_from(&vec![0u64; calls * ctas * 4])?;
         let src_buf = src.kernel_buffer();
-        for c in 0..calls {
-            let args = self.args_for(src_buf, recv, len, algorithm, 0, self.coll.reserve_seq(1));
-            let at = stamps.device_addr() + (c * ctas * 4 * 8) as u64;
-            // SAFETY: `args` describes the live context and buffers (`len`
-            // floats in, `len` or `n * len` out) on every rank, each call with
-            // its reserved sequence number; `at` holds `4 * ctas` u64s.
-            unsafe {
-                self.stream.launch_in::<coll_traced>(
-                    &module,
-                    LaunchConfig::new(ctas as u32, self.coll.threads()).co_resident(),
-                    (args, which, at),
-                )?
-            };
+        let launches = || -> Result<()> {
+            for c in 0..calls {
+                let seq = if self.args.device_seq { 0 } else { self.coll.reserve_seq(1) };
+                let args = self.args_for(src_buf, recv, len, algorithm, 0, seq);
+                let at = stamps.device_addr() + (c * ctas * 4 * 8) as u64;
+                // SAFETY: `args` describes the live context and buffers (`len`
+                // floats in, `len` or `n * len` out) on every rank, each call with
+                // its reserved sequence number; `at` holds `4 * ctas` u64s.
+                unsafe {
+                    self.stream.launch_in::<coll_traced>(
+                        &module,
+                        LaunchConfig::new(ctas as u32, self.coll.threads()).co_resident(),
+                        (args, which, at),
+                    )?
+                };
+            }
+            Ok(())
+        };
+        // With `--graph`: the calls captured into one graph, launched once.
+        match self.args.graph {
+            true => {
+                let graph = self.stream.capture(|_| launches())?;
+                // SAFETY: the buffers are alive until the read below waits.
+                unsafe { graph.launch(self.stream)? };
+            }
+            false => launches()?,
         }
         let v = self.stream.read_vec(&stamps)?;
         let me = self.comm.rank();
