@@ -323,7 +323,14 @@ fn every_thread_of_a_coop_sees_the_same_max_and_the_same_error() {
     let dev = test_device(0);
     let s = dev.stream();
     let mut rng = rand::rngs::StdRng::seed_from_u64(12);
-    let threads = 160u32;
+    // 5 whole warps; 3 warps and 4 lanes (a partial last warp); 32 warps
+    // (every warp's slot of the block-wide maximum).
+    for threads in [160u32, 100, 1024] {
+        every_coop_agrees(&dev, s, &mut rng, threads);
+    }
+}
+
+fn every_coop_agrees(dev: &devcomm::Device, s: &devcomm::Stream, rng: &mut rand::rngs::StdRng, threads: u32) {
     // Groups of threads per coop kind: which threads form one coop.
     let group_of = |kind: u32, t: u32| -> Option<u32> {
         match kind {
@@ -353,7 +360,7 @@ fn every_thread_of_a_coop_sees_the_same_max_and_the_same_error() {
             // SAFETY: one block; the buffers hold `threads` elements.
             unsafe {
                 s.launch_in::<coop_sync_max>(
-                    &test_kernels(&dev),
+                    &test_kernels(dev),
                     LaunchConfig::new(1, threads),
                     (kind, d_values.as_ptr(), d_max.as_mut_ptr(), d_agreed.as_mut_ptr()),
                 )
@@ -361,7 +368,7 @@ fn every_thread_of_a_coop_sees_the_same_max_and_the_same_error() {
             .unwrap();
             let (max, agreed) = (s.read_vec(&d_max).unwrap(), s.read_vec(&d_agreed).unwrap());
             for t in 0..threads {
-                let (ti, what) = (t as usize, format!("kind {kind} trial {trial} thread {t}"));
+                let (ti, what) = (t as usize, format!("{threads} threads, kind {kind} trial {trial} thread {t}"));
                 let Some(g) = group_of(kind, t) else {
                     assert_eq!((max[ti], agreed[ti]), (0xDEAD_BEEF, 0xDEAD_BEEF), "{what}: sat out");
                     continue;

@@ -36,6 +36,27 @@ elif [ "$what" = perf ]; then
     done
     step env DEVCOMM_RUNTIME=cuda $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll
     step env DEVCOMM_RUNTIME=cuda $P -o all_gather -b 8 -e 8 --trace 40 --trace-only
+elif [ "$what" = final ]; then
+    # After the block-wide maximum became one gather (not 33 barriers):
+    # the coop test on the GPU, the coll cases up to 4 ranks (LL all-reduce
+    # numbered on the device, LL broadcast/reduce, graphs), then the small
+    # sizes graphed and not, NCCL beside them.
+    step env DEVCOMM_RUNTIME=cuda timeout 300 $B/tests/runtime-* --test-threads=1 every_thread
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 150 $B/tests/coll-* --test-threads=1 coll_1_rank coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
+    P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
+    for g in --graph ""; do
+        step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o all_reduce -b 8 -e 2M -f 4 -n 200 --reps 7 --nccl --floor --in-kernel $g
+        step env DEVCOMM_RUNTIME=cuda timeout 40 $P -o broadcast -b 8 -e 64K -f 8 -n 200 --reps 7 --nccl $g
+        step env DEVCOMM_RUNTIME=cuda timeout 40 $P -o reduce -b 8 -e 64K -f 8 -n 200 --reps 7 --nccl $g
+    done
+    for a in ll one_shot; do
+        for o in all_reduce broadcast reduce; do
+            step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o $o -b 8 -e 8 -n 200 --reps 7 --algorithm $a --graph
+        done
+    done
+    for ds in "" --device-seq; do
+        step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll --graph $ds
+    done
 elif [ "$what" = diag ]; then
     # Where a graphed small all-reduce's time goes: the headline sizes
     # (graphed, NCCL graphed beside), then the traced all-reduce kernel
