@@ -126,76 +126,36 @@ fn barrier_any(id: u32, nthreads: u32, pred: bool) -> bool {
     any != 0
 }
 
-/// One `u32` per warp of the block, where [`barrier_max`] gathers each
-/// warp's maximum.
-core::arch::global_asm!(".shared .align 4 .b32 __devcomm_warp_max[32];");
-
-/// The largest `value` of a barrier's participants (warps `first_thread /
-/// 32 ..` of `nthreads` threads, or the whole block when `nthreads` is 0):
-/// one reducing barrier when every value is 0 (the common case: a coop
-/// agreeing on success); else each warp's maximum (`redux.sync`) goes into
-/// its slot of `__devcomm_warp_max`, a second barrier, and every
-/// participant reads the slots of the participating warps. Every
-/// participant takes the same branch (the first barrier hands all of them
-/// the same answer). Slots are per warp, so coops of disjoint warps
-/// (`WarpSpan`s) never share one; a slot is rewritten only after the next
-/// call's first barrier, which every reader of the last value reached
-/// after reading it.
-///
-/// It was a bit-by-bit search, one reducing barrier per bit: 33 barriers,
-/// about 1.6 µs, for each non-zero maximum (every LL all-reduce numbered on
-/// the device paid it; `benches/results/2026-11-26-h200x2-graphs.md`).
+/// The largest `value` of a barrier's participants: one reducing barrier
+/// when every value is 0 (the common case), else a bit-by-bit search from
+/// the top bit, one reducing barrier per bit; every participant takes the
+/// same branches because every barrier hands all of them the same answer.
 #[inline(always)]
-fn barrier_max(id: u32, nthreads: u32, first_thread: u32, value: u32) -> u32 {
+fn barrier_max(id: u32, nthreads: u32, value: u32) -> u32 {
     if !barrier_any(id, nthreads, value != 0) {
         return 0;
     }
-    let (first, end) =
-        if nthreads == 0 { (0, super::threads_per_block()) } else { (first_thread, first_thread + nthreads) };
-    let warp = super::thread_rank_in_block() / 32;
-    let lanes = (end - warp * 32).min(32);
-    let mask = if lanes == 32 { u32::MAX } else { (1u32 << lanes) - 1 };
-    let mine = sync_warp_max(mask, value);
-    if lane_id() == 0 {
-        // SAFETY: slot `warp < 32` of the array declared above, this warp's
-        // alone between the two barriers (see the docs).
-        unsafe {
-            asm!(
-                "{{ .reg .u32 a; mov.u32 a, __devcomm_warp_max; add.u32 a, a, {off}; st.shared.u32 [a], {v}; }}",
-                off = in(reg32) warp * 4, v = in(reg32) mine, options(nostack)
-            );
-        }
-    }
-    if nthreads == 0 {
-        sync_threads();
-    } else {
-        named_barrier(id, nthreads);
-    }
     let mut max = 0u32;
-    for w in first / 32..end.div_ceil(32) {
-        let v: u32;
-        // SAFETY: slot `w < 32` of the array, written before the barrier
-        // above by warp `w`'s lane 0 and not rewritten before this thread
-        // reaches the next call's first barrier.
-        unsafe {
-            asm!(
-                "{{ .reg .u32 a; mov.u32 a, __devcomm_warp_max; add.u32 a, a, {off}; ld.shared.u32 {v}, [a]; }}",
-                v = out(reg32) v, off = in(reg32) w * 4, options(nostack, readonly)
-            );
+    let mut bit = 32;
+    while bit > 0 {
+        bit -= 1;
+        // Does anyone have the bits found so far, and this one set?
+        let want = (max >> bit) | 1;
+        if barrier_any(id, nthreads, value >> bit == want) {
+            max |= 1 << bit;
         }
-        max = max.max(v);
     }
     max
 }
 
 #[inline(always)]
 pub fn sync_threads_max(value: u32) -> u32 {
-    barrier_max(0, 0, 0, value)
+    barrier_max(0, 0, value)
 }
 
 #[inline(always)]
-pub fn named_barrier_max(id: u32, nthreads: u32, first_thread: u32, value: u32) -> u32 {
-    barrier_max(id, nthreads, first_thread, value)
+pub fn named_barrier_max(id: u32, nthreads: u32, _first_thread: u32, value: u32) -> u32 {
+    barrier_max(id, nthreads, value)
 }
 
 #[inline(always)]

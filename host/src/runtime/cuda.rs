@@ -235,7 +235,7 @@ impl CudaDevice {
         // until the device wait times out.
         if !super::preload_disabled() {
             for name in m.entries.clone() {
-                m.function(&name, 0)?;
+                m.function(&name)?;
             }
         }
         Ok(m)
@@ -292,7 +292,7 @@ impl CudaModule {
         &self.entries
     }
 
-    fn function(&self, name: &str, shared_mem_bytes: u32) -> Result<sys::CUfunction> {
+    fn function(&self, name: &str) -> Result<sys::CUfunction> {
         let mut fns = self.functions.lock().map_err(|_| Error::internal("function cache poisoned"))?;
         if let Some(f) = fns.get(name) {
             return Ok(f.0);
@@ -306,13 +306,23 @@ impl CudaModule {
         let cname = CString::new(name).map_err(|_| Error::invalid_argument("kernel name contains a NUL byte"))?;
         // SAFETY: module is live (owned by self); context bound by the caller.
         let f = unsafe { result::module::get_function(self.module, cname) }.map_err(cuda_err("cuModuleGetFunction"))?;
-        // Allow the Hopper maximum of dynamic shared memory once per function.
+        // Allow the Hopper maximum of dynamic shared memory once per
+        // function, less its static shared memory: both count against the
+        // same per-block maximum, and a limit above what is left is refused
+        // (CUDA_ERROR_INVALID_VALUE) — a module with a static `.shared`
+        // array would not load (seen on 2 × H200: 2026-11-26-h200x2-graphs.md).
+        // SAFETY: f is a valid function of a loaded module.
+        let static_bytes = unsafe {
+            result::function::get_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        }
+        .map_err(cuda_err("reading a kernel's static shared memory"))?;
+        let limit = LaunchConfig::MAX_SHARED_MEM_BYTES.saturating_sub(static_bytes.max(0) as u32);
         // SAFETY: f is a valid function of a loaded module.
         unsafe {
             result::function::set_function_attribute(
                 f,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                LaunchConfig::MAX_SHARED_MEM_BYTES.max(shared_mem_bytes) as i32,
+                limit as i32,
             )
         }
         .map_err(cuda_err("raising the dynamic shared memory limit"))?;
@@ -386,7 +396,7 @@ impl CudaStreamHandle {
         args: &A,
     ) -> Result<()> {
         self.device.bind()?;
-        let f = module.function(name, cfg.shared_mem_bytes)?;
+        let f = module.function(name)?;
         let mut params: Vec<*mut c_void> = Vec::with_capacity(A::COUNT);
         args.for_each_param(&mut |p| params.push(p));
         let (g, b) = (cfg.grid, cfg.block);

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# CUDA graphs on 2 GPUs: `bash benches/gpu/graph.sh tests` runs the coll
+# test binary (graph_replay inside every single-team case, the refusal in
+# the multi-team ones; 2 ranks per GPU up to 4 ranks, 4 per GPU for 6 and
+# 8) and sendrecv; `bash benches/gpu/graph.sh perf` times small all-reduces,
+# broadcasts and reduces with and without graphs, NCCL beside them in the
+# same run (graphed alike). Bundle: .device/{tests,bin} (coll, sendrecv,
+# devcomm_perf, devcomm-run), or .device/small*.tar.xz unpacked into it.
+set -uo pipefail
+source benches/gpu/common.sh
+export CUDA_CACHE_PATH=/tmp/jitcache
+if [ ! -d $B/tests ]; then for t in $B/small*.tar.xz; do tar -xJf $t -C $B; done; fi
+what=${1:-tests}
+exec > >(tee $OUT/graph-$what.log) 2>&1
+date -u; nvidia-smi -L
+echo "PTX: $(grep -a -m1 -o 'inputs sha256:[0-9a-f]*' $B/tests/coll-*)"
+if [ "$what" = tests ]; then
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 400 $B/tests/coll-* --test-threads=1 --skip coll_8_ranks --skip coll_6_ranks --skip coll_8_ranks_in_four --skip coll_hierarchical_moves_fewer_gin_bytes_4_teams
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 200 $B/tests/coll-* --test-threads=1 coll_8_ranks coll_6_ranks coll_hierarchical_moves_fewer_gin_bytes_4_teams
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 120 $B/tests/sendrecv-* --test-threads=1
+elif [ "$what" = perf ]; then
+    # ITERS calls per repetition (default 200: a host-side skew of the
+    # ranks' first launches of 50 us adds 0.25 us per call, not 2.5 as
+    # with 20).
+    n=${ITERS:-200}
+    P="timeout 150 $B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
+    for g in --graph ""; do
+        step env DEVCOMM_RUNTIME=cuda $P -o all_reduce -b 8 -e 2M -f 4 -n $n --reps 7 --nccl --floor --in-kernel $g
+        step env DEVCOMM_RUNTIME=cuda $P -o broadcast -b 8 -e 64K -f 8 -n $n --reps 7 --nccl --floor $g
+        step env DEVCOMM_RUNTIME=cuda $P -o reduce -b 8 -e 64K -f 8 -n $n --reps 7 --nccl --floor $g
+    done
+    for a in ll one_shot; do
+        step env DEVCOMM_RUNTIME=cuda $P -o all_reduce -b 8 -e 8 -n $n --reps 7 --algorithm $a --graph
+        step env DEVCOMM_RUNTIME=cuda $P -o broadcast -b 8 -e 8 -n $n --reps 7 --algorithm $a --graph
+        step env DEVCOMM_RUNTIME=cuda $P -o reduce -b 8 -e 8 -n $n --reps 7 --algorithm $a --graph
+    done
+    step env DEVCOMM_RUNTIME=cuda $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll
+    step env DEVCOMM_RUNTIME=cuda $P -o all_gather -b 8 -e 8 --trace 40 --trace-only
+elif [ "$what" = final ]; then
+    # After the block-wide maximum became one gather (not 33 barriers):
+    # the coop test on the GPU, the coll cases up to 4 ranks (LL all-reduce
+    # numbered on the device, LL broadcast/reduce, graphs), then the small
+    # sizes graphed and not, NCCL beside them.
+    step env DEVCOMM_RUNTIME=cuda timeout 300 $B/tests/runtime-* --test-threads=1 every_thread
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 150 $B/tests/coll-* --test-threads=1 coll_1_rank coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
+    P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
+    for g in --graph ""; do
+        step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o all_reduce -b 8 -e 2M -f 4 -n 200 --reps 7 --nccl --floor --in-kernel $g
+        step env DEVCOMM_RUNTIME=cuda timeout 40 $P -o broadcast -b 8 -e 64K -f 8 -n 200 --reps 7 --nccl $g
+        step env DEVCOMM_RUNTIME=cuda timeout 40 $P -o reduce -b 8 -e 64K -f 8 -n 200 --reps 7 --nccl $g
+    done
+    for a in ll one_shot; do
+        for o in all_reduce broadcast reduce; do
+            step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o $o -b 8 -e 8 -n 200 --reps 7 --algorithm $a --graph
+        done
+    done
+    for ds in "" --device-seq; do
+        step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll --graph $ds
+    done
+elif [ "$what" = diag ]; then
+    # Where a graphed small all-reduce's time goes: the headline sizes
+    # (graphed, NCCL graphed beside), then the traced all-reduce kernel
+    # (the same device code, stamped) launched as one graph, with the
+    # host's and the device's sequence numbers; then nsys, when there.
+    P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
+    # The first run JITs the PTX (minutes on a fresh machine).
+    step env DEVCOMM_RUNTIME=cuda timeout 400 $P -o all_reduce -b 8 -e 8 -n 5 --reps 1 --in-kernel --floor --nccl
+    step env DEVCOMM_RUNTIME=cuda timeout 120 $P -o all_reduce -b 8 -e 2M -f 4 -n 200 --reps 7 --nccl --floor --in-kernel --graph
+    step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o broadcast -b 8 -e 64K -f 8 -n 200 --reps 7 --nccl --floor --graph
+    step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o reduce -b 8 -e 64K -f 8 -n 200 --reps 7 --nccl --graph
+    for ds in "" --device-seq; do
+        step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll --graph $ds
+    done
+    step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o all_gather -b 8 -e 8 --trace 40 --trace-only --graph
+    NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+    echo "nsys: ${NSYS:-none}"
+    if [ -n "$NSYS" ]; then
+        step env DEVCOMM_RUNTIME=cuda timeout 120 $NSYS profile -o /tmp/ar --force-overwrite true --trace cuda $P -o all_reduce -b 8 -e 8 -n 100 --reps 2 --graph
+        step timeout 60 $NSYS stats -q -r cuda_gpu_kern_sum -f csv /tmp/ar.nsys-rep
+    fi
+fi
+echo; echo "graph $what: overall status $status"
