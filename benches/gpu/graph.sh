@@ -37,10 +37,10 @@ elif [ "$what" = perf ]; then
     step env DEVCOMM_RUNTIME=cuda $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll
     step env DEVCOMM_RUNTIME=cuda $P -o all_gather -b 8 -e 8 --trace 40 --trace-only
 elif [ "$what" = final ]; then
-    # After the block-wide maximum became one gather (not 33 barriers):
-    # the coop test on the GPU, the coll cases up to 4 ranks (LL all-reduce
-    # numbered on the device, LL broadcast/reduce, graphs), then the small
-    # sizes graphed and not, NCCL beside them.
+    # After a change of the device code: the coop test, the coll cases up
+    # to 4 ranks (LL all-reduce numbered on the device, LL broadcast/reduce,
+    # graphs), then the small sizes graphed and not, NCCL beside them. The
+    # first step compiles the PTX on a fresh machine: it has 300 s.
     step env DEVCOMM_RUNTIME=cuda timeout 300 $B/tests/runtime-* --test-threads=1 every_thread
     step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 150 $B/tests/coll-* --test-threads=1 coll_1_rank coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
     P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
