@@ -53,6 +53,34 @@
 //! kind and size: that call builds what it needs (loads kernels, grows
 //! buffers), which a capture does not allow.
 //!
+//! ```
+//! use devcomm::coll::Op;
+//! use devcomm::prelude::*;
+//!
+//! let comms = Communicator::init_all_count(RuntimeSelection::Emulated, 2)?;
+//! std::thread::scope(|s| {
+//!     let ranks: Vec<_> = comms.iter().map(|comm| {
+//!         s.spawn(move || -> devcomm::Result<()> {
+//!             let coll = comm.collectives()?;
+//!             let stream = comm.device().new_stream()?;
+//!             let mut x = comm.device().alloc::<f32>(4)?;
+//!             let y = comm.device().alloc::<f32>(4)?;
+//!             coll.all_reduce(&x, &y, Op::Sum, &stream)?; // the first call, uncaptured
+//!             let graph = stream.capture(|s| coll.all_reduce(&x, &y, Op::Sum, s))?;
+//!             for step in 1..=3 {
+//!                 stream.write(&mut x, &[(comm.rank() + step) as f32; 4])?;
+//!                 // SAFETY: x and y are alive until the read below waits.
+//!                 unsafe { graph.launch(&stream)? };
+//!                 assert_eq!(stream.read_vec(&y)?, vec![(1 + 2 * step) as f32; 4]);
+//!             }
+//!             Ok(())
+//!         })
+//!     }).collect();
+//!     ranks.into_iter().try_for_each(|r| r.join().expect("a rank panicked"))
+//! })?;
+//! # Ok::<(), devcomm::Error>(())
+//! ```
+//!
 //! ## Several LSA teams
 //!
 //! In a world of several LSA teams (several nodes, or `DEVCOMM_LSA_SIZE`
