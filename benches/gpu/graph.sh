@@ -57,6 +57,9 @@ elif [ "$what" = final ]; then
     for ds in "" --device-seq; do
         step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll --graph $ds
     done
+    # What each piece of a collective kernel costs a graphed launch.
+    step env DEVCOMM_RUNTIME=cuda timeout 60 $P --probe --graph -n 200 --reps 7
+    step env DEVCOMM_RUNTIME=cuda timeout 60 $P --probe -n 200 --reps 7
 elif [ "$what" = diag ]; then
     # Where a graphed small all-reduce's time goes: the headline sizes
     # (graphed, NCCL graphed beside), then the traced all-reduce kernel

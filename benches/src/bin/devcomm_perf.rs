@@ -28,7 +28,7 @@ use devcomm::window::WindowFlags;
 use devcomm::{Error, Result};
 use devcomm_device::coll::{CollArgs, CollBuffer};
 use devcomm_device::comm::WindowDesc;
-use devcomm_test_kernels::coll_bench::{all_reduce_loop_f32, coll_empty, coll_traced};
+use devcomm_test_kernels::coll_bench::{all_reduce_loop_f32, coll_empty, coll_probe, coll_traced};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug, Clone)]
@@ -134,6 +134,13 @@ struct Args {
     /// numbers the host reserved.
     #[arg(long)]
     device_seq: bool,
+    /// Only the probes: the test kernel `coll_probe` in each of its modes
+    /// (nothing, one NVLink store, one local store, a 664-byte stack frame,
+    /// a system fence, a load), one CTA launched as the collectives are,
+    /// timed like the collectives (`--graph` for graphs): what each piece
+    /// of a collective kernel costs a launch.
+    #[arg(long)]
+    probe: bool,
 }
 
 fn bytes(s: &str) -> std::result::Result<usize, String> {
@@ -492,6 +499,29 @@ impl<T: CollType> Bench<'_, T> {
         Ok((launch, launch_plain, devcomm_benches::median(cpu)))
     }
 
+    /// `--probe`: µs per launch of `coll_probe` in each mode.
+    fn probe(&self) -> Result<()> {
+        const MODES: [&str; 6] =
+            ["nothing", "16 B NVLink store", "16 B local store", "664 B stack frame", "fence.sc.sys", "local load"];
+        let module = devcomm_tests::test_kernels(self.comm.device());
+        let word = self.comm.device().alloc_from(&[0u64])?;
+        let recv = self.comm.device().alloc::<T>(1)?;
+        let src = CollBuffer { ptr: 0, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
+        let args = self.args_for(src, &recv, 1, Algorithm::Auto, word.device_addr(), 0);
+        let cfg = LaunchConfig::new(1, self.coll.threads());
+        let cfg = if self.coll.config().cooperative { cfg.co_resident() } else { cfg };
+        for (mode, what) in MODES.iter().enumerate() {
+            // SAFETY: the context is live and no collective runs meanwhile;
+            // `word` is a device u64 (mode 5).
+            let launch = || unsafe { self.stream.launch_in::<coll_probe>(&module, cfg, (args, mode as u32)) };
+            let t = self.time(&launch)?;
+            if self.comm.rank() == 0 {
+                println!("probe mode {mode} ({what}): {t:.2} us per launch");
+            }
+        }
+        self.coll.synchronize(self.stream)
+    }
+
     /// `--trace`: that many calls launched back to back, each CTA's start,
     /// end and SM stamped; prints a line per call (this rank's clock).
     fn trace(&self, src: Operand<'_, T>, recv: &DeviceBuffer<T>, len: usize, algorithm: Algorithm) -> Result<()> {
@@ -713,6 +743,12 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
     let stream = comm.device().stream();
     let nccl = if args.nccl { Some(nccl::Nccl::new(comm, stream)?) } else { None };
     let b = Bench::<T> { comm, coll: &coll, stream, args, kind, nccl: nccl.as_ref(), _t: std::marker::PhantomData };
+    if args.probe {
+        b.probe()?;
+        drop(nccl);
+        drop(coll);
+        return comm.finalize();
+    }
     if comm.rank() == 0 {
         let teams = if lsa < comm.count() {
             format!(" in {} LSA teams of {lsa} ({:?} across teams)", comm.count() / lsa, config.multi_team)

@@ -50,6 +50,52 @@ kernel! {
 }
 
 kernel! {
+    /// One piece of what a collective kernel does, alone (`devcomm-perf
+    /// --probe`: launched in a graph back to back, to find what makes two
+    /// graphed collective kernels 2.9 µs apart where empty ones are 0.8).
+    /// `mode`: 0 nothing; 1 the leader stores 16 bytes into the next LSA
+    /// rank's staging area (NVLink, system scope); 2 the same into this
+    /// rank's own; 3 every thread writes and reads a 664-byte local array
+    /// (the collective kernels' stack frame); 4 the leader runs a
+    /// system-scope fence; 5 the leader reads the first word of this rank's
+    /// own staging area into `args.errors` (so it is not optimised away:
+    /// pass a device word).
+    ///
+    /// # Safety
+    /// `args.ctx` live; no collective runs on it meanwhile (the staging
+    /// area is overwritten); `args.errors` a valid `u64` for mode 5.
+    pub unsafe fn coll_probe(args: CollArgs, mode: u32) {
+        let cta = Cta::new();
+        let scratch = args.ctx.scratch();
+        let at = args.ctx.stage_area_offset(0);
+        match mode {
+            1 | 2 if cta.is_leader() => {
+                let n = scratch.lsa_size();
+                let peer = if mode == 1 { (scratch.lsa_rank() + 1) % n } else { scratch.lsa_rank() };
+                atomic::store_pair_relaxed(scratch.lsa_ptr::<u64>(at, peer), [mode as u64, args.count], Scope::Sys);
+            }
+            3 => {
+                let mut frame = [0u64; 83];
+                let t = cta.thread_rank() as usize;
+                for (i, f) in frame.iter_mut().enumerate() {
+                    core::ptr::write_volatile(f, (i + t) as u64);
+                }
+                let k = (t * 7 + args.count as usize) % frame.len();
+                if core::ptr::read_volatile(&frame[k]) == u64::MAX {
+                    (args.errors as *mut u64).write_volatile(0);
+                }
+            }
+            4 if cta.is_leader() => atomic::fence_sc(Scope::Sys),
+            5 if cta.is_leader() => {
+                let v = atomic::load_relaxed(scratch.local_ptr::<u64>(at), Scope::Sys);
+                (args.errors as *mut u64).write_volatile(v);
+            }
+            _ => {}
+        }
+    }
+}
+
+kernel! {
     /// A user kernel's own point-to-point exchange: CTA 0 sends `send`,
     /// CTA 1 receives `recv` (each [`Part::WHOLE`]), on `ctx`'s channels;
     /// the first failure's code goes to `errors`. Launch co-resident with
