@@ -209,7 +209,7 @@ impl EmuDevice {
             Ok(v) => v.iter().filter_map(|w| w.upgrade()).collect(),
             Err(_) => return Err(Error::internal("stream list poisoned")),
         };
-        streams.iter().try_for_each(|s| s.synchronize())
+        streams.iter().try_for_each(|s| s.drain())
     }
 }
 
@@ -587,6 +587,13 @@ impl EmuStream {
 
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.refuse_while_capturing("synchronize")?;
+        self.drain()
+    }
+
+    /// Waits until every submitted operation has run (what a capture
+    /// records is not submitted): the device-wide waits of lazy loading and
+    /// of frees, which a capturing stream must not refuse.
+    fn drain(&self) -> Result<()> {
         let (lock, cv) = &*self.state;
         let mut s = lock.lock().map_err(|_| Error::internal("stream poisoned"))?;
         while s.completed < s.submitted {
