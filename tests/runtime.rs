@@ -705,3 +705,39 @@ fn warp_tile_and_block_reductions_match_the_host() {
 fn warp_first(t: usize, block_start: usize) -> usize {
     block_start + (t - block_start) / 32 * 32
 }
+
+/// Graph capture misuse is the same typed error on both runtimes, and a
+/// capture survives it: ending a capture that never began, beginning one
+/// twice. The graph then replays what was captured, with the inputs of
+/// each launch.
+#[test]
+fn graph_capture_misuse_is_refused_alike_and_the_graph_replays() {
+    let dev = test_device(0);
+    let s = dev.new_stream().unwrap();
+    let usage = |r: devcomm::Result<()>, what: &str| match r {
+        Err(Error::InvalidUsage(m)) => assert!(m.contains("captur"), "{what}: {m}"),
+        other => panic!("{what}: expected InvalidUsage, got {other:?}"),
+    };
+    usage(s.end_capture().map(|_| ()), "end_capture without begin_capture");
+    assert!(!s.is_capturing().unwrap());
+    let n = 777usize;
+    let x = dev.alloc_from(&vec![1.5f32; n]).unwrap();
+    let mut y = dev.alloc::<f32>(n).unwrap();
+    let cfg = LaunchConfig::for_elements(n as u32, 128);
+    s.begin_capture().unwrap();
+    assert!(s.is_capturing().unwrap());
+    usage(s.begin_capture(), "begin_capture twice");
+    // SAFETY: x and y hold n elements and outlive every launch of the graph.
+    unsafe { s.launch::<axpy_f32>(cfg, (2.0, x.as_ptr(), y.as_ptr(), y.as_mut_ptr(), n as u32)) }.unwrap();
+    let graph = s.end_capture().unwrap();
+    assert!(!s.is_capturing().unwrap());
+    for start in [0.25f32, -3.0, 7.0] {
+        s.write(&mut y, &vec![start; n]).unwrap();
+        // SAFETY: as above.
+        unsafe { graph.launch(&s) }.unwrap();
+        // SAFETY: as above.
+        unsafe { graph.launch(&s) }.unwrap();
+        let want = start + 2.0 * 3.0; // two launches of y = 2x + y, x = 1.5
+        assert_eq!(s.read_vec(&y).unwrap(), vec![want; n], "graph launched twice from {start}");
+    }
+}

@@ -948,8 +948,13 @@ impl Stream {
     /// Which of devcomm's own calls can be captured says where they are
     /// documented (`Collectives`: the collectives within one LSA team; not
     /// yet sends, receives, or collectives across LSA teams, which refuse).
+    ///
+    /// Errors: [`Error::InvalidUsage`] when the stream is capturing already.
     #[doc(alias = "cudaStreamBeginCapture")]
     pub fn begin_capture(&self) -> Result<()> {
+        if self.is_capturing()? {
+            return Err(Error::invalid_usage("begin_capture: the stream is capturing already"));
+        }
         match &self.inner {
             StreamInner::Cuda(s) => s.begin_capture(),
             StreamInner::Emulated(s) => s.begin_capture(),
@@ -964,6 +969,9 @@ impl Stream {
     /// it does not allow while capturing).
     #[doc(alias = "cudaStreamEndCapture")]
     pub fn end_capture(&self) -> Result<Graph> {
+        if !self.is_capturing()? {
+            return Err(Error::invalid_usage("end_capture: the stream is not capturing"));
+        }
         let inner = match &self.inner {
             StreamInner::Cuda(s) => GraphInner::Cuda(s.end_capture()?),
             StreamInner::Emulated(s) => GraphInner::Emulated(s.end_capture()?),
