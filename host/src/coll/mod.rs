@@ -737,7 +737,10 @@ impl<'c> Collectives<'c> {
 
     /// A fresh sequence number for a device-side collective of
     /// [`Collectives::context`] (the LL flag): non-zero, one more per call;
-    /// every rank gets the same numbers when it makes the same calls.
+    /// every rank gets the same numbers when it makes the same calls. For
+    /// kernels of your own: this object's host collectives number their LL
+    /// calls on the device (`seq` 0, which a kernel of yours may pass too,
+    /// from a single-part call), in slots apart from those these numbers use.
     pub fn next_seq(&self) -> u32 {
         loop {
             let s = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
