@@ -480,7 +480,7 @@ impl<T: CollType> Bench<'_, T> {
         let bytes = len * std::mem::size_of::<T>();
         let algorithm = self.resolve(bytes, algorithm);
         let plain = LaunchConfig::new(self.grid(bytes, algorithm), self.coll.threads());
-        let cfg = if self.coll.config().cooperative { plain.co_resident() } else { plain };
+        let cfg = self.as_collectives_launch(plain);
         let args = self.args_for(src.kernel_buffer(), recv, len, algorithm, 0, 0);
         // SAFETY: the kernel touches nothing.
         let empty = |cfg: LaunchConfig| unsafe { self.stream.launch_in::<coll_empty>(&module, cfg, (args,)) };
@@ -499,6 +499,64 @@ impl<T: CollType> Bench<'_, T> {
         Ok((launch, launch_plain, devcomm_benches::median(cpu)))
     }
 
+    /// The nccl-tests-like table: a header, then a line per size.
+    fn table(&self, config: &CollConfig, lsa: usize) -> Result<()> {
+        if self.comm.rank() == 0 {
+            let teams = if lsa < self.comm.count() {
+                format!(" in {} LSA teams of {lsa} ({:?} across teams)", self.comm.count() / lsa, config.multi_team)
+            } else {
+                String::new()
+            };
+            println!(
+                "# devcomm-perf {:?} {} on {} ranks{teams} ({} runtime), iters {} warmup {} reps {} (median), {}{}",
+                self.kind,
+                self.args.datatype,
+                self.comm.count(),
+                self.comm.device().kind(),
+                self.args.iters,
+                self.args.warmup,
+                self.args.reps,
+                if self.args.window { "operands in windows" } else { "operands in device buffers" },
+                if self.args.graph { ", each repetition one CUDA graph of iters calls" } else { "" }
+            );
+            let mut head = "#        size        count   type  redop root |  devcomm out of place: time algbw busbw #wrong |  in place: time algbw busbw #wrong".to_string();
+            if self.args.in_kernel {
+                head += " |  in kernel: time algbw busbw #wrong";
+            }
+            if self.args.floor {
+                head += " | floor: empty kernel as launched, plainly; CPU per call";
+            }
+            if self.args.nccl {
+                head += " |  NCCL out of place: time algbw busbw #wrong";
+            }
+            if lsa < self.comm.count() {
+                head += " | GIN bytes/op (this rank)";
+            }
+            println!("{head}");
+            println!("#  (B)                                            (us)  (GB/s) (GB/s)");
+        }
+        let unit = std::mem::size_of::<T>() * self.comm.count();
+        let mut size = self.args.minbytes.max(unit) / unit * unit;
+        while size <= self.args.maxbytes {
+            let cols = self.size(size)?;
+            if self.comm.rank() == 0 {
+                println!("{}", cols.join(" "));
+            }
+            size = (size * self.args.stepfactor.max(2)).div_ceil(unit) * unit;
+        }
+        Ok(())
+    }
+
+    /// `plain`, launched as the host collectives launch their kernels:
+    /// co-resident (cooperative) unless `--no-cooperative`.
+    fn as_collectives_launch(&self, plain: LaunchConfig) -> LaunchConfig {
+        if self.coll.config().cooperative {
+            plain.co_resident()
+        } else {
+            plain
+        }
+    }
+
     /// `--probe`: µs per launch of `coll_probe` in each mode.
     fn probe(&self) -> Result<()> {
         const MODES: [&str; 6] =
@@ -508,8 +566,7 @@ impl<T: CollType> Bench<'_, T> {
         let recv = self.comm.device().alloc::<T>(1)?;
         let src = CollBuffer { ptr: 0, window: WindowDesc::NONE, offset: 0, in_window: 0, reserved: 0 };
         let args = self.args_for(src, &recv, 1, Algorithm::Auto, word.device_addr(), 0);
-        let cfg = LaunchConfig::new(1, self.coll.threads());
-        let cfg = if self.coll.config().cooperative { cfg.co_resident() } else { cfg };
+        let cfg = self.as_collectives_launch(LaunchConfig::new(1, self.coll.threads()));
         for (mode, what) in MODES.iter().enumerate() {
             // SAFETY: the context is live and no collective runs meanwhile;
             // `word` is a device u64 (mode 5).
@@ -540,7 +597,8 @@ impl<T: CollType> Bench<'_, T> {
                 let at = stamps.device_addr() + (c * ctas * 4 * 8) as u64;
                 // SAFETY: `args` describes the live context and buffers (`len`
                 // floats in, `len` or `n * len` out) on every rank, each call with
-                // its reserved sequence number; `at` holds `4 * ctas` u64s.
+                // its reserved sequence number or 0 (numbered on the device, a
+                // single CTA for LL); `at` holds `4 * ctas` u64s.
                 unsafe {
                     self.stream.launch_in::<coll_traced>(
                         &module,
@@ -552,13 +610,12 @@ impl<T: CollType> Bench<'_, T> {
             Ok(())
         };
         // With `--graph`: the calls captured into one graph, launched once.
-        match self.args.graph {
-            true => {
-                let graph = self.stream.capture(|_| launches())?;
-                // SAFETY: the buffers are alive until the read below waits.
-                unsafe { graph.launch(self.stream)? };
-            }
-            false => launches()?,
+        if self.args.graph {
+            let graph = self.stream.capture(|_| launches())?;
+            // SAFETY: the buffers are alive until the read below waits.
+            unsafe { graph.launch(self.stream)? };
+        } else {
+            launches()?;
         }
         let v = self.stream.read_vec(&stamps)?;
         let me = self.comm.rank();
@@ -745,52 +802,8 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
     let b = Bench::<T> { comm, coll: &coll, stream, args, kind, nccl: nccl.as_ref(), _t: std::marker::PhantomData };
     if args.probe {
         b.probe()?;
-        drop(nccl);
-        drop(coll);
-        return comm.finalize();
-    }
-    if comm.rank() == 0 {
-        let teams = if lsa < comm.count() {
-            format!(" in {} LSA teams of {lsa} ({:?} across teams)", comm.count() / lsa, config.multi_team)
-        } else {
-            String::new()
-        };
-        println!(
-            "# devcomm-perf {:?} {} on {} ranks{teams} ({} runtime), iters {} warmup {} reps {} (median), {}{}",
-            kind,
-            args.datatype,
-            comm.count(),
-            comm.device().kind(),
-            args.iters,
-            args.warmup,
-            args.reps,
-            if args.window { "operands in windows" } else { "operands in device buffers" },
-            if args.graph { ", each repetition one CUDA graph of iters calls" } else { "" }
-        );
-        let mut head = "#        size        count   type  redop root |  devcomm out of place: time algbw busbw #wrong |  in place: time algbw busbw #wrong".to_string();
-        if args.in_kernel {
-            head += " |  in kernel: time algbw busbw #wrong";
-        }
-        if args.floor {
-            head += " | floor: empty kernel as launched, plainly; CPU per call";
-        }
-        if args.nccl {
-            head += " |  NCCL out of place: time algbw busbw #wrong";
-        }
-        if lsa < comm.count() {
-            head += " | GIN bytes/op (this rank)";
-        }
-        println!("{head}");
-        println!("#  (B)                                            (us)  (GB/s) (GB/s)");
-    }
-    let unit = std::mem::size_of::<T>() * comm.count();
-    let mut size = args.minbytes.max(unit) / unit * unit;
-    while size <= args.maxbytes {
-        let cols = b.size(size)?;
-        if comm.rank() == 0 {
-            println!("{}", cols.join(" "));
-        }
-        size = (size * args.stepfactor.max(2)).div_ceil(unit) * unit;
+    } else {
+        b.table(&config, lsa)?;
     }
     drop(nccl);
     drop(coll);
