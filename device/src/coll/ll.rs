@@ -138,26 +138,29 @@ pub(crate) fn reduce_word<T: Element>(
 }
 
 /// The next value (one more, skipping 0) of this rank's counter at `at`,
-/// to every thread of the coop: its leader reads the counter, stores it one
-/// higher and hands the value out. Only leaders touch the counter, one call
-/// at a time, so consecutive calls need no more ordering than their own.
+/// to every thread of the coop: every thread reads the counter, the coop
+/// synchronises (all have read), then the leader stores the value. One
+/// barrier: handing a value out with `Coop::sync_max` took 33 on a CTA
+/// (1.8 µs a call on an H200, `benches/results/2026-11-26-h200x2-graphs.md`).
+/// The next call's reads come after this call's closing `agree`, a barrier
+/// that orders the leader's store before them.
 ///
 /// # Safety
-/// `at` is a `u32` of this rank's scratch accessed only this way.
+/// `at` is a `u32` of this rank's scratch accessed only this way, by one
+/// coop at a time.
 #[inline(always)]
 pub(crate) unsafe fn next_count<C: Coop>(coop: &C, at: *mut u32) -> u32 {
-    let mut value = 0;
+    // SAFETY: the caller's contract.
+    let value = match unsafe { atomic::load_relaxed(at, Scope::Gpu) }.wrapping_add(1) {
+        0 => 1,
+        v => v,
+    };
+    coop.sync();
     if coop.is_leader() {
-        // SAFETY: the caller's contract.
-        unsafe {
-            value = match atomic::load_relaxed(at, Scope::Gpu).wrapping_add(1) {
-                0 => 1,
-                v => v,
-            };
-            atomic::store_relaxed(at, value, Scope::Gpu);
-        }
+        // SAFETY: as above; every thread of the coop has read the counter.
+        unsafe { atomic::store_relaxed(at, value, Scope::Gpu) };
     }
-    coop.sync_max(value)
+    value
 }
 
 /// The LL all-reduce (see the module docs).
