@@ -179,8 +179,11 @@ pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
     seq: u32,
 ) -> Result<(), CollError> {
     let bytes = count * size_of::<T>();
-    if bytes as u64 > ctx.ll_bytes() || (seq == 0 && part.count != 1) {
-        return coop.agree(Err(if seq == 0 { CollError::BadArgument } else { CollError::TooLarge }));
+    if bytes as u64 > ctx.ll_bytes() {
+        return coop.agree(Err(CollError::TooLarge));
+    }
+    if seq == 0 && part.count != 1 {
+        return coop.agree(Err(CollError::BadArgument));
     }
     let counted = seq == 0;
     let seq = if counted {
