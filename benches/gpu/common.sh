@@ -11,3 +11,12 @@ OUT=${OUT:-/tmp/devcomm-out}
 mkdir -p "$OUT"
 status=0
 step() { echo; echo "== $*"; "$@" || { echo "!! FAILED ($?): $*"; status=1; }; }
+# The driver's PTX JIT takes minutes on a fresh machine. Its cache comes
+# back from one call as $OUT/jitcache.tar.xz (`save_jitcache`) and goes to
+# the next as .device/jitcache.tar.xz (carried), unpacked here.
+export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/jitcache} CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-2147483648}
+if [ -f "$B/jitcache.tar.xz" ] && [ ! -d "$CUDA_CACHE_PATH" ]; then
+    mkdir -p "$CUDA_CACHE_PATH" && tar -xJf "$B/jitcache.tar.xz" -C "$CUDA_CACHE_PATH"
+    echo "JIT cache: $(du -sh "$CUDA_CACHE_PATH" | cut -f1) from $B/jitcache.tar.xz"
+fi
+save_jitcache() { [ -d "$CUDA_CACHE_PATH" ] && tar -cJf "$OUT/jitcache.tar.xz" -C "$CUDA_CACHE_PATH" . && ls -la "$OUT/jitcache.tar.xz"; }

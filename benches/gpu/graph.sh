@@ -8,12 +8,24 @@
 # devcomm_perf, devcomm-run), or .device/small*.tar.xz unpacked into it.
 set -uo pipefail
 source benches/gpu/common.sh
-export CUDA_CACHE_PATH=/tmp/jitcache
 if [ ! -d $B/tests ]; then for t in $B/small*.tar.xz; do tar -xJf $t -C $B; done; fi
 what=${1:-tests}
 exec > >(tee $OUT/graph-$what.log) 2>&1
 date -u; nvidia-smi -L
 echo "PTX: $(grep -a -m1 -o 'inputs sha256:[0-9a-f]*' $B/tests/coll-*)"
+if [ "$what" = verify ]; then
+    # A device change checked: the coop test first (it JITs the PTX on a
+    # fresh machine; the cache goes back to $OUT), every coll case (2 ranks
+    # per GPU up to 4 ranks, 4 per GPU for 6 and 8), sendrecv; then, with
+    # VERIFY_PERF=1, `final`'s timings (`SKIP_TESTS=1 graph.sh final` on
+    # the next call, with the JIT cache carried, times alone).
+    step env DEVCOMM_RUNTIME=cuda timeout 400 $B/tests/runtime-* --test-threads=1 every_thread
+    save_jitcache
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 200 $B/tests/coll-* --test-threads=1 --skip coll_8_ranks --skip coll_6_ranks --skip coll_8_ranks_in_four --skip coll_hierarchical_moves_fewer_gin_bytes_4_teams
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 150 $B/tests/coll-* --test-threads=1 coll_8_ranks coll_6_ranks coll_hierarchical_moves_fewer_gin_bytes_4_teams
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 100 $B/tests/sendrecv-* --test-threads=1
+    if [ -n "${VERIFY_PERF:-}" ]; then what=final SKIP_TESTS=1; fi
+fi
 if [ "$what" = tests ]; then
     step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 400 $B/tests/coll-* --test-threads=1 --skip coll_8_ranks --skip coll_6_ranks --skip coll_8_ranks_in_four --skip coll_hierarchical_moves_fewer_gin_bytes_4_teams
     step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 200 $B/tests/coll-* --test-threads=1 coll_8_ranks coll_6_ranks coll_hierarchical_moves_fewer_gin_bytes_4_teams
@@ -41,8 +53,10 @@ elif [ "$what" = final ]; then
     # to 4 ranks (LL all-reduce numbered on the device, LL broadcast/reduce,
     # graphs), then the small sizes graphed and not, NCCL beside them. The
     # first step compiles the PTX on a fresh machine: it has 300 s.
-    step env DEVCOMM_RUNTIME=cuda timeout 300 $B/tests/runtime-* --test-threads=1 every_thread
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 150 $B/tests/coll-* --test-threads=1 coll_1_rank coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
+    if [ -z "${SKIP_TESTS:-}" ]; then
+        step env DEVCOMM_RUNTIME=cuda timeout 300 $B/tests/runtime-* --test-threads=1 every_thread
+        step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 150 $B/tests/coll-* --test-threads=1 coll_1_rank coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
+    fi
     P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
     for g in --graph ""; do
         step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o all_reduce -b 8 -e 2M -f 4 -n 200 --reps 7 --nccl --floor --in-kernel $g
@@ -82,4 +96,5 @@ elif [ "$what" = diag ]; then
         step timeout 60 $NSYS stats -q -r cuda_gpu_kern_sum -f csv /tmp/ar.nsys-rep
     fi
 fi
+save_jitcache
 echo; echo "graph $what: overall status $status"

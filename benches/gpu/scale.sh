@@ -18,7 +18,7 @@
 # Logs in $OUT: scale_<phase>.log, summary.txt, logs_<phase>.tgz (per run).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
-export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/jitcache} CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-2147483648}
+
 export DEVCOMM_TEST_RANKS_PER_GPU=${DEVCOMM_TEST_RANKS_PER_GPU:-2}
 PHASE=${SCALE_PHASE:-tests}
 DEADLINE=${SCALE_DEADLINE:-540}
