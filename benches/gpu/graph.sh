@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# CUDA graphs on 2 GPUs: `bash benches/gpu/graph.sh tests` runs the coll
-# test binary (graph_replay inside every single-team case, the refusal in
-# the multi-team ones; 2 ranks per GPU up to 4 ranks, 4 per GPU for 6 and
-# 8) and sendrecv; `bash benches/gpu/graph.sh perf` times small all-reduces,
-# broadcasts and reduces with and without graphs, NCCL beside them in the
-# same run (graphed alike). Bundle: .device/{tests,bin} (coll, sendrecv,
-# devcomm_perf, devcomm-run), or .device/small*.tar.xz unpacked into it.
+# Collectives on 2 GPUs, CUDA graphs among them. Modes:
+#   tests   the coll test binary (2 ranks per GPU up to 4 ranks, 4 per GPU
+#           for 6 and 8) and sendrecv;
+#   perf    small all-reduces, broadcasts and reduces with and without
+#           graphs, NCCL beside them in the same run (graphed alike);
+#   final   after a change of the device code: the coop test, the coll
+#           cases up to 4 ranks in one team, then perf's timings, LL against
+#           direct for broadcast and reduce, a trace and the probe;
+#   verify  the coll cases `final` leaves out, and sendrecv (next call,
+#           JIT cache carried);
+#   diag    where a graphed small all-reduce's time goes.
+# Bundle: .device/{tests,bin} (coll, runtime, sendrecv, devcomm_perf,
+# devcomm-run), or .device/small*.tar.xz unpacked into it.
 set -uo pipefail
 source benches/gpu/common.sh
 if [ ! -d $B/tests ]; then for t in $B/small*.tar.xz; do tar -xJf $t -C $B; done; fi
@@ -14,17 +20,13 @@ exec > >(tee $OUT/graph-$what.log) 2>&1
 date -u; nvidia-smi -L
 echo "PTX: $(grep -a -m1 -o 'inputs sha256:[0-9a-f]*' $B/tests/coll-*)"
 if [ "$what" = verify ]; then
-    # A device change checked: the coop test first (it JITs the PTX on a
-    # fresh machine; the cache goes back to $OUT), every coll case (2 ranks
-    # per GPU up to 4 ranks, 4 per GPU for 6 and 8), sendrecv; then, with
-    # VERIFY_PERF=1, `final`'s timings (`SKIP_TESTS=1 graph.sh final` on
-    # the next call, with the JIT cache carried, times alone).
-    step env DEVCOMM_RUNTIME=cuda timeout 400 $B/tests/runtime-* --test-threads=1 every_thread
-    save_jitcache
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 200 $B/tests/coll-* --test-threads=1 --skip coll_8_ranks --skip coll_6_ranks --skip coll_8_ranks_in_four --skip coll_hierarchical_moves_fewer_gin_bytes_4_teams
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 150 $B/tests/coll-* --test-threads=1 coll_8_ranks coll_6_ranks coll_hierarchical_moves_fewer_gin_bytes_4_teams
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 100 $B/tests/sendrecv-* --test-threads=1
-    if [ -n "${VERIFY_PERF:-}" ]; then what=final SKIP_TESTS=1; fi
+    # The coll cases `final` leaves out (several LSA teams, GIN, the
+    # checking mode at 2 ranks per GPU; 6 and 8 ranks at 4 per GPU) and
+    # sendrecv: run after `final` on the same device code, the JIT cache
+    # carried (.device/jitcache.tar.xz) or the first step has the time.
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 300 $B/tests/coll-* --test-threads=1 teams gin mismatched --skip 4_teams --skip coll_6 --skip coll_8
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 240 $B/tests/coll-* --test-threads=1 coll_8_ranks coll_6_ranks coll_hierarchical_moves_fewer_gin_bytes_4_teams
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 60 $B/tests/sendrecv-* --test-threads=1
 fi
 if [ "$what" = tests ]; then
     step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 400 $B/tests/coll-* --test-threads=1 --skip coll_8_ranks --skip coll_6_ranks --skip coll_8_ranks_in_four --skip coll_hierarchical_moves_fewer_gin_bytes_4_teams
@@ -54,8 +56,9 @@ elif [ "$what" = final ]; then
     # graphs), then the small sizes graphed and not, NCCL beside them. The
     # first step compiles the PTX on a fresh machine: it has 300 s.
     if [ -z "${SKIP_TESTS:-}" ]; then
-        step env DEVCOMM_RUNTIME=cuda timeout 300 $B/tests/runtime-* --test-threads=1 every_thread
-        step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 150 $B/tests/coll-* --test-threads=1 coll_1_rank coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
+        step env DEVCOMM_RUNTIME=cuda timeout 400 $B/tests/runtime-* --test-threads=1 every_thread
+        save_jitcache
+        step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 200 $B/tests/coll-* --test-threads=1 coll_1_rank coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
     fi
     P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
     for g in --graph ""; do
@@ -68,12 +71,15 @@ elif [ "$what" = final ]; then
             step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o $o -b 8 -e 8 -n 200 --reps 7 --algorithm $a --graph
         done
     done
-    for ds in "" --device-seq; do
-        step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll --graph $ds
+    # Where LL stops paying for broadcast and reduce (Auto's threshold).
+    for a in ll one_shot; do
+        for o in broadcast reduce; do
+            step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o $o -b 8 -e 16K -f 4 -n 200 --reps 5 --algorithm $a --graph
+        done
     done
+    step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll --graph
     # What each piece of a collective kernel costs a graphed launch.
     step env DEVCOMM_RUNTIME=cuda timeout 60 $P --probe --graph -n 200 --reps 7
-    step env DEVCOMM_RUNTIME=cuda timeout 60 $P --probe -n 200 --reps 7
 elif [ "$what" = diag ]; then
     # Where a graphed small all-reduce's time goes: the headline sizes
     # (graphed, NCCL graphed beside), then the traced all-reduce kernel

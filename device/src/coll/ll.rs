@@ -167,6 +167,11 @@ pub(crate) unsafe fn next_count<C: Coop>(coop: &C, at: *mut u32) -> u32 {
 ///
 /// # Safety
 /// As for [`super::all_reduce`]; `src` and `dst` are local.
+// The LL path is inlined into the kernels that call it: a call out
+// of line would take the context by reference, and a kernel parameter
+// whose address escapes is copied to local memory at the kernel's entry
+// (see `devcomm-kernels`' `coll` module).
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn all_reduce<C: Coop, T: Element>(
     coop: &C,

@@ -93,6 +93,11 @@ unsafe fn acknowledge(ctx: &CollContext, from: u32, flag: u32) {
 /// # Safety
 /// As for [`super::broadcast`]; `src` (on the root) and `dst` local, `dst`
 /// equal to `src` or not overlapping it.
+// The LL path is inlined into the kernels that call it: a call out
+// of line would take the context by reference, and a kernel parameter
+// whose address escapes is copied to local memory at the kernel's entry
+// (see `devcomm-kernels`' `coll` module).
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn broadcast<C: Coop>(
     coop: &C,
@@ -181,6 +186,11 @@ pub(super) unsafe fn broadcast<C: Coop>(
 /// # Safety
 /// As for [`super::reduce`], which checked `part` and `root`; `src` and (on
 /// the root) `dst` local, `dst` equal to `src` or not overlapping it.
+// The LL path is inlined into the kernels that call it: a call out
+// of line would take the context by reference, and a kernel parameter
+// whose address escapes is copied to local memory at the kernel's entry
+// (see `devcomm-kernels`' `coll` module).
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn reduce<C: Coop, T: Element>(
     coop: &C,

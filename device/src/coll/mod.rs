@@ -200,19 +200,43 @@ impl Algorithm {
     }
 
     /// The broadcast or reduce algorithm for `bytes` on `ctx`:
-    /// [`Algorithm::TwoShot`] (relayed by the ranks other than the root)
-    /// from [`RELAY_MIN_BYTES`] on teams of three or more, else
-    /// [`Algorithm::OneShot`] (direct). Never [`Algorithm::Ll`]: on 2 ×
-    /// H200 the LL broadcast and reduce took what the direct ones take
-    /// (8 B host-launched: 6.5 against 6.4 µs, 9.7 against 9.4; the barrier
-    /// is not what these calls wait for), so they are there to be asked for
-    /// (`benches/results/2026-11-26-h200x2-ll-rooted-rma-p2p.md`).
+    /// [`Algorithm::Ll`] up to the all-reduce's LL limit
+    /// ([`LL_MAX_BYTES`], [`LL_MAX_BYTES_MANY_RANKS`] on teams of three or
+    /// more, and the LL slots' size), [`Algorithm::TwoShot`] (relayed by the
+    /// ranks other than the root) from [`RELAY_MIN_BYTES`] on teams of three
+    /// or more, else [`Algorithm::OneShot`] (direct). Graphed on 2 × H200, 8
+    /// bytes: LL broadcast 2.7 µs against the direct one's 4.3, LL reduce
+    /// 5.3 against 6.9 (`benches/results/2026-11-26-h200x2-one-barrier.md`).
     #[inline(always)]
     pub const fn choose_rooted(bytes: u64, ctx: &CollContext) -> Algorithm {
-        if ctx.scratch().lsa_size() >= 3 && bytes >= RELAY_MIN_BYTES {
+        let n = ctx.scratch().lsa_size();
+        let ll_max = if n <= 2 { LL_MAX_BYTES } else { LL_MAX_BYTES_MANY_RANKS };
+        if bytes <= ll_max && bytes <= ctx.ll_bytes() {
+            Algorithm::Ll
+        } else if n >= 3 && bytes >= RELAY_MIN_BYTES {
             Algorithm::TwoShot
         } else {
             Algorithm::OneShot
+        }
+    }
+
+    /// `self`, or for [`Algorithm::Auto`] the all-reduce algorithm
+    /// [`choose`](Self::choose) picks for `bytes` per rank on `ctx`.
+    #[inline(always)]
+    pub const fn resolve(self, bytes: u64, ctx: &CollContext) -> Algorithm {
+        match self {
+            Algorithm::Auto => Algorithm::choose(bytes, ctx),
+            a => a,
+        }
+    }
+
+    /// `self`, or for [`Algorithm::Auto`] the broadcast and reduce
+    /// algorithm [`choose_rooted`](Self::choose_rooted) picks.
+    #[inline(always)]
+    pub const fn resolve_rooted(self, bytes: u64, ctx: &CollContext) -> Algorithm {
+        match self {
+            Algorithm::Auto => Algorithm::choose_rooted(bytes, ctx),
+            a => a,
         }
     }
 

@@ -260,10 +260,7 @@ pub unsafe fn broadcast<C: Coop, T: Copy>(
 ) -> Result<(), CollError> {
     let (src, bytes) = as_bytes(src, count);
     let n = ctx.scratch().lsa_size();
-    let algorithm = match algorithm {
-        Algorithm::Auto => Algorithm::choose_rooted(bytes as u64, ctx),
-        a => a,
-    };
+    let algorithm = algorithm.resolve_rooted(bytes as u64, ctx);
     if algorithm == Algorithm::Ll {
         // SAFETY: this function's contract.
         return unsafe { ll_rooted::broadcast(coop, ctx, part, src.local(), dst as *mut u8, bytes, root) };

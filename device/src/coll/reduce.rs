@@ -35,6 +35,7 @@ fn overlaps<T>(a: *const T, b: *const T, count: usize) -> bool {
 /// [module docs](super); every thread of `coop` calls with the same
 /// arguments, and every rank with the same `count`, parts, `algorithm` and
 /// `seq`.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn all_reduce<C: Coop, T: Element>(
     coop: &C,
@@ -51,10 +52,7 @@ pub unsafe fn all_reduce<C: Coop, T: Element>(
     if count == 0 {
         return Ok(());
     }
-    let algorithm = match algorithm {
-        Algorithm::Auto => Algorithm::choose((count * size_of::<T>()) as u64, ctx),
-        a => a,
-    };
+    let algorithm = algorithm.resolve((count * size_of::<T>()) as u64, ctx);
     // One-shot reads the peers' inputs while writing its output: an output
     // that overlaps a window input (in place) would change what the peers
     // still read, so such an input goes through the staging area.
@@ -178,6 +176,7 @@ unsafe fn two_shot<C: Coop, T: Element>(
 /// # Safety
 /// As for [`all_reduce`], with `root < lsa_size` and `algorithm` the same
 /// on every rank.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce<C: Coop, T: Element>(
     coop: &C,
@@ -195,10 +194,7 @@ pub unsafe fn reduce<C: Coop, T: Element>(
     if root >= n {
         return Err(CollError::BadArgument);
     }
-    let algorithm = match algorithm {
-        Algorithm::Auto => Algorithm::choose_rooted((count * size_of::<T>()) as u64, ctx),
-        a => a,
-    };
+    let algorithm = algorithm.resolve_rooted((count * size_of::<T>()) as u64, ctx);
     if algorithm == Algorithm::Ll {
         // SAFETY: this function's contract.
         return unsafe { ll_rooted::reduce(coop, ctx, part, src.local(), dst, count, red, root) };

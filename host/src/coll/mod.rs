@@ -810,10 +810,7 @@ impl<'c> Collectives<'c> {
         let count = send.len;
         let bytes = (count * std::mem::size_of::<T>()) as u64;
         check_ll("all_reduce", algorithm, bytes, self.ctx.ll_bytes())?;
-        let resolved = match algorithm {
-            Algorithm::Auto => Algorithm::choose(bytes, &self.ctx),
-            a => a,
-        };
+        let resolved = algorithm.resolve(bytes, &self.ctx);
         self.run::<T>(Kind::AllReduce, &send, &recv, count, &op, 0, resolved, bytes as usize, stream)
     }
 
@@ -855,7 +852,7 @@ impl<'c> Collectives<'c> {
         }
         let bytes = send.len * std::mem::size_of::<T>();
         check_ll("reduce", algorithm, bytes as u64, self.ctx.ll_bytes())?;
-        let algorithm = resolve_rooted(algorithm, bytes, &self.ctx);
+        let algorithm = algorithm.resolve_rooted(bytes as u64, &self.ctx);
         self.run::<T>(Kind::Reduce, &send, &recv, send.len, &op, root, algorithm, bytes, stream)
     }
 
@@ -931,7 +928,7 @@ impl<'c> Collectives<'c> {
         }
         let bytes = recv.len * std::mem::size_of::<T>();
         check_ll("broadcast", algorithm, bytes as u64, self.ctx.ll_bytes())?;
-        let algorithm = resolve_rooted(algorithm, bytes, &self.ctx);
+        let algorithm = algorithm.resolve_rooted(bytes as u64, &self.ctx);
         self.run::<T>(Kind::Broadcast, &send, &recv, recv.len, &Op::Sum, root, algorithm, bytes, stream)
     }
 
@@ -1199,16 +1196,6 @@ impl<'c> Collectives<'c> {
     }
 }
 
-/// `algorithm` for a broadcast or reduce of `bytes`, `Auto` resolved as
-/// the device resolves it (so that an LL call launches one CTA).
-fn resolve_rooted(algorithm: Algorithm, bytes: usize, ctx: &CollContext) -> Algorithm {
-    match algorithm {
-        Algorithm::Auto => Algorithm::choose_rooted(bytes as u64, ctx),
-        a => a,
-    }
-}
-
-/// A message for [`Algorithm::Ll`] must fit the LL slots.
 /// Refuses `what` on a capturing stream: its sequence numbers are the
 /// host's, so a graph replaying it would reuse them.
 pub(super) fn refuse_capture(stream: &Stream, what: &str) -> Result<()> {
@@ -1221,6 +1208,7 @@ pub(super) fn refuse_capture(stream: &Stream, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// A message for [`Algorithm::Ll`] must fit the LL slots.
 fn check_ll(what: &str, algorithm: Algorithm, bytes: u64, ll_bytes: u64) -> Result<()> {
     if algorithm == Algorithm::Ll && bytes > ll_bytes {
         return Err(Error::invalid_argument(format!(

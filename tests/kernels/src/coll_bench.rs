@@ -205,11 +205,20 @@ kernel! {
             Input::Local(args.src.ptr as *const f32)
         };
         let r = if which == 0 {
+            let args = core::hint::black_box(args);
             coll::all_gather(&cta, &args.ctx, Part::block(), src, args.dst.ptr as *mut f32, args.count as usize)
         } else {
             let red = Reduction::new(RedOp::Sum, 0.0f32, args.ctx.scratch().lsa_size());
             let algorithm = Algorithm::from_code(args.algorithm).unwrap_or(Algorithm::Auto);
-            coll::all_reduce(&cta, &args.ctx, Part::block(), src, args.dst.ptr as *mut f32, args.count as usize, &red, algorithm, args.seq)
+            // As the library's all-reduce kernels do: only the paths other
+            // than LL copy the arguments to local memory (black_box).
+            match algorithm.resolve(args.count * 4, &args.ctx) {
+                Algorithm::Ll => coll::all_reduce(&cta, &args.ctx, Part::block(), src, args.dst.ptr as *mut f32, args.count as usize, &red, Algorithm::Ll, args.seq),
+                algorithm => {
+                    let args = core::hint::black_box(args);
+                    coll::all_reduce(&cta, &args.ctx, Part::block(), src, args.dst.ptr as *mut f32, args.count as usize, &red, algorithm, args.seq)
+                }
+            }
         };
         cta.sync();
         if cta.is_leader() {

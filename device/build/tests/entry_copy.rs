@@ -1,0 +1,67 @@
+//! The committed library PTX: the kernels behind small host collectives do
+//! not copy their arguments to local memory at entry.
+//!
+//! A kernel parameter whose address escapes into a function compiled out of
+//! line is copied to local memory in the kernel's first block, by every
+//! thread, on every path: the 552-byte `CollArgs` cost an 8-byte graphed
+//! all-reduce on an H200 about 2.5 µs of 5.5 (`docs/gpu.md`, lessons of
+//! session 14). The all-reduce and reduce kernels keep their LL path free of
+//! such calls and copy the arguments only on the other paths;
+//! `benches/gpu/entry_copy.py` lists the kernels that still copy.
+
+use std::path::PathBuf;
+
+/// Bytes each thread stores to local memory before the first branch of
+/// every kernel of `ptx`, by kernel name.
+fn entry_local_stores(ptx: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for (at, _) in ptx.match_indices(".visible .entry ") {
+        let rest = &ptx[at + ".visible .entry ".len()..];
+        let name = rest[..rest.find('(').unwrap()].to_string();
+        let body = &rest[..rest.find("\n}\n").unwrap_or(rest.len())];
+        let mut bytes = 0;
+        for line in body.lines().skip(3) {
+            let l = line.trim();
+            if l.starts_with("$L__BB") || l.starts_with('@') || l.starts_with("bra") || l.starts_with("brx") {
+                break;
+            }
+            if let Some(op) = l.strip_prefix("st.local.") {
+                let (lanes, ty) = match op.strip_prefix('v') {
+                    Some(v) => (v[..1].parse::<usize>().unwrap(), &v[2..]),
+                    None => (1, op),
+                };
+                let width: usize = ty.trim_start_matches(|c: char| c.is_ascii_alphabetic()).split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
+                bytes += lanes * width / 8;
+            }
+        }
+        out.push((name, bytes));
+    }
+    out
+}
+
+#[test]
+fn small_collectives_start_without_copying_their_arguments() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../host/ptx/devcomm_kernels.sm_90.ptx");
+    let ptx = std::fs::read_to_string(&path).unwrap();
+    let kernels = entry_local_stores(&ptx);
+    let checked: Vec<_> = kernels
+        .iter()
+        .filter(|(k, _)| {
+            (k.starts_with("all_reduce_") || k.starts_with("reduce_") || k == "broadcast")
+                && !k.starts_with("reduce_scatter_")
+                && !k.starts_with("reduce_local_")
+        })
+        .collect();
+    // 12 datatypes of all-reduce and of reduce, and broadcast.
+    assert_eq!(checked.len(), 25, "{checked:?}");
+    let copying: Vec<_> = checked.iter().filter(|(_, b)| *b >= 64).collect();
+    assert!(
+        copying.is_empty(),
+        "these kernels copy their arguments to local memory at entry (bytes a thread): {copying:?}; keep \
+         their LL path free of out-of-line calls that take the context by reference"
+    );
+    // The check sees a copy where there is one: the reduce-scatter kernels
+    // still make it.
+    let rs = kernels.iter().find(|(k, _)| k == "reduce_scatter_f32").unwrap();
+    assert!(rs.1 >= 512, "{rs:?}");
+}
