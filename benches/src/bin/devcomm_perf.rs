@@ -417,7 +417,7 @@ impl<T: CollType> Bench<'_, T> {
         let ctx = self.coll.context();
         match (self.kind, algorithm) {
             (Kind::AllReduce, Algorithm::Auto) => Algorithm::choose(bytes as u64, &ctx),
-            (Kind::Broadcast | Kind::Reduce, Algorithm::Auto) => Algorithm::choose_rooted(bytes as u64, &ctx),
+            (Kind::Broadcast | Kind::Reduce, Algorithm::Auto) => Algorithm::choose_rooted(bytes as u64, &ctx, 1),
             (Kind::AllReduce | Kind::Broadcast | Kind::Reduce, a) => a,
             _ => Algorithm::Auto,
         }

@@ -30,7 +30,13 @@ fn entry_local_stores(ptx: &str) -> Vec<(String, usize)> {
                     Some(v) => (v[..1].parse::<usize>().unwrap(), &v[2..]),
                     None => (1, op),
                 };
-                let width: usize = ty.trim_start_matches(|c: char| c.is_ascii_alphabetic()).split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
+                let width: usize = ty
+                    .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
                 bytes += lanes * width / 8;
             }
         }

@@ -180,7 +180,7 @@ macro_rules! reducing_kernels {
                 let cta = Cta::new();
                 let bytes = args.count.saturating_mul(size_of::<$t>() as u64);
                 let r = match (reduction::<$t>(&args), Algorithm::from_code(args.algorithm)) {
-                    (Ok(red), Some(algorithm)) => match algorithm.resolve_rooted(bytes, &args.ctx) {
+                    (Ok(red), Some(algorithm)) => match algorithm.resolve_rooted(bytes, &args.ctx, Part::block().count) {
                         Algorithm::Ll => coll::reduce(
                             &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
                             args.count as usize, &red, args.root, Algorithm::Ll,

@@ -20,11 +20,13 @@
 //! In steady state the acknowledgement arrived long before the next call
 //! (it travels while the sender's next launch is queued), so a call should
 //! cost the launch and one NVLink crossing, where a barrier-based one costs
-//! a barrier round trip more. Measured on 2 × H200 it does not: 6.5 µs for
-//! an 8-byte broadcast against the direct algorithm's 6.4
-//! (`benches/results/2026-11-26-h200x2-ll-rooted-rma-p2p.md`), so
-//! [`Algorithm::choose_rooted`](super::Algorithm::choose_rooted) leaves it
-//! to be asked for. The credit makes reuse safe whatever the order of roots
+//! a barrier round trip more. Measured on 2 × H200 in CUDA graphs, 8 bytes:
+//! broadcast 2.7 µs against the direct algorithm's 4.3, reduce 5.3 against
+//! 6.9 (`benches/results/2026-11-26-h200x2-one-barrier.md`; an earlier
+//! measurement saw no gain while counting flags cost 33 barriers and every
+//! launch copied its arguments to local memory), so
+//! [`Algorithm::choose_rooted`](super::Algorithm::choose_rooted) picks it
+//! for small single-part calls. The credit makes reuse safe whatever the order of roots
 //! and calls: the slot of channel `a → b` is written again only after `b`
 //! acknowledged the message in it.
 //!

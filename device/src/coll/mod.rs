@@ -199,19 +199,23 @@ impl Algorithm {
         }
     }
 
-    /// The broadcast or reduce algorithm for `bytes` on `ctx`:
-    /// [`Algorithm::Ll`] up to the all-reduce's LL limit
-    /// ([`LL_MAX_BYTES`], [`LL_MAX_BYTES_MANY_RANKS`] on teams of three or
-    /// more, and the LL slots' size), [`Algorithm::TwoShot`] (relayed by the
-    /// ranks other than the root) from [`RELAY_MIN_BYTES`] on teams of three
-    /// or more, else [`Algorithm::OneShot`] (direct). Graphed on 2 × H200, 8
-    /// bytes: LL broadcast 2.7 µs against the direct one's 4.3, LL reduce
-    /// 5.3 against 6.9 (`benches/results/2026-11-26-h200x2-one-barrier.md`).
+    /// The broadcast or reduce algorithm for `bytes` on `ctx`, for a call
+    /// split over `parts` parts: [`Algorithm::Ll`] for a single-part call
+    /// up to the all-reduce's LL limit ([`LL_MAX_BYTES`],
+    /// [`LL_MAX_BYTES_MANY_RANKS`] on teams of three or more, and the LL
+    /// slots' size; LL moves the whole message in one part and numbers its
+    /// calls per rank, so each part of a split call, which moves its own
+    /// piece, takes a barrier-based algorithm), [`Algorithm::TwoShot`]
+    /// (relayed by the ranks other than the root) from [`RELAY_MIN_BYTES`]
+    /// on teams of three or more, else [`Algorithm::OneShot`] (direct).
+    /// Graphed on 2 × H200, 8 bytes: LL broadcast 2.7 µs against the direct
+    /// one's 4.3, LL reduce 5.3 against 6.9
+    /// (`benches/results/2026-11-26-h200x2-one-barrier.md`).
     #[inline(always)]
-    pub const fn choose_rooted(bytes: u64, ctx: &CollContext) -> Algorithm {
+    pub const fn choose_rooted(bytes: u64, ctx: &CollContext, parts: u32) -> Algorithm {
         let n = ctx.scratch().lsa_size();
         let ll_max = if n <= 2 { LL_MAX_BYTES } else { LL_MAX_BYTES_MANY_RANKS };
-        if bytes <= ll_max && bytes <= ctx.ll_bytes() {
+        if parts <= 1 && bytes <= ll_max && bytes <= ctx.ll_bytes() {
             Algorithm::Ll
         } else if n >= 3 && bytes >= RELAY_MIN_BYTES {
             Algorithm::TwoShot
@@ -231,11 +235,12 @@ impl Algorithm {
     }
 
     /// `self`, or for [`Algorithm::Auto`] the broadcast and reduce
-    /// algorithm [`choose_rooted`](Self::choose_rooted) picks.
+    /// algorithm [`choose_rooted`](Self::choose_rooted) picks for a call
+    /// split over `parts` parts.
     #[inline(always)]
-    pub const fn resolve_rooted(self, bytes: u64, ctx: &CollContext) -> Algorithm {
+    pub const fn resolve_rooted(self, bytes: u64, ctx: &CollContext, parts: u32) -> Algorithm {
         match self {
-            Algorithm::Auto => Algorithm::choose_rooted(bytes, ctx),
+            Algorithm::Auto => Algorithm::choose_rooted(bytes, ctx, parts),
             a => a,
         }
     }

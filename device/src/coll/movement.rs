@@ -260,7 +260,7 @@ pub unsafe fn broadcast<C: Coop, T: Copy>(
 ) -> Result<(), CollError> {
     let (src, bytes) = as_bytes(src, count);
     let n = ctx.scratch().lsa_size();
-    let algorithm = algorithm.resolve_rooted(bytes as u64, ctx);
+    let algorithm = algorithm.resolve_rooted(bytes as u64, ctx, part.count);
     if algorithm == Algorithm::Ll {
         // SAFETY: this function's contract.
         return unsafe { ll_rooted::broadcast(coop, ctx, part, src.local(), dst as *mut u8, bytes, root) };

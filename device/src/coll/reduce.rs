@@ -194,7 +194,7 @@ pub unsafe fn reduce<C: Coop, T: Element>(
     if root >= n {
         return Err(CollError::BadArgument);
     }
-    let algorithm = algorithm.resolve_rooted((count * size_of::<T>()) as u64, ctx);
+    let algorithm = algorithm.resolve_rooted((count * size_of::<T>()) as u64, ctx, part.count);
     if algorithm == Algorithm::Ll {
         // SAFETY: this function's contract.
         return unsafe { ll_rooted::reduce(coop, ctx, part, src.local(), dst, count, red, root) };

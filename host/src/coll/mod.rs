@@ -815,9 +815,10 @@ impl<'c> Collectives<'c> {
     }
 
     /// `recv[i] = op over ranks of send[i]` on `root` only (`ncclReduce`);
-    /// `recv` may be [`Operand::null`] elsewhere. Relayed through the other
-    /// ranks from [`RELAY_MIN_BYTES`]
-    /// on teams of three or more ([`Algorithm::choose_rooted`]).
+    /// `recv` may be [`Operand::null`] elsewhere. LL (one CTA, no barrier)
+    /// up to [`LL_MAX_BYTES`], relayed through the other ranks from
+    /// [`RELAY_MIN_BYTES`] on teams of three or more
+    /// ([`Algorithm::choose_rooted`]).
     #[doc(alias = "ncclReduce")]
     pub fn reduce<'a, T: CollType>(
         &self,
@@ -852,7 +853,7 @@ impl<'c> Collectives<'c> {
         }
         let bytes = send.len * std::mem::size_of::<T>();
         check_ll("reduce", algorithm, bytes as u64, self.ctx.ll_bytes())?;
-        let algorithm = algorithm.resolve_rooted(bytes as u64, &self.ctx);
+        let algorithm = algorithm.resolve_rooted(bytes as u64, &self.ctx, 1);
         self.run::<T>(Kind::Reduce, &send, &recv, send.len, &op, root, algorithm, bytes, stream)
     }
 
@@ -893,9 +894,10 @@ impl<'c> Collectives<'c> {
 
     /// `recv = send_root` on every rank (`ncclBroadcast`); `send` is read
     /// on the root only ([`Operand::null`] elsewhere); in place when the
-    /// root's `send` and `recv` are the same memory. Relayed through the
-    /// other ranks from [`RELAY_MIN_BYTES`]
-    /// on teams of three or more ([`Algorithm::choose_rooted`]).
+    /// root's `send` and `recv` are the same memory. LL (one CTA, no
+    /// barrier) up to [`LL_MAX_BYTES`], relayed through the other ranks
+    /// from [`RELAY_MIN_BYTES`] on teams of three or more
+    /// ([`Algorithm::choose_rooted`]).
     #[doc(alias = "ncclBroadcast")]
     pub fn broadcast<'a, T: CollType>(
         &self,
@@ -928,7 +930,7 @@ impl<'c> Collectives<'c> {
         }
         let bytes = recv.len * std::mem::size_of::<T>();
         check_ll("broadcast", algorithm, bytes as u64, self.ctx.ll_bytes())?;
-        let algorithm = algorithm.resolve_rooted(bytes as u64, &self.ctx);
+        let algorithm = algorithm.resolve_rooted(bytes as u64, &self.ctx, 1);
         self.run::<T>(Kind::Broadcast, &send, &recv, recv.len, &Op::Sum, root, algorithm, bytes, stream)
     }
 
