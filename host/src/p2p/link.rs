@@ -94,20 +94,22 @@ impl Progress {
     }
 }
 
-/// How long the progress thread polls without pausing after something
-/// happened, then how long it yields between polls, then how long it
-/// sleeps between polls (briefly, then [`IDLE_NAP`]).
-const SPIN: Duration = Duration::from_micros(50);
-const YIELD: Duration = Duration::from_millis(2);
+/// How long the progress thread polls back to back (yielding the core
+/// between passes) after something happened; then it naps [`NAP`] between
+/// passes, and [`IDLE_NAP`] once idle for [`IDLE`]. Yielding rather than
+/// spinning: with fewer cores than busy threads (two processes on a
+/// two-core machine, emulated), a pure spin doubled the small-message
+/// latency; with cores to spare a yield returns at once.
+const POLL: Duration = Duration::from_millis(2);
 const NAP: Duration = Duration::from_micros(100);
 const IDLE: Duration = Duration::from_millis(20);
 const IDLE_NAP: Duration = Duration::from_millis(1);
-/// How long a waiter spins on a transfer's done flag before its condvar.
+/// How long a waiter polls a transfer's done flag (yielding) before its condvar.
 const WAIT_SPIN: Duration = Duration::from_micros(20);
 
 /// The endpoint's progress thread: polls the shared-memory control rings
 /// of every same-host connection, runs their initiators' queues, finds
-/// finished copies; spins while busy, then yields, then naps (see the
+/// finished copies; polls back to back while busy, then naps (see the
 /// module docs of `p2p`).
 pub(crate) fn progress_loop(sh: Arc<Shared>) {
     let p = &sh.progress;
@@ -149,9 +151,7 @@ pub(crate) fn progress_loop(sh: Arc<Shared>) {
             continue;
         }
         let idle = last_active.elapsed();
-        if idle < SPIN {
-            std::hint::spin_loop();
-        } else if idle < YIELD || busy {
+        if idle < POLL || busy {
             std::thread::yield_now();
         } else if idle < IDLE {
             std::thread::park_timeout(NAP);
@@ -300,9 +300,9 @@ impl Op {
     pub(crate) fn wait(&self, timeout: Duration) -> Result<usize> {
         let start = Instant::now();
         let deadline = start + timeout;
-        // Small transfers finish within microseconds: spin first.
+        // Small transfers finish within microseconds: poll the flag first.
         while !self.done.load(Ordering::Acquire) && start.elapsed() < WAIT_SPIN {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
         let mut s = lock(&self.state);
         loop {
@@ -1203,8 +1203,10 @@ impl ConnInner {
                 None
             }
         };
-        lock(&self.mappings).insert(remote_mr, mapped.clone());
-        Ok(mapped)
+        // The first mapping of a region stays: copies may be in flight into
+        // it (two threads can fetch one region at once: a caller of
+        // `mapped_address` and the worker).
+        Ok(lock(&self.mappings).entry(remote_mr).or_insert(mapped).clone())
     }
 
     // ---- the shared-memory control path ----
