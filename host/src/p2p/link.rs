@@ -665,8 +665,10 @@ impl ConnInner {
     pub(crate) fn fail(&self, e: Error) {
         // Frames the peer put on the ring before it went away come first
         // (its goodbye among them: its error is the one to report).
+        // At most what a full ring holds: a peer that keeps writing cannot
+        // hold this thread here.
         let e = match self.shm.is_some() && self.error().is_none() {
-            true => self.drain_inbox(usize::MAX).err().unwrap_or(e),
+            true => self.drain_inbox(shm::RING_BYTES / wire::CONTROL_BYTES).err().unwrap_or(e),
             false => e,
         };
         if self.set_error(e) {
@@ -1267,22 +1269,26 @@ impl ConnInner {
         if DRAINING.with(Cell::get) {
             return Ok(0);
         }
-        DRAINING.with(|d| d.set(true));
-        let r = (|| {
-            let mut rx = lock(&shm.inbox);
-            let mut n = 0;
-            while n < max {
-                let Some(c) = rx.pop()? else {
-                    break;
-                };
-                self.counters.shm_received.fetch_add(1, Ordering::Relaxed);
-                n += 1;
-                self.on_control(c)?;
+        /// Clears `DRAINING` when dropped (a handler's panic too).
+        struct Draining;
+        impl Drop for Draining {
+            fn drop(&mut self) {
+                DRAINING.with(|d| d.set(false));
             }
-            Ok(n)
-        })();
-        DRAINING.with(|d| d.set(false));
-        r
+        }
+        DRAINING.with(|d| d.set(true));
+        let _draining = Draining;
+        let mut rx = lock(&shm.inbox);
+        let mut n = 0;
+        while n < max {
+            let Some(c) = rx.pop()? else {
+                break;
+            };
+            self.counters.shm_received.fetch_add(1, Ordering::Relaxed);
+            n += 1;
+            self.on_control(c)?;
+        }
+        Ok(n)
     }
 
     /// Starts the queued transfers whose turn came and whose peer answer
