@@ -442,6 +442,8 @@ struct Inflight {
 }
 
 const SPARE_EVENTS: usize = 64;
+/// Descriptor requests served at once per connection (shared-memory control path).
+const MAX_FD_SERVING: usize = 8;
 /// Frames a progress pass takes from one ring (fairness between connections).
 const FRAMES_PER_PASS: usize = 64;
 
@@ -518,6 +520,8 @@ pub(crate) struct ConnInner {
     shm: Option<ShmCtl>,
     counters: Counters,
     this: Weak<ConnInner>,
+    /// Descriptor requests being served (shared-memory control path).
+    fd_serving: AtomicUsize,
 }
 
 /// Parameters of a connection whose sockets are open and whose handshake is done.
@@ -618,6 +622,7 @@ impl ConnInner {
             shm,
             counters: Counters::default(),
             this: this.clone(),
+            fd_serving: AtomicUsize::new(0),
         });
         let mut handles = Vec::new();
         let tag = format!("p2p{}{}", if p.initiator { 'i' } else { 't' }, p.id);
@@ -1602,15 +1607,24 @@ impl ConnInner {
             // Passing a descriptor may wait for the peer (up to the op
             // timeout): not on the progress thread, which serves every
             // connection of the endpoint.
+            // A peer asks once per region, so a few at a time at most: more
+            // are refused rather than given a thread each.
             wire::C_FD_REQ if self.shm.is_some() => {
                 let me = self.this.upgrade().ok_or_else(|| Error::internal("p2p connection vanished"))?;
                 let (req, mr) = (c.a, c.b);
+                if self.fd_serving.fetch_add(1, Ordering::SeqCst) >= MAX_FD_SERVING {
+                    self.fd_serving.fetch_sub(1, Ordering::SeqCst);
+                    let e = Error::remote(format!("more than {MAX_FD_SERVING} descriptor requests at once"));
+                    return self.send_control(&Control::failed(wire::C_FD_NO, req, &e));
+                }
                 let r = spawn(format!("p2p{}-fd", self.id), move || {
                     if let Err(e) = me.serve_fd(req, mr) {
                         let _ = me.send_control(&Control::failed(wire::C_FD_NO, req, &e));
                     }
+                    me.fd_serving.fetch_sub(1, Ordering::SeqCst);
                 });
                 if let Err(e) = r {
+                    self.fd_serving.fetch_sub(1, Ordering::SeqCst);
                     self.send_control(&Control::failed(wire::C_FD_NO, req, &e))?;
                 }
             }
