@@ -88,10 +88,10 @@ fn forced_tcp() -> bool {
 
 /// The control path connections of this test get.
 fn control_path() -> ControlPath {
-    if forced_tcp() || std::env::var("DEVCOMM_P2P_CONTROL").is_ok_and(|v| v == "tcp") {
-        ControlPath::Tcp
-    } else {
+    if !forced_tcp() && std::env::var("DEVCOMM_P2P_CONTROL").is_ok_and(|v| v == "shm" || v == "auto") {
         ControlPath::SharedMemory
+    } else {
+        ControlPath::Tcp
     }
 }
 
@@ -613,14 +613,16 @@ fn child_killed() {
     if !is_child("child_killed") {
         return;
     }
-    let ep = Endpoint::with_config(&device_of(rank()), config().with_timeouts(Duration::from_secs(20))).unwrap();
+    let auto = std::env::var("DEVCOMM_P2P_TRANSPORT").is_ok_and(|v| v == "auto");
+    let cfg = config().with_timeouts(Duration::from_secs(20)).with_shm_control(auto);
+    let ep = Endpoint::with_config(&device_of(rank()), cfg).unwrap();
     put(&format!("port{}", rank()), &port_of(&ep));
     let conn = if rank() == 0 {
         ep.accept().unwrap().2
     } else {
         ep.connect(("127.0.0.1", peer_port(0)), device_of(0).ordinal()).unwrap()
     };
-    if std::env::var("DEVCOMM_P2P_TRANSPORT").is_ok_and(|v| v == "auto") {
+    if auto {
         assert_eq!(conn.control_path(), ControlPath::SharedMemory);
     }
     let m = Mem::new(&ep);
