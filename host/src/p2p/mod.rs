@@ -1542,7 +1542,10 @@ mod tests {
     #[test]
     fn a_corrupt_control_page_fails_the_connection() {
         let dev = Device::open(RuntimeSelection::Emulated, 0).unwrap();
-        let cfg = P2pConfig::default().with_bind("127.0.0.1:0".parse().unwrap()).with_timeouts(Duration::from_secs(20));
+        let cfg = P2pConfig::default()
+            .with_bind("127.0.0.1:0".parse().unwrap())
+            .with_timeouts(Duration::from_secs(20))
+            .with_shm_control(true);
         let (server, client) =
             (Endpoint::with_config(&dev, cfg.clone()).unwrap(), Endpoint::with_config(&dev, cfg).unwrap());
         let mem = crate::SymmetricMemory::alloc(&dev, 4096).unwrap();
