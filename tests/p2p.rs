@@ -6,6 +6,10 @@
 //! typed errors (message too large, unregistered pointers, wrong
 //! direction, closed connection, a deregistered remote region), a peer
 //! killed mid-transfer (either side), and garbage on the listening port.
+//! Same-host connections use the shared-memory control path unless
+//! `DEVCOMM_P2P_CONTROL=tcp`: many small messages in a row and in flight
+//! over it, its peer killed or its endpoint dropped mid-stream, and its
+//! negotiation.
 //!
 //! Rank 0 serves (accepts), rank 1 connects; they find each other's ports
 //! and descriptors through files in a directory the parent makes.
@@ -13,7 +17,7 @@
 mod common;
 
 use common::{child_job, is_child, run_on_runtime, runtime};
-use devcomm::p2p::{ConnMetadata, Endpoint, Mr, P2pConfig, P2pTransport, RemoteRegion};
+use devcomm::p2p::{ConnMetadata, ControlPath, ControlStats, Endpoint, Mr, P2pConfig, P2pTransport, RemoteRegion};
 use devcomm::runtime::{Device, RuntimeSelection};
 use devcomm::{DeviceBuffer, Error, SymmetricMemory};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -80,6 +84,15 @@ fn config() -> P2pConfig {
 
 fn forced_tcp() -> bool {
     std::env::var("DEVCOMM_P2P_TRANSPORT").is_ok_and(|v| v == "tcp")
+}
+
+/// The control path connections of this test get.
+fn control_path() -> ControlPath {
+    if !forced_tcp() && std::env::var("DEVCOMM_P2P_CONTROL").is_ok_and(|v| v == "shm" || v == "auto") {
+        ControlPath::SharedMemory
+    } else {
+        ControlPath::Tcp
+    }
 }
 
 /// The three kinds of memory a test registers: shareable (SymmetricMemory),
@@ -179,6 +192,7 @@ fn every_call_server(ep: &Endpoint) {
     assert_eq!(peer.ip(), std::net::IpAddr::from([127, 0, 0, 1]));
     let want = if forced_tcp() { P2pTransport::Tcp } else { P2pTransport::Ipc };
     assert_eq!(conn.transport(), want);
+    assert_eq!(conn.control_path(), control_path());
     let meta = ConnMetadata::from_bytes(&conn.metadata()).unwrap();
     assert_eq!(
         (meta.id, meta.initiator, meta.remote_gpu, meta.transport, meta.threads),
@@ -309,6 +323,7 @@ fn every_call_client(ep: &Endpoint) {
     assert!(conn.is_initiator());
     let want = if forced_tcp() { P2pTransport::Tcp } else { P2pTransport::Ipc };
     assert_eq!(conn.transport(), want);
+    assert_eq!(conn.control_path(), control_path());
     assert_eq!(conn.remote_gpu(), server_gpu);
     let (_, _, back) = ep.accept().unwrap();
     let mut m = Mem::new(ep);
@@ -444,24 +459,150 @@ fn child_every_call() {
     }
 }
 
-fn every_call(transport: &str) {
-    let d = new_dir(transport);
+fn every_call(transport: &str, control: &str) {
+    let d = new_dir(&format!("{transport}-{control}"));
     run_on_runtime(
         "child_every_call",
         2,
-        &[(DIR_ENV, d.display().to_string()), ("DEVCOMM_P2P_TRANSPORT", transport.to_string())],
+        &[
+            (DIR_ENV, d.display().to_string()),
+            ("DEVCOMM_P2P_TRANSPORT", transport.to_string()),
+            ("DEVCOMM_P2P_CONTROL", control.to_string()),
+        ],
     );
     let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn every_call_between_processes_same_host_ipc() {
-    every_call("auto");
+    every_call("auto", "auto");
+}
+
+#[test]
+fn every_call_between_processes_same_host_ipc_with_tcp_control() {
+    every_call("auto", "tcp");
 }
 
 #[test]
 fn every_call_between_processes_over_tcp() {
-    every_call("tcp");
+    every_call("tcp", "auto");
+}
+
+/// Message `i` of the small-message test: its length, and where it starts
+/// in the sender's buffers (which hold `pattern(7, ..)`).
+fn small(i: usize) -> (usize, usize) {
+    (1 + (i * 37) % 256, (i * 257) % (DBUF - 256))
+}
+
+/// The change of `b` over `a`.
+fn delta(a: ControlStats, b: ControlStats) -> ControlStats {
+    ControlStats {
+        shm_sent: b.shm_sent - a.shm_sent,
+        shm_received: b.shm_received - a.shm_received,
+        tcp_sent: b.tcp_sent - a.tcp_sent,
+        tcp_received: b.tcp_received - a.tcp_received,
+    }
+}
+
+/// Child: rank 1 sends rank 0 many small messages over the shared-memory
+/// control path: `ROW` one after another, then `FLIGHT` all in flight at
+/// once; rank 0 checks each byte for byte, and both check that no control
+/// frame took the socket meanwhile.
+#[test]
+#[ignore = "a rank of a multi-rank test: its parent runs it"]
+fn child_small_messages() {
+    const ROW: usize = 1500;
+    const FLIGHT: usize = 200;
+    if !is_child("child_small_messages") {
+        return;
+    }
+    let ep = Endpoint::with_config(&device_of(rank()), config().with_shm_control(true)).unwrap();
+    put(&format!("port{}", rank()), &port_of(&ep));
+    let conn = if rank() == 0 {
+        ep.accept().unwrap().2
+    } else {
+        ep.connect(("127.0.0.1", peer_port(0)), device_of(0).ordinal()).unwrap()
+    };
+    assert_eq!(conn.transport(), P2pTransport::Ipc);
+    assert_eq!(conn.control_path(), ControlPath::SharedMemory);
+    let mut m = Mem::new(&ep);
+    let data = pattern(7, DBUF);
+    let before = conn.control_stats();
+    if rank() == 1 {
+        // Shareable memory mostly (the copy engine); every 7th message
+        // from plain device memory (its bytes take the data sockets).
+        m.fill(0, 0, &data);
+        m.fill(1, 0, &data);
+        let kind = |i: usize| if i % 7 == 6 { 1 } else { 0 };
+        for i in 0..ROW {
+            let (n, off) = small(i);
+            let (mr, p) = m.at(kind(i), off);
+            ep.send(&conn, mr, p, n).unwrap_or_else(|e| panic!("send {i}: {e}"));
+        }
+        let ids: Vec<_> = (ROW..ROW + FLIGHT)
+            .map(|i| {
+                let (n, off) = small(i);
+                let (mr, p) = m.at(kind(i), off);
+                ep.send_async(&conn, mr, p, n).unwrap()
+            })
+            .collect();
+        for (j, id) in ids.into_iter().enumerate() {
+            assert_eq!(ep.wait_async(id).unwrap(), small(ROW + j).0, "async send {j}");
+        }
+        let d = delta(before, conn.control_stats());
+        assert!(d.shm_received >= (ROW + FLIGHT) as u64, "a clear-to-send per message on the ring: {d:?}");
+        assert_eq!((d.tcp_sent, d.tcp_received), (0, 0), "no control frame on the socket: {d:?}");
+    } else {
+        // Into shareable memory, every 10th message into host memory;
+        // message i lands in its own 256-byte slot.
+        let kind = |i: usize| if i % 10 == 9 { 2 } else { 0 };
+        let slot = |i: usize| (i * 256) % (HOST - 256);
+        for i in 0..ROW {
+            let (n, off) = small(i);
+            let (mr, p) = m.at(kind(i), slot(i));
+            assert_eq!(ep.recv(&conn, mr, p, 256).unwrap_or_else(|e| panic!("recv {i}: {e}")), n, "message {i}");
+            assert_bytes(&format!("message {i}"), &m.bytes(kind(i), slot(i), n), &data[off..off + n]);
+            if n < 256 {
+                assert_eq!(m.bytes(kind(i), slot(i) + n, 1)[0], POISON, "message {i} overran");
+            }
+        }
+        // All posted before any arrives (the sender may be ahead already).
+        let ids: Vec<_> = (ROW..ROW + FLIGHT)
+            .map(|i| {
+                let (mr, p) = m.at(kind(i), slot(i));
+                ep.recv_async(&conn, mr, p, 256).unwrap()
+            })
+            .collect();
+        let mut done = vec![None; FLIGHT];
+        let t = Instant::now();
+        while done.iter().any(Option::is_none) {
+            for (j, id) in ids.iter().enumerate() {
+                if done[j].is_none() {
+                    done[j] = ep.poll_async(*id).unwrap();
+                }
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "async receives did not finish");
+        }
+        for (j, d) in done.into_iter().enumerate() {
+            let i = ROW + j;
+            let (n, off) = small(i);
+            assert_eq!(d, Some(n), "async receive {j}");
+            assert_bytes(&format!("async message {i}"), &m.bytes(kind(i), slot(i), n), &data[off..off + n]);
+        }
+        let d = delta(before, conn.control_stats());
+        assert!(d.shm_sent >= (ROW + FLIGHT) as u64, "a clear-to-send per message on the ring: {d:?}");
+        assert!(d.shm_received >= (ROW + FLIGHT) as u64, "a done per message on the ring: {d:?}");
+        assert_eq!((d.tcp_sent, d.tcp_received), (0, 0), "no control frame on the socket: {d:?}");
+    }
+    put(&format!("small-done{}", rank()), b"1");
+    get(&format!("small-done{}", 1 - rank()));
+}
+
+#[test]
+fn many_small_messages_over_the_shared_memory_control_path() {
+    let d = new_dir("small");
+    run_on_runtime("child_small_messages", 2, &[(DIR_ENV, d.display().to_string())]);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 /// Child: transfers 2 MiB messages until the connection fails (the parent
@@ -472,15 +613,20 @@ fn child_killed() {
     if !is_child("child_killed") {
         return;
     }
-    let ep = Endpoint::with_config(&device_of(rank()), config().with_timeouts(Duration::from_secs(20))).unwrap();
+    let auto = std::env::var("DEVCOMM_P2P_TRANSPORT").is_ok_and(|v| v == "auto");
+    let cfg = config().with_timeouts(Duration::from_secs(20)).with_shm_control(auto);
+    let ep = Endpoint::with_config(&device_of(rank()), cfg).unwrap();
     put(&format!("port{}", rank()), &port_of(&ep));
     let conn = if rank() == 0 {
         ep.accept().unwrap().2
     } else {
         ep.connect(("127.0.0.1", peer_port(0)), device_of(0).ordinal()).unwrap()
     };
+    if auto {
+        assert_eq!(conn.control_path(), ControlPath::SharedMemory);
+    }
     let m = Mem::new(&ep);
-    let n = SYM;
+    let n = std::env::var(KILL_BYTES_ENV).map_or(SYM, |v| v.parse().unwrap());
     let mut sent = 0;
     let t = Instant::now();
     let (mr, p) = m.at(0, 0);
@@ -510,12 +656,20 @@ fn child_killed() {
     }
 }
 
+/// Bytes per message of `child_killed` (default: 2 MiB).
+const KILL_BYTES_ENV: &str = "P2P_KILL_BYTES";
+
 fn killed(transport: &str, victim: usize) {
+    killed_with(transport, victim, SYM);
+}
+
+fn killed_with(transport: &str, victim: usize, bytes: usize) {
     let d = new_dir(&format!("kill{victim}{transport}"));
     let opts = child_job("child_killed", 2)
         .env("DEVCOMM_RUNTIME", runtime())
         .env(DIR_ENV, d.display().to_string())
         .env("DEVCOMM_P2P_TRANSPORT", transport)
+        .env(KILL_BYTES_ENV, bytes.to_string())
         .kill_on_failure(false)
         .timeout(Some(Duration::from_secs(120)));
     let mut job = devcomm::launch::spawn(&opts).unwrap();
@@ -547,6 +701,124 @@ fn receiver_killed_mid_transfer_fails_the_sender_over_tcp() {
 fn peer_killed_on_a_same_host_connection() {
     killed("auto", 1);
     killed("auto", 0);
+}
+
+/// Small messages stream (the control rings busy) when a peer dies.
+#[test]
+fn peer_killed_while_small_messages_stream_over_shared_memory() {
+    killed_with("auto", 1, 64);
+    killed_with("auto", 0, 64);
+}
+
+/// Two endpoints in one process over the shared-memory control path:
+/// small messages stream until the receiving endpoint is dropped; the
+/// sender's transfers in flight and later ones fail typed, soon.
+#[test]
+fn endpoint_dropped_mid_stream_over_shared_memory() {
+    let dev = device_of(0);
+    let cfg = config().with_shm_control(true).with_timeouts(Duration::from_secs(20));
+    let server = Endpoint::with_config(&dev, cfg.clone()).unwrap();
+    let client = Endpoint::with_config(&dev, cfg).unwrap();
+    let port = server.addr().port();
+    let (src, dst) = (SymmetricMemory::alloc(&dev, 4096).unwrap(), SymmetricMemory::alloc(&dev, 4096).unwrap());
+    src.write(dev.stream(), 0, &pattern(3, 4096)).unwrap();
+    let smr = client.reg_symmetric(&src).unwrap();
+    std::thread::scope(|s| {
+        let rx = s.spawn(move || {
+            let (_, _, conn) = server.accept().unwrap();
+            assert_eq!(conn.control_path(), ControlPath::SharedMemory);
+            let dmr = server.reg_symmetric(&dst).unwrap();
+            for i in 0..300 {
+                assert_eq!(server.recv(&conn, &dmr, dst.device_addr(), 4096).unwrap(), 64, "message {i}");
+            }
+            // Receives posted, then the endpoint goes away with them.
+            let _ids: Vec<_> =
+                (0..4).map(|_| server.recv_async(&conn, &dmr, dst.device_addr(), 4096).unwrap()).collect();
+            drop(dmr);
+            drop(server);
+        });
+        let conn = client.connect(("127.0.0.1", port), dev.ordinal()).unwrap();
+        assert_eq!(conn.control_path(), ControlPath::SharedMemory);
+        let mut sent = 0;
+        let t = Instant::now();
+        let e = loop {
+            let ids: Vec<_> = match (0..8).map(|_| client.send_async(&conn, &smr, src.device_addr(), 64)).collect() {
+                Ok(ids) => ids,
+                Err(e) => break e,
+            };
+            let mut first = None;
+            for id in ids {
+                match client.wait_async(id) {
+                    Ok(_) => sent += 1,
+                    Err(e) => {
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = first {
+                break e;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "the receiver never went away ({sent} sent)");
+        };
+        assert!(sent >= 300, "{sent} messages went before the failure");
+        assert!(matches!(e, Error::RemoteError(ref m) if m.contains("closed")), "{e:?}");
+        assert!(conn.error().is_some());
+        let t = Instant::now();
+        assert!(matches!(client.send(&conn, &smr, src.device_addr(), 64), Err(Error::RemoteError(_))));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        rx.join().unwrap();
+    });
+}
+
+/// The shared-memory control path needs both sides: an endpoint that
+/// refuses it (or TCP forced) gives connections on the control socket,
+/// which work as before.
+#[test]
+fn the_control_path_is_negotiated() {
+    let dev = device_of(0);
+    for (server_shm, client_shm, force_tcp, want) in [
+        (true, true, false, ControlPath::SharedMemory),
+        (false, true, false, ControlPath::Tcp),
+        (true, false, false, ControlPath::Tcp),
+        (true, true, true, ControlPath::Tcp),
+    ] {
+        let cfg = config().with_force_tcp(force_tcp);
+        let server = Endpoint::with_config(&dev, cfg.clone().with_shm_control(server_shm)).unwrap();
+        let client = Endpoint::with_config(&dev, cfg.with_shm_control(client_shm)).unwrap();
+        let (src, dst) = (SymmetricMemory::alloc(&dev, 4096).unwrap(), SymmetricMemory::alloc(&dev, 4096).unwrap());
+        let data = pattern(5, 1000);
+        src.write(dev.stream(), 0, &data).unwrap();
+        let (smr, dmr) = (client.reg_symmetric(&src).unwrap(), server.reg_symmetric(&dst).unwrap());
+        let addr = ("127.0.0.1", server.addr().port());
+        std::thread::scope(|s| {
+            let acc = s.spawn(|| server.accept().unwrap().2);
+            let conn = client.connect(addr, dev.ordinal()).unwrap();
+            let sconn = acc.join().unwrap();
+            let what = format!("server {server_shm}, client {client_shm}, force_tcp {force_tcp}");
+            assert_eq!((conn.control_path(), sconn.control_path()), (want, want), "{what}");
+            let (c0, s0) = (conn.control_stats(), sconn.control_stats());
+            for _ in 0..10 {
+                let id = server.recv_async(&sconn, &dmr, dst.device_addr(), 4096).unwrap();
+                client.send(&conn, &smr, src.device_addr(), 1000).unwrap();
+                assert_eq!(server.wait_async(id).unwrap(), 1000, "{what}");
+            }
+            let (c, s) = (delta(c0, conn.control_stats()), delta(s0, sconn.control_stats()));
+            if want == ControlPath::SharedMemory {
+                assert!(
+                    s.shm_sent >= 10 && c.shm_received >= 10 && s.tcp_sent + c.tcp_received == 0,
+                    "{what}: {s:?} {c:?}"
+                );
+            } else {
+                assert!(
+                    s.tcp_sent >= 10 && c.tcp_received >= 10 && s.shm_sent + c.shm_received == 0,
+                    "{what}: {s:?} {c:?}"
+                );
+            }
+        });
+        let mut back = vec![0u8; 1000];
+        dst.read(dev.stream(), 0, &mut back).unwrap();
+        assert_bytes("negotiated transfer", &back, &data);
+    }
 }
 
 /// Garbage, a wrong version, a stray data socket and an empty connection

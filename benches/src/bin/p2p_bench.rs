@@ -22,13 +22,17 @@
 //!   (one socket; latency: ping-pong);
 //! * with `--nccl` (CUDA): NCCL `ncclSend`/`ncclRecv` between the same two
 //!   GPUs and processes (lat: ping-pong; uni: `iters` sends queued);
+//! * the header line names the connection's control path: on one host the
+//!   shared-memory rings by default (`--control tcp`: the control socket,
+//!   the path before them), so `sr_lat_us` of the small sizes is the
+//!   shared-memory control path's latency;
 //! * `#wrong`: bytes of the last received message (send/recv) and of the
 //!   written region that differ from what was sent (for messages above 64
 //!   MiB, the first and last 8 MiB are compared).
 #![allow(clippy::too_many_arguments)]
 
 use clap::{Parser, ValueEnum};
-use devcomm::p2p::{Conn, Endpoint, Mr, P2pConfig, P2pTransport, RemoteRegion};
+use devcomm::p2p::{Conn, ControlPath, Endpoint, Mr, P2pConfig, P2pTransport, RemoteRegion};
 use devcomm::runtime::{Device, RuntimeSelection};
 use devcomm::{Error, Result, SymmetricMemory};
 use std::io::{Read, Write};
@@ -66,6 +70,10 @@ struct Args {
     /// `tcp` to force TCP on one host.
     #[arg(long, default_value = "auto")]
     transport: String,
+    /// Control messages of a same-host connection: `shm` (shared-memory
+    /// rings, the default) or `tcp` (the control socket).
+    #[arg(long, default_value = "shm")]
+    control: String,
     /// Smallest message.
     #[arg(long, default_value_t = 256)]
     min_bytes: usize,
@@ -327,6 +335,11 @@ fn run(args: &Args, role: Role) -> Result<()> {
         "auto" => {}
         o => return Err(Error::invalid_argument(format!("--transport {o}: expected auto or tcp"))),
     }
+    match args.control.as_str() {
+        "tcp" => cfg.shm_control = false,
+        "shm" | "auto" => cfg.shm_control = true,
+        o => return Err(Error::invalid_argument(format!("--control {o}: expected shm or tcp"))),
+    }
     let max_bytes = if args.quick { args.max_bytes.min(4 << 20) } else { args.max_bytes };
     let mut sizes = Vec::new();
     let mut s = args.min_bytes.max(1);
@@ -341,9 +354,13 @@ fn run(args: &Args, role: Role) -> Result<()> {
     let floor_addr = if ipc { ep.mapped_address(&side.out, &side.peer_recv)? } else { None };
     if role == Role::Client {
         println!(
-            "# p2p_bench on the {} runtime: {} transport, {} data sockets, client {} GPU {} -> server GPU {} ({}), floor: {}",
+            "# p2p_bench on the {} runtime: {} transport, control over {}, {} data sockets, client {} GPU {} -> server GPU {} ({}), floor: {}",
             dev.kind(),
             if ipc { "same-host IPC (copy engine)" } else { "TCP" },
+            match side.out.control_path() {
+                ControlPath::SharedMemory => "shared memory",
+                ControlPath::Tcp => "the control socket",
+            },
             args.threads,
             dev.name(),
             gpu,

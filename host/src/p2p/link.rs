@@ -3,27 +3,45 @@
 //! thread that runs transfers in order, and the tables of transfers in
 //! flight (see the [module docs](super) for the protocol).
 //!
+//! A same-host connection with the shared-memory control path (`shm`) has
+//! no completer and its worker only fetches peers' descriptors: its control
+//! frames go through the rings of [`super::shm`], and the endpoint's
+//! progress thread ([`progress_loop`]) reads them, runs the initiator's
+//! queue of transfers (a caller runs it too, right after submitting) and
+//! finds finished copies by querying an event recorded after each.
+//!
 //! `unsafe` invariants: memory of a region is only touched while its
 //! `live` read lock is held and says `true`; dropping the region (`Mr`)
 //! takes the write lock, so once the drop returns no thread touches it.
 //! Regions registered with `Endpoint::reg` are valid while registered (the
 //! caller's promise); the others own their memory.
 
+use super::shm::{self, Outbox, RingRx, RingTx, ShmPage};
 use super::wire::{self, Control, DataHeader};
-use super::{P2pConfig, RemoteRegion};
+use super::{ControlPath, ControlStats, P2pConfig, RemoteRegion};
 use crate::error::{Error, Result};
-use crate::runtime::{AddressRange, Device, HostMappedBuffer, ShareableAlloc, Stream};
-use std::collections::{HashMap, VecDeque};
+use crate::runtime::{AddressRange, Device, Event, HostMappedBuffer, ShareableAlloc, Stream};
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
-use std::thread::JoinHandle;
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The lock if free now (a poisoned one too), else `None`.
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 /// A descriptor received from a same-host peer: (allocation base there, size, fd).
@@ -40,6 +58,112 @@ pub(crate) struct Shared {
     pub(crate) fds: Mutex<HashMap<(u64, u64), FdMail>>,
     pub(crate) fds_cv: Condvar,
     pub(crate) shutdown: Arc<AtomicBool>,
+    /// The connections the progress thread serves (shared-memory control).
+    pub(crate) progress: Progress,
+}
+
+/// What the endpoint's progress thread polls, and how to wake it.
+#[derive(Default)]
+pub(crate) struct Progress {
+    conns: Mutex<Vec<Weak<ConnInner>>>,
+    generation: AtomicU64,
+    kicks: AtomicU64,
+    pub(crate) thread: OnceLock<Thread>,
+}
+
+impl Progress {
+    fn add(&self, c: &Arc<ConnInner>) {
+        lock(&self.conns).push(Arc::downgrade(c));
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.kick();
+    }
+
+    /// Wakes the progress thread and keeps it polling closely for a while:
+    /// this process just started something whose answer comes soon.
+    pub(crate) fn kick(&self) {
+        self.kicks.fetch_add(1, Ordering::SeqCst);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Forgets every connection (the endpoint is going away).
+    pub(crate) fn clear(&self) {
+        lock(&self.conns).clear();
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// How long the progress thread polls back to back (yielding the core
+/// between passes) after something happened; then it naps [`NAP`] between
+/// passes, and [`IDLE_NAP`] once idle for [`IDLE`]. Yielding rather than
+/// spinning: with fewer cores than busy threads (two processes on a
+/// two-core machine, emulated), a pure spin doubled the small-message
+/// latency; with cores to spare a yield returns at once.
+const POLL: Duration = Duration::from_millis(2);
+const NAP: Duration = Duration::from_micros(100);
+const IDLE: Duration = Duration::from_millis(20);
+const IDLE_NAP: Duration = Duration::from_millis(1);
+/// How long a waiter polls a transfer's done flag (yielding) before its condvar.
+const WAIT_SPIN: Duration = Duration::from_micros(20);
+
+/// The endpoint's progress thread: polls the shared-memory control rings
+/// of every same-host connection, runs their initiators' queues, finds
+/// finished copies; polls back to back while busy, then naps (see the
+/// module docs of `p2p`).
+pub(crate) fn progress_loop(sh: Arc<Shared>) {
+    let p = &sh.progress;
+    let mut conns: Vec<Arc<ConnInner>> = Vec::new();
+    let mut seen_generation = u64::MAX;
+    let mut seen_kicks = 0;
+    let mut last_active = Instant::now();
+    while !sh.shutdown.load(Ordering::SeqCst) {
+        let g = p.generation.load(Ordering::SeqCst);
+        if g != seen_generation {
+            conns = lock(&p.conns).iter().filter_map(Weak::upgrade).collect();
+            seen_generation = g;
+        }
+        if conns.is_empty() {
+            std::thread::park_timeout(Duration::from_millis(50));
+            continue;
+        }
+        let mut active = false;
+        let mut busy = false;
+        let mut finished = false;
+        for c in &conns {
+            let (a, b) = c.progress();
+            active |= a;
+            busy |= b;
+            finished |= c.finished();
+        }
+        if finished {
+            let mut list = lock(&p.conns);
+            list.retain(|w| w.upgrade().is_some_and(|c| !c.finished()));
+            p.generation.fetch_add(1, Ordering::SeqCst);
+        }
+        let k = p.kicks.load(Ordering::SeqCst);
+        if k != seen_kicks {
+            seen_kicks = k;
+            active = true;
+        }
+        if active {
+            last_active = Instant::now();
+            continue;
+        }
+        let idle = last_active.elapsed();
+        if idle < POLL || busy {
+            std::thread::yield_now();
+        } else if idle < IDLE {
+            std::thread::park_timeout(NAP);
+        } else {
+            std::thread::park_timeout(IDLE_NAP);
+        }
+    }
+}
+
+thread_local! {
+    /// Set while this thread consumes a control ring (no nested draining).
+    static DRAINING: Cell<bool> = const { Cell::new(false) };
 }
 
 impl Shared {
@@ -138,6 +262,8 @@ impl MrInner {
 /// One transfer's completion.
 pub(crate) struct Op {
     state: Mutex<Option<Result<usize>>>,
+    /// Set once `state` holds the outcome: waiters spin on it briefly.
+    done: AtomicBool,
     cv: Condvar,
     /// Pieces still to go (striped sends).
     pending: AtomicUsize,
@@ -148,6 +274,7 @@ impl Op {
     pub(crate) fn new(conn: &Arc<ConnInner>) -> Arc<Op> {
         Arc::new(Op {
             state: Mutex::new(None),
+            done: AtomicBool::new(false),
             cv: Condvar::new(),
             pending: AtomicUsize::new(0),
             conn: Arc::downgrade(conn),
@@ -160,6 +287,7 @@ impl Op {
         if s.is_none() {
             *s = Some(r);
         }
+        self.done.store(true, Ordering::Release);
         self.cv.notify_all();
     }
 
@@ -170,7 +298,12 @@ impl Op {
     /// Waits up to `timeout`; a transfer that does not finish in time fails
     /// its connection (it may be half done: nothing may land later).
     pub(crate) fn wait(&self, timeout: Duration) -> Result<usize> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        // Small transfers finish within microseconds: poll the flag first.
+        while !self.done.load(Ordering::Acquire) && start.elapsed() < WAIT_SPIN {
+            std::thread::yield_now();
+        }
         let mut s = lock(&self.state);
         loop {
             if let Some(r) = s.as_ref() {
@@ -245,9 +378,82 @@ struct State {
 
 /// What the initiator's worker runs, in order.
 pub(crate) enum Work {
-    Send { op: Arc<Op>, mr: Arc<MrInner>, addr: u64, len: usize },
-    Write { op: Arc<Op>, mr: Arc<MrInner>, addr: u64, len: usize, remote: RemoteRegion, raddr: u64 },
-    Read { op: Arc<Op>, mr: Arc<MrInner>, addr: u64, len: usize, remote: RemoteRegion, raddr: u64 },
+    Send {
+        op: Arc<Op>,
+        mr: Arc<MrInner>,
+        addr: u64,
+        len: usize,
+    },
+    Write {
+        op: Arc<Op>,
+        mr: Arc<MrInner>,
+        addr: u64,
+        len: usize,
+        remote: RemoteRegion,
+        raddr: u64,
+    },
+    Read {
+        op: Arc<Op>,
+        mr: Arc<MrInner>,
+        addr: u64,
+        len: usize,
+        remote: RemoteRegion,
+        raddr: u64,
+    },
+    /// Fetch and map the peer's region's allocation (the worker of a
+    /// shared-memory connection, for its progress thread).
+    Resolve(u64),
+}
+
+impl Work {
+    fn op(&self) -> Option<&Arc<Op>> {
+        match self {
+            Work::Send { op, .. } | Work::Write { op, .. } | Work::Read { op, .. } => Some(op),
+            Work::Resolve(_) => None,
+        }
+    }
+}
+
+/// The shared-memory control path of a connection.
+pub(crate) struct ShmCtl {
+    #[cfg(test)]
+    page: Arc<ShmPage>,
+    out: Mutex<Outbox>,
+    inbox: Mutex<RingRx>,
+    /// The initiator's transfers, in order, not yet started.
+    queue: Mutex<VecDeque<Work>>,
+    /// Peer regions whose descriptor the worker is fetching.
+    resolving: Mutex<HashSet<u64>>,
+    /// The initiator's copies.
+    copies: Option<Copies>,
+}
+
+/// Copies on the copy engine, each followed by an event.
+struct Copies {
+    stream: Stream,
+    inflight: Mutex<Inflight>,
+}
+
+#[derive(Default)]
+struct Inflight {
+    queue: VecDeque<(Event, Copied)>,
+    /// Events whose copies finished, for reuse.
+    spare: Vec<Event>,
+}
+
+const SPARE_EVENTS: usize = 64;
+/// Descriptor requests served at once per connection (shared-memory control path).
+const MAX_FD_SERVING: usize = 8;
+/// Frames a progress pass takes from one ring (fairness between connections).
+const FRAMES_PER_PASS: usize = 64;
+
+/// How many control frames went each way, on which path.
+#[derive(Default)]
+struct Counters {
+    shm_sent: AtomicU64,
+    shm_received: AtomicU64,
+    tcp_sent: AtomicU64,
+    tcp_received: AtomicU64,
 }
 
 /// A copy queued on the worker's stream, finished by the completer.
@@ -311,6 +517,11 @@ pub(crate) struct ConnInner {
     next_seq: AtomicU64,
     handles: Mutex<Vec<JoinHandle<()>>>,
     closing: AtomicBool,
+    shm: Option<ShmCtl>,
+    counters: Counters,
+    this: Weak<ConnInner>,
+    /// Descriptor requests being served (shared-memory control path).
+    fd_serving: AtomicUsize,
 }
 
 /// Parameters of a connection whose sockets are open and whose handshake is done.
@@ -324,6 +535,8 @@ pub(crate) struct ConnParts {
     pub(crate) ipc: bool,
     pub(crate) control: TcpStream,
     pub(crate) data: Vec<TcpStream>,
+    /// The shared control page, when both sides agreed on it.
+    pub(crate) shm: Option<ShmPage>,
 }
 
 fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
@@ -363,7 +576,28 @@ impl ConnInner {
             txs.push(tx);
             rxs.push(rx);
         }
-        let conn = Arc::new(ConnInner {
+        let shm = match p.shm {
+            Some(page) => {
+                let page = Arc::new(page);
+                let out = shm::out_ring(p.initiator);
+                Some(ShmCtl {
+                    out: Mutex::new(Outbox::new(RingTx::new(page.clone(), out))),
+                    inbox: Mutex::new(RingRx::new(page.clone(), 1 - out)),
+                    #[cfg(test)]
+                    page,
+                    queue: Mutex::new(VecDeque::new()),
+                    resolving: Mutex::new(HashSet::new()),
+                    copies: if p.initiator {
+                        Some(Copies { stream: shared.device.new_stream()?, inflight: Mutex::default() })
+                    } else {
+                        None
+                    },
+                })
+            }
+            None => None,
+        };
+        let has_shm = shm.is_some();
+        let conn = Arc::new_cyclic(|this| ConnInner {
             id: p.id,
             initiator: p.initiator,
             peer_addr: p.peer_addr,
@@ -378,13 +612,17 @@ impl ConnInner {
             writers: Mutex::new(Some(txs)),
             rr: AtomicUsize::new(0),
             work: Mutex::new(p.initiator.then_some(work_tx)),
-            copied: Mutex::new(p.initiator.then_some(copied_tx)),
+            copied: Mutex::new((p.initiator && !has_shm).then_some(copied_tx)),
             st: Mutex::new(State::default()),
             cv: Condvar::new(),
             mappings: Mutex::new(HashMap::new()),
             next_seq: AtomicU64::new(1),
             handles: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
+            shm,
+            counters: Counters::default(),
+            this: this.clone(),
+            fd_serving: AtomicUsize::new(0),
         });
         let mut handles = Vec::new();
         let tag = format!("p2p{}{}", if p.initiator { 'i' } else { 't' }, p.id);
@@ -406,10 +644,15 @@ impl ConnInner {
             let c = conn.clone();
             let s2 = stream.clone();
             handles.push(spawn(format!("{tag}-work"), move || c.work_loop(work_rx, stream))?);
-            let c = conn.clone();
-            handles.push(spawn(format!("{tag}-done"), move || c.complete_loop(copied_rx, s2))?);
+            if !has_shm {
+                let c = conn.clone();
+                handles.push(spawn(format!("{tag}-done"), move || c.complete_loop(copied_rx, s2))?);
+            }
         }
         *lock(&conn.handles) = handles;
+        if has_shm {
+            shared.progress.add(&conn);
+        }
         Ok(conn)
     }
 
@@ -425,6 +668,14 @@ impl ConnInner {
     /// Fails the connection: every transfer in flight gets `e`, later ones
     /// too; the sockets are shut so every thread ends.
     pub(crate) fn fail(&self, e: Error) {
+        // Frames the peer put on the ring before it went away come first
+        // (its goodbye among them: its error is the one to report).
+        // At most what a full ring holds: a peer that keeps writing cannot
+        // hold this thread here.
+        let e = match self.shm.is_some() && self.error().is_none() {
+            true => self.drain_inbox(shm::RING_BYTES / wire::CONTROL_BYTES).err().unwrap_or(e),
+            false => e,
+        };
         if self.set_error(e) {
             self.teardown();
         }
@@ -472,9 +723,28 @@ impl ConnInner {
         self.closing.store(true, Ordering::SeqCst);
         // Our own error first, so that the peer's reaction to the goodbye
         // cannot make this side's later calls report a remote failure.
-        if self.set_error(Error::invalid_usage(format!("point-to-point connection {} is closed", self.id))) {
-            let bye = Control::new(wire::C_BYE, 0, 0, 0, 0).encode();
-            let _ = lock(&self.control).write_all(&bye);
+        let closed = Error::invalid_usage(format!("point-to-point connection {} is closed", self.id));
+        if self.set_error(closed.clone()) {
+            let bye = Control::new(wire::C_BYE, 0, 0, 0, 0);
+            match &self.shm {
+                // The goodbye behind every frame still waiting for room on
+                // the ring, given a moment to get there (the peer reads the
+                // ring before it trusts the sockets' EOF).
+                Some(shm) => {
+                    let deadline = Instant::now() + self.shared.config.op_timeout.min(Duration::from_secs(1));
+                    let mut out = lock(&shm.out);
+                    if out.send(shm::frame(&bye)).is_ok() {
+                        while !out.flush().unwrap_or(true) && Instant::now() < deadline {
+                            drop(out);
+                            std::thread::sleep(Duration::from_micros(100));
+                            out = lock(&shm.out);
+                        }
+                    }
+                }
+                None => {
+                    let _ = lock(&self.control).write_all(&bye.encode());
+                }
+            }
         }
         self.teardown();
         let handles = std::mem::take(&mut *lock(&self.handles));
@@ -484,6 +754,7 @@ impl ConnInner {
                 let _ = h.join();
             }
         }
+        self.abandon(&self.error().unwrap_or(closed));
     }
 
     pub(crate) fn check_usable(&self) -> Result<()> {
@@ -493,18 +764,74 @@ impl ConnInner {
         }
     }
 
+    /// Sends a control frame: on the ring with the shared-memory control
+    /// path, else on the control socket.
     pub(crate) fn send_control(&self, c: &Control) -> Result<()> {
+        let Some(shm) = &self.shm else {
+            return self.send_control_tcp(c);
+        };
+        let r = lock(&shm.out).send(shm::frame(c));
+        match r {
+            Ok(()) => {
+                self.counters.shm_sent.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.fail(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends a control frame on the control socket.
+    pub(crate) fn send_control_tcp(&self, c: &Control) -> Result<()> {
         let bytes = c.encode();
         let r = lock(&self.control).write_all(&bytes).map_err(|e| wire::io_err("writing a control frame", e));
-        if let Err(e) = &r {
-            self.fail(e.clone());
+        match &r {
+            Ok(()) => {
+                self.counters.tcp_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => self.fail(e.clone()),
         }
         r
     }
 
-    /// Queues `w` for the worker (initiator side).
+    /// Which path the control frames take.
+    pub(crate) fn control_path(&self) -> ControlPath {
+        if self.shm.is_some() {
+            ControlPath::SharedMemory
+        } else {
+            ControlPath::Tcp
+        }
+    }
+
+    pub(crate) fn control_stats(&self) -> ControlStats {
+        let c = &self.counters;
+        ControlStats {
+            shm_sent: c.shm_sent.load(Ordering::Relaxed),
+            shm_received: c.shm_received.load(Ordering::Relaxed),
+            tcp_sent: c.tcp_sent.load(Ordering::Relaxed),
+            tcp_received: c.tcp_received.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Queues `w` (initiator side): for the worker, or with the
+    /// shared-memory control path on the connection's queue, which this
+    /// thread then tries to run at once.
     pub(crate) fn submit(&self, w: Work) -> Result<()> {
         self.check_usable()?;
+        if let Some(shm) = &self.shm {
+            {
+                let mut q = lock(&shm.queue);
+                // Under the queue's lock: a failure either shows here or
+                // finds the transfer queued (and fails it).
+                self.check_usable()?;
+                q.push_back(w);
+            }
+            self.advance();
+            self.shared.progress.kick();
+            return Ok(());
+        }
         let tx = lock(&self.work);
         let tx = tx.as_ref().ok_or_else(|| {
             self.error().unwrap_or_else(|| Error::invalid_usage("this connection cannot initiate transfers"))
@@ -536,6 +863,9 @@ impl ConnInner {
             );
         }
         self.send_control(&Control::new(wire::C_CTS, seq, mr.id, addr, max_len as u64))?;
+        if self.shm.is_some() {
+            self.shared.progress.kick();
+        }
         Ok(op)
     }
 
@@ -583,6 +913,16 @@ impl ConnInner {
         for w in rx {
             let op = match &w {
                 Work::Send { op, .. } | Work::Write { op, .. } | Work::Read { op, .. } => op.clone(),
+                Work::Resolve(mr) => {
+                    // Cached (mapped or not) for the progress thread; a
+                    // failure here failed the connection.
+                    let _ = self.mapping(*mr);
+                    if let Some(shm) = &self.shm {
+                        lock(&shm.resolving).remove(mr);
+                    }
+                    self.shared.progress.kick();
+                    continue;
+                }
             };
             if let Some(e) = self.error() {
                 op.finish(Err(e));
@@ -596,6 +936,7 @@ impl ConnInner {
                 Work::Read { op, mr, addr, len, remote, raddr } => {
                     self.do_read(&op, &mr, addr, len, &remote, raddr, &stream)
                 }
+                Work::Resolve(_) => Ok(()),
             };
             if let Err(e) = r {
                 op.finish(Err(e));
@@ -696,21 +1037,33 @@ impl ConnInner {
     fn do_send(&self, op: &Arc<Op>, mr: &Arc<MrInner>, addr: u64, len: usize, stream: &Stream) -> Result<()> {
         let cts = self.wait_cts()?;
         if len as u64 > cts.max_len {
-            self.send_control(&Control::new(wire::C_TOO_LARGE, cts.seq, len as u64, 0, 0))?;
-            return Err(Error::invalid_argument(format!(
-                "send of {len} bytes: the message is larger than the peer's receive region of {} bytes",
-                cts.max_len
-            )));
+            return Err(self.too_large(&cts, len));
         }
         if let Some(dst) = self.ipc_local(mr, cts.mr, cts.addr, len as u64)? {
             return self.queue_copy(stream, dst, addr, len, mr, op, Some(cts.seq));
         }
-        self.send_control(&Control::new(wire::C_SEND, cts.seq, len as u64, 0, 0))?;
+        self.send_over_tcp(op, mr, addr, len, cts.seq)
+    }
+
+    /// The rest of a send for receive `seq` whose bytes take the sockets.
+    fn send_over_tcp(&self, op: &Arc<Op>, mr: &Arc<MrInner>, addr: u64, len: usize, seq: u64) -> Result<()> {
+        self.send_control(&Control::new(wire::C_SEND, seq, len as u64, 0, 0))?;
         if len == 0 {
             op.finish(Ok(0));
             return Ok(());
         }
-        self.stripe(wire::D_SEND, cts.seq, 0, 0, mr, addr, len, Some(op))
+        self.stripe(wire::D_SEND, seq, 0, 0, mr, addr, len, Some(op))
+    }
+
+    /// The refusal of a message too large for receive `cts`.
+    fn too_large(&self, cts: &Cts, len: usize) -> Error {
+        if let Err(e) = self.send_control(&Control::new(wire::C_TOO_LARGE, cts.seq, len as u64, 0, 0)) {
+            return e;
+        }
+        Error::invalid_argument(format!(
+            "send of {len} bytes: the message is larger than the peer's receive region of {} bytes",
+            cts.max_len
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -727,6 +1080,19 @@ impl ConnInner {
         if let Some(dst) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
             return self.queue_copy(stream, dst, addr, len, mr, op, None);
         }
+        self.write_over_tcp(op, mr, addr, len, remote, raddr)
+    }
+
+    /// A write whose bytes take the sockets.
+    fn write_over_tcp(
+        &self,
+        op: &Arc<Op>,
+        mr: &Arc<MrInner>,
+        addr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        raddr: u64,
+    ) -> Result<()> {
         let seq = self.next_seq();
         {
             let mut st = lock(&self.st);
@@ -753,6 +1119,19 @@ impl ConnInner {
         if let Some(src) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
             return self.queue_copy(stream, addr, src, len, mr, op, None);
         }
+        self.read_over_tcp(op, mr, addr, len, remote, raddr)
+    }
+
+    /// A read whose bytes take the sockets.
+    fn read_over_tcp(
+        &self,
+        op: &Arc<Op>,
+        mr: &Arc<MrInner>,
+        addr: u64,
+        len: usize,
+        remote: &RemoteRegion,
+        raddr: u64,
+    ) -> Result<()> {
         if len == 0 {
             op.finish(Ok(0));
             return Ok(());
@@ -831,8 +1210,316 @@ impl ConnInner {
                 None
             }
         };
-        lock(&self.mappings).insert(remote_mr, mapped.clone());
-        Ok(mapped)
+        // The first mapping of a region stays: copies may be in flight into
+        // it (two threads can fetch one region at once: a caller of
+        // `mapped_address` and the worker).
+        Ok(lock(&self.mappings).entry(remote_mr).or_insert(mapped).clone())
+    }
+
+    // ---- the shared-memory control path ----
+
+    /// One pass of the progress thread over this connection: the backlog
+    /// to the ring, the peer's frames, the initiator's queue, finished
+    /// copies. Returns (whether anything happened, whether work is in
+    /// flight that the thread should keep polling for).
+    fn progress(&self) -> (bool, bool) {
+        let Some(shm) = &self.shm else {
+            return (false, false);
+        };
+        if let Some(e) = self.error() {
+            self.abandon(&e);
+            return (false, false);
+        }
+        let mut busy = false;
+        if let Some(mut out) = try_lock(&shm.out) {
+            match out.flush() {
+                Ok(empty) => busy |= !empty,
+                Err(e) => {
+                    drop(out);
+                    self.fail(e);
+                    return (true, false);
+                }
+            }
+        }
+        let mut active = match self.drain_inbox(FRAMES_PER_PASS) {
+            Ok(n) => n > 0,
+            Err(e) => {
+                self.fail(e);
+                return (true, false);
+            }
+        };
+        active |= self.advance();
+        let (done, in_flight) = self.poll_copies();
+        (active || done, busy || in_flight)
+    }
+
+    /// Whether the progress thread is done with the connection (failed or
+    /// closed, nothing left queued or in flight).
+    fn finished(&self) -> bool {
+        let Some(shm) = &self.shm else {
+            return true;
+        };
+        self.error().is_some()
+            && lock(&shm.queue).is_empty()
+            && shm.copies.as_ref().is_none_or(|c| lock(&c.inflight).queue.is_empty())
+    }
+
+    /// Handles up to `max` frames from the peer's ring; returns how many.
+    /// A thread already doing so (the frames' handlers failing the
+    /// connection) takes none.
+    fn drain_inbox(&self, max: usize) -> Result<usize> {
+        let Some(shm) = &self.shm else {
+            return Ok(0);
+        };
+        if DRAINING.with(Cell::get) {
+            return Ok(0);
+        }
+        /// Clears `DRAINING` when dropped (a handler's panic too).
+        struct Draining;
+        impl Drop for Draining {
+            fn drop(&mut self) {
+                DRAINING.with(|d| d.set(false));
+            }
+        }
+        DRAINING.with(|d| d.set(true));
+        let _draining = Draining;
+        let mut rx = lock(&shm.inbox);
+        let mut n = 0;
+        while n < max {
+            let Some(c) = rx.pop()? else {
+                break;
+            };
+            self.counters.shm_received.fetch_add(1, Ordering::Relaxed);
+            n += 1;
+            self.on_control(c)?;
+        }
+        Ok(n)
+    }
+
+    /// Starts the queued transfers whose turn came and whose peer answer
+    /// is here (a receive posted, a region mapped or known not to be);
+    /// returns whether any started. Whoever holds the queue runs it.
+    fn advance(&self) -> bool {
+        let Some(shm) = &self.shm else {
+            return false;
+        };
+        let Some(mut q) = try_lock(&shm.queue) else {
+            return false;
+        };
+        let mut any = false;
+        while let Some(w) = q.front() {
+            if let Some(e) = self.error() {
+                for w in q.drain(..) {
+                    if let Some(op) = w.op() {
+                        op.finish(Err(e.clone()));
+                    }
+                }
+                return true;
+            }
+            let Some(r) = self.step(w) else {
+                break;
+            };
+            any = true;
+            if let (Some(w), Err(e)) = (q.pop_front(), r) {
+                if let Some(op) = w.op() {
+                    op.finish(Err(e));
+                }
+            }
+        }
+        any
+    }
+
+    /// Starts `w` if it can start now without blocking (`None`: not yet).
+    fn step(&self, w: &Work) -> Option<Result<()>> {
+        match w {
+            Work::Send { op, mr, addr, len } => {
+                let cts = *lock(&self.st).cts.front()?;
+                let dst = if *len as u64 > cts.max_len {
+                    None
+                } else {
+                    self.try_ipc_local(mr, cts.mr, cts.addr, *len as u64)?
+                };
+                // Taken only now: this thread holds the queue, the only
+                // consumer of receives on this path (a failure empties them).
+                let taken = lock(&self.st).cts.pop_front();
+                if taken.is_none() {
+                    return Some(Err(self.error().unwrap_or_else(|| Error::internal("a posted receive vanished"))));
+                }
+                if *len as u64 > cts.max_len {
+                    return Some(Err(self.too_large(&cts, *len)));
+                }
+                Some(match dst {
+                    Some(dst) => self.queue_copy_shm(dst, *addr, *len, mr, op, Some(cts.seq)),
+                    None => self.send_over_tcp(op, mr, *addr, *len, cts.seq),
+                })
+            }
+            Work::Write { op, mr, addr, len, remote, raddr } => {
+                Some(match self.try_ipc_local(mr, remote.mr_id, *raddr, *len as u64)? {
+                    Some(dst) => self.queue_copy_shm(dst, *addr, *len, mr, op, None),
+                    None => self.write_over_tcp(op, mr, *addr, *len, remote, *raddr),
+                })
+            }
+            Work::Read { op, mr, addr, len, remote, raddr } => {
+                Some(match self.try_ipc_local(mr, remote.mr_id, *raddr, *len as u64)? {
+                    Some(src) => self.queue_copy_shm(*addr, src, *len, mr, op, None),
+                    None => self.read_over_tcp(op, mr, *addr, *len, remote, *raddr),
+                })
+            }
+            Work::Resolve(_) => Some(Ok(())),
+        }
+    }
+
+    /// As [`ConnInner::ipc_local`] without blocking: `None` while the
+    /// peer's descriptor is being fetched (the worker is asked to).
+    fn try_ipc_local(&self, local: &MrInner, remote_mr: u64, raddr: u64, len: u64) -> Option<Option<u64>> {
+        if !self.ipc || local.host {
+            return Some(None);
+        }
+        if let Some(m) = lock(&self.mappings).get(&remote_mr) {
+            return Some(m.as_ref().and_then(|m| m.local(raddr, len)));
+        }
+        let shm = self.shm.as_ref()?;
+        if lock(&shm.resolving).insert(remote_mr) {
+            let sent = lock(&self.work).as_ref().is_some_and(|tx| tx.send(Work::Resolve(remote_mr)).is_ok());
+            if !sent {
+                lock(&shm.resolving).remove(&remote_mr);
+            }
+        }
+        None
+    }
+
+    /// Queues a copy on the connection's stream and an event after it; the
+    /// progress thread finishes `op` (and tells the peer about receive
+    /// `send_seq`) once the event is reached.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_copy_shm(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        mr: &Arc<MrInner>,
+        op: &Arc<Op>,
+        send_seq: Option<u64>,
+    ) -> Result<()> {
+        let copies =
+            self.shm.as_ref().and_then(|s| s.copies.as_ref()).ok_or_else(|| {
+                Error::internal("a copy on a point-to-point connection that does not initiate transfers")
+            })?;
+        mr.begin()?;
+        let mut inf = lock(&copies.inflight);
+        let queued = (|| {
+            if len > 0 {
+                // SAFETY: as in `queue_copy`: one span lies in a registered
+                // region of this device, counted busy above (its drop waits
+                // until the progress thread ends the count, after the
+                // event behind the copy); the other in a peer's allocation
+                // mapped here (`RemoteMapping::local` checked the span),
+                // kept mapped by this connection; different allocations.
+                unsafe { copies.stream.memcpy_raw(dst, src, len) }?;
+            }
+            let ev = match inf.spare.pop() {
+                Some(ev) => ev,
+                None => Event::new_untimed(&self.shared.device)?,
+            };
+            match copies.stream.record(&ev) {
+                Ok(()) => Ok(ev),
+                Err(e) => Err(e),
+            }
+        })();
+        match queued {
+            Ok(ev) => {
+                inf.queue.push_back((ev, Copied { op: op.clone(), mr: mr.clone(), len, send_seq }));
+                Ok(())
+            }
+            Err(e) => {
+                drop(inf);
+                // The copy may be queued: wait for it before the count ends.
+                let _ = copies.stream.synchronize();
+                mr.end();
+                Err(e)
+            }
+        }
+    }
+
+    /// Finishes the copies whose events were reached, in order; returns
+    /// (whether any finished, whether some are still in flight).
+    fn poll_copies(&self) -> (bool, bool) {
+        let Some(copies) = self.shm.as_ref().and_then(|s| s.copies.as_ref()) else {
+            return (false, false);
+        };
+        let mut done = Vec::new();
+        let mut failed = None;
+        let in_flight = {
+            let Some(mut inf) = try_lock(&copies.inflight) else {
+                return (false, true);
+            };
+            while let Some((ev, _)) = inf.queue.front() {
+                match ev.query() {
+                    Ok(true) => {
+                        if let Some((ev, c)) = inf.queue.pop_front() {
+                            if inf.spare.len() < SPARE_EVENTS {
+                                inf.spare.push(ev);
+                            }
+                            done.push(c);
+                        }
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            !inf.queue.is_empty()
+        };
+        let any = !done.is_empty();
+        for c in done {
+            c.mr.end();
+            let r = match c.send_seq {
+                Some(seq) => self.send_control(&Control::new(wire::C_SEND, seq, c.len as u64, 1, 0)),
+                None => Ok(()),
+            };
+            match r {
+                Ok(()) => c.op.finish(Ok(c.len)),
+                Err(e) => c.op.finish(Err(e)),
+            }
+        }
+        if let Some(e) = failed {
+            self.fail(e.clone());
+            self.abandon(&e);
+            return (true, false);
+        }
+        (any, in_flight)
+    }
+
+    /// After a failure: fails the queued transfers, waits for the copies
+    /// in flight (the regions' counts end only after them), fails them.
+    fn abandon(&self, e: &Error) {
+        let Some(shm) = &self.shm else {
+            return;
+        };
+        let queued: Vec<Work> = lock(&shm.queue).drain(..).collect();
+        for w in queued {
+            if let Some(op) = w.op() {
+                op.finish(Err(e.clone()));
+            }
+        }
+        if let Some(copies) = &shm.copies {
+            let mut inf = lock(&copies.inflight);
+            if inf.queue.is_empty() {
+                return;
+            }
+            let _ = copies.stream.synchronize();
+            for (_, c) in inf.queue.drain(..) {
+                c.mr.end();
+                c.op.finish(Err(e.clone()));
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn shm_page(&self) -> Option<&ShmPage> {
+        self.shm.as_ref().map(|s| &*s.page)
     }
 
     // ---- the control socket ----
@@ -847,6 +1534,7 @@ impl ConnInner {
                     return;
                 }
             };
+            self.counters.tcp_received.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = self.on_control(c) {
                 self.fail(e);
                 return;
@@ -914,6 +1602,30 @@ impl ConnInner {
                 let slot = lock(&self.st).reads.remove(&c.a);
                 if let Some(s) = slot {
                     s.op.finish(Err(c.to_error().unwrap_or_else(|| Error::remote("read failed at the peer"))));
+                }
+            }
+            // Passing a descriptor may wait for the peer (up to the op
+            // timeout): not on the progress thread, which serves every
+            // connection of the endpoint.
+            // A peer asks once per region, so a few at a time at most: more
+            // are refused rather than given a thread each.
+            wire::C_FD_REQ if self.shm.is_some() => {
+                let me = self.this.upgrade().ok_or_else(|| Error::internal("p2p connection vanished"))?;
+                let (req, mr) = (c.a, c.b);
+                if self.fd_serving.fetch_add(1, Ordering::SeqCst) >= MAX_FD_SERVING {
+                    self.fd_serving.fetch_sub(1, Ordering::SeqCst);
+                    let e = Error::remote(format!("more than {MAX_FD_SERVING} descriptor requests at once"));
+                    return self.send_control(&Control::failed(wire::C_FD_NO, req, &e));
+                }
+                let r = spawn(format!("p2p{}-fd", self.id), move || {
+                    if let Err(e) = me.serve_fd(req, mr) {
+                        let _ = me.send_control(&Control::failed(wire::C_FD_NO, req, &e));
+                    }
+                    me.fd_serving.fetch_sub(1, Ordering::SeqCst);
+                });
+                if let Err(e) = r {
+                    self.fd_serving.fetch_sub(1, Ordering::SeqCst);
+                    self.send_control(&Control::failed(wire::C_FD_NO, req, &e))?;
                 }
             }
             wire::C_FD_REQ => {

@@ -21,7 +21,7 @@
 //! [`RemoteRegion::from_bytes`]).
 //!
 //! ```
-//! use devcomm::p2p::{Endpoint, P2pConfig};
+//! use devcomm::p2p::{ControlPath, Endpoint, P2pConfig};
 //! use devcomm::{Device, RuntimeSelection, SymmetricMemory};
 //!
 //! let dev = Device::open(RuntimeSelection::Emulated, 0)?;
@@ -36,6 +36,8 @@
 //!     let acc = s.spawn(|| server.accept());
 //!     let conn = client.connect(addr, 0)?;
 //!     let (_peer, _gpu, sconn) = acc.join().unwrap()?;
+//!     // One host: control frames through shared memory.
+//!     assert_eq!(conn.control_path(), ControlPath::SharedMemory);
 //!     let id = server.recv_async(&sconn, &dmr, dst.device_addr(), 4096)?;
 //!     client.send(&conn, &smr, src.device_addr(), 1000)?;
 //!     assert_eq!(server.wait_async(id)?, 1000);
@@ -75,7 +77,8 @@
 //! a different version) is refused and recorded
 //! ([`Endpoint::rejections`]), and the endpoint keeps serving. A connection
 //! is a control socket (48-byte frames) plus `threads` data sockets (frames
-//! of a 40-byte header and a payload). Two-sided transfers are receiver
+//! of a 40-byte header and a payload); a same-host one moves its control
+//! frames to shared memory once it is set up (below). Two-sided transfers are receiver
 //! driven: `recv` tells the sender where the next message may land (its
 //! region, address and capacity), `send` takes those in order, so sends and
 //! receives on one connection match first to first. A message larger than
@@ -85,6 +88,47 @@
 //! copy is (IPC); the target checks every address against its registered,
 //! advertised regions (a region never advertised cannot be written or read
 //! by peers; one posted as a receive can be mapped by the sending peer).
+//!
+//! # Control path
+//!
+//! Control frames (a receive posted, a message copied, a write
+//! acknowledged, a descriptor asked for) take one of two paths,
+//! [`Conn::control_path`]:
+//!
+//! * **Shared memory** ([`ControlPath::SharedMemory`]) on a same-host
+//!   connection when both endpoints ask for it ([`P2pConfig::shm_control`],
+//!   `DEVCOMM_P2P_CONTROL=shm`: [`CONTROL_ENV`]; off by default until it
+//!   has run on GPUs, where the TCP control path is the measured one). The connecting side makes one sealed
+//!   `memfd` (a header page and two 8 KiB rings, one per direction, each
+//!   written by one side only, with head and tail counters) and passes it
+//!   over the endpoint's Unix socket like the allocations' descriptors.
+//!   Each endpoint has **one progress thread** for all such connections: it
+//!   polls their rings and handles the frames as the control socket's
+//!   reader does; it starts the initiator's queued transfers once the peer
+//!   posted a receive (the calling thread starts them itself when it can:
+//!   no hand-off to a worker) and finds finished copies by querying an
+//!   event recorded after each ([`Event::query`](crate::runtime::Event::query)),
+//!   not by a thread blocked in the stream's synchronisation. It polls
+//!   back to back, yielding the core between passes, for 2 ms after
+//!   anything happened (and while copies are in flight), then naps 100 µs
+//!   between passes, 1 ms after 20 ms idle; a call on the endpoint wakes
+//!   it. A waiter polls its transfer's done flag for 20 µs before sleeping
+//!   on it. Nothing else changes: the same frames, the same data sockets
+//!   for regions that are not shareable, the same errors. The control
+//!   socket stays open and silent: its end is how a dead peer shows (the
+//!   frames the peer left on its ring are handled first, its goodbye
+//!   among them). Every counter and length read from the page is checked:
+//!   a corrupt page fails the connection with [`Error::RemoteError`]; a full
+//!   ring holds frames back in order, nobody blocks on it.
+//! * **The control socket** ([`ControlPath::Tcp`]) otherwise: other hosts,
+//!   TCP forced, either side with `shm_control` off. One reader thread per
+//!   connection; the initiator's worker waits for the peer's receives and
+//!   queues copies, and a completer thread synchronises the copy stream.
+//!
+//! [`Conn::control_stats`] counts the frames each way on each path. The
+//! shared-memory path is not yet measured on GPUs (on the emulated runtime
+//! of a two-core machine it halved the send/recv latency of small
+//! messages; `p2p_bench --control tcp|shm` compares).
 //!
 //! # Errors and time limits
 //!
@@ -106,6 +150,7 @@
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
 mod link;
+mod shm;
 mod wire;
 
 use crate::error::{Error, Result};
@@ -136,6 +181,11 @@ pub struct P2pConfig {
     pub force_tcp: bool,
     /// Bytes per striped piece (4 KiB ..= 64 MiB).
     pub chunk_bytes: usize,
+    /// Same-host connections carry their control messages through shared
+    /// memory (when both endpoints ask for it; see [`ControlPath`]); `false`,
+    /// the default until that path has run on GPUs, keeps them on the
+    /// control socket.
+    pub shm_control: bool,
 }
 
 impl Default for P2pConfig {
@@ -148,6 +198,7 @@ impl Default for P2pConfig {
             op_timeout: Duration::from_secs(120),
             force_tcp: false,
             chunk_bytes: 1 << 20,
+            shm_control: false,
         }
     }
 }
@@ -158,9 +209,15 @@ pub const TRANSPORT_ENV: &str = "DEVCOMM_P2P_TRANSPORT";
 pub const TIMEOUT_ENV: &str = "DEVCOMM_P2P_TIMEOUT_MS";
 /// `DEVCOMM_P2P_BIND`: the listen address (`IP` or `IP:port`).
 pub const BIND_ENV: &str = "DEVCOMM_P2P_BIND";
+/// `DEVCOMM_P2P_CONTROL`: `shm` (or `auto`) lets same-host connections carry their
+/// control messages in shared memory ([`P2pConfig::shm_control`]); `tcp`
+/// (or unset: the default until the shared-memory path has run on GPUs)
+/// keeps them on the control socket.
+pub const CONTROL_ENV: &str = "DEVCOMM_P2P_CONTROL";
 
 impl P2pConfig {
-    /// The defaults, overridden by [`TRANSPORT_ENV`], [`TIMEOUT_ENV`] and [`BIND_ENV`].
+    /// The defaults, overridden by [`TRANSPORT_ENV`], [`TIMEOUT_ENV`],
+    /// [`BIND_ENV`] and [`CONTROL_ENV`].
     ///
     /// Errors: [`Error::InvalidArgument`] for a value that does not parse.
     pub fn from_env() -> Result<P2pConfig> {
@@ -175,6 +232,17 @@ impl P2pConfig {
                 "tcp" => true,
                 "" | "auto" => false,
                 o => return Err(Error::invalid_argument(format!("{TRANSPORT_ENV}={o:?}: expected `tcp` or `auto`"))),
+            };
+        }
+        if let Some(v) = get(CONTROL_ENV) {
+            c.shm_control = match v.trim().to_ascii_lowercase().as_str() {
+                "" | "tcp" => false,
+                "auto" | "shm" => true,
+                o => {
+                    return Err(Error::invalid_argument(format!(
+                        "{CONTROL_ENV}={o:?}: expected `shm`, `tcp` or `auto`"
+                    )))
+                }
             };
         }
         if let Some(v) = get(TIMEOUT_ENV) {
@@ -220,6 +288,13 @@ impl P2pConfig {
         self
     }
 
+    /// The same, letting same-host connections use the shared-memory
+    /// control path (or not: [`ControlPath::Tcp`]).
+    pub fn with_shm_control(mut self, on: bool) -> Self {
+        self.shm_control = on;
+        self
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::invalid_argument(format!("P2pConfig: {m}")));
         if !(1..=64).contains(&self.threads) {
@@ -249,6 +324,34 @@ pub enum P2pTransport {
     Ipc,
     /// TCP sockets, striped.
     Tcp,
+}
+
+/// How a connection's control messages travel (clear-to-send, done, write
+/// acknowledgements, descriptor requests): [`Conn::control_path`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ControlPath {
+    /// Frames on the connection's TCP control socket, read by a thread of
+    /// the connection.
+    Tcp,
+    /// Same host: two rings in a page of shared memory (a sealed `memfd`
+    /// both processes map), polled by the endpoint's progress thread. The
+    /// control socket stays open to notice a peer that dies.
+    SharedMemory,
+}
+
+/// Control frames a connection sent and received, per path
+/// ([`Conn::control_stats`]): the handshake's frames are not counted,
+/// except the acceptor's "ready", which always takes the socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ControlStats {
+    /// Frames put on the shared-memory ring.
+    pub shm_sent: u64,
+    /// Frames taken from the peer's shared-memory ring.
+    pub shm_received: u64,
+    /// Frames written to the control socket.
+    pub tcp_sent: u64,
+    /// Frames read from the control socket.
+    pub tcp_received: u64,
 }
 
 /// A registered memory region ([`Endpoint::reg`], [`Endpoint::reg_symmetric`]).
@@ -405,6 +508,7 @@ impl std::fmt::Debug for Conn {
             .field("peer", &self.inner.peer_addr)
             .field("remote_gpu", &self.inner.remote_gpu)
             .field("transport", &self.transport())
+            .field("control", &self.control_path())
             .finish()
     }
 }
@@ -483,6 +587,20 @@ impl Conn {
         }
     }
 
+    /// How the connection's control messages travel: through shared
+    /// memory between endpoints of one host that both allow it
+    /// ([`P2pConfig::shm_control`]) and use the same-host transport, else
+    /// over the control socket.
+    pub fn control_path(&self) -> ControlPath {
+        self.inner.control_path()
+    }
+
+    /// How many control frames this side sent and received on each path
+    /// so far.
+    pub fn control_stats(&self) -> ControlStats {
+        self.inner.control_stats()
+    }
+
     /// The connection's error once it failed or closed (`None` while usable).
     pub fn error(&self) -> Option<Error> {
         self.inner.error()
@@ -518,6 +636,10 @@ struct Pending {
     remote_gpu: usize,
     peer: SocketAddr,
     ipc: bool,
+    /// Both sides allow the shared-memory control path.
+    shm: bool,
+    /// The connector said it sent the control page.
+    shm_offered: bool,
     stripes: Vec<Option<TcpStream>>,
     since: Instant,
 }
@@ -590,6 +712,7 @@ impl Endpoint {
             fds: Mutex::new(HashMap::new()),
             fds_cv: Condvar::new(),
             shutdown: Arc::new(AtomicBool::new(false)),
+            progress: link::Progress::default(),
         });
         let ep = Arc::new(EpInner {
             shared: shared.clone(),
@@ -614,7 +737,13 @@ impl Endpoint {
             .name("p2p-fds".into())
             .spawn(move || fd_loop(s2, unix))
             .map_err(|e| Error::system("spawning a thread", e))?;
-        *lock(&ep.threads) = vec![acceptor, fds];
+        let s2 = shared.clone();
+        let progress = std::thread::Builder::new()
+            .name("p2p-progress".into())
+            .spawn(move || link::progress_loop(s2))
+            .map_err(|e| Error::system("spawning a thread", e))?;
+        let _ = shared.progress.thread.set(progress.thread().clone());
+        *lock(&ep.threads) = vec![acceptor, fds, progress];
         Ok(Endpoint { ep })
     }
 
@@ -692,6 +821,18 @@ impl Endpoint {
         if a.threads == 0 || a.threads > 64 {
             return Err(Error::remote(format!("{what}: the peer asked for {} data sockets", a.threads)));
         }
+        let ipc = same_host(sh, a.host_id, a.flags);
+        // Request numbers of a connection start at 1: 0 is its control page.
+        let page = match shm_control(sh, ipc, a.flags) {
+            true => match offer_page(sh, a.token, a.nonce) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::info!(error = %e, "p2p: no shared control page; control frames take the socket");
+                    None
+                }
+            },
+            false => None,
+        };
         let mut data = Vec::new();
         for i in 0..a.threads {
             let mut s = open(&what)?;
@@ -702,6 +843,7 @@ impl Endpoint {
                 conn_id: a.conn_id,
                 nonce: a.nonce,
                 stripe: i,
+                flags: if page.is_some() { wire::FLAG_SHM } else { 0 },
                 ..Default::default()
             }
             .write_to(&mut s)
@@ -712,7 +854,7 @@ impl Endpoint {
         if ready.kind != wire::C_READY {
             return Err(Error::remote(format!("{what}: expected the peer's ready, got frame {}", ready.kind)));
         }
-        let ipc = same_host(sh, a.host_id, a.flags);
+        let page = page.filter(|_| ready.a == 1);
         let conn = ConnInner::start(
             sh.clone(),
             ConnParts {
@@ -725,6 +867,7 @@ impl Endpoint {
                 ipc,
                 control,
                 data,
+                shm: page,
             },
         )?;
         lock(&self.ep.conns).push(conn.clone());
@@ -1109,9 +1252,11 @@ impl Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         self.ep.shared.shutdown.store(true, Ordering::SeqCst);
+        self.ep.shared.progress.kick();
         for h in std::mem::take(&mut *lock(&self.ep.threads)) {
             let _ = h.join();
         }
+        self.ep.shared.progress.clear();
         let conns = std::mem::take(&mut *lock(&self.ep.conns));
         for c in conns {
             c.close();
@@ -1133,7 +1278,48 @@ fn flags(sh: &Shared) -> u32 {
     if sh.config.force_tcp {
         f |= wire::FLAG_FORCE_TCP;
     }
+    if sh.config.shm_control {
+        f |= wire::FLAG_SHM;
+    }
     f
+}
+
+/// Whether a same-host (IPC) connection with a peer of `peer_flags` gets
+/// the shared-memory control path.
+fn shm_control(sh: &Shared, ipc: bool, peer_flags: u32) -> bool {
+    ipc && sh.config.shm_control && peer_flags & wire::FLAG_SHM != 0
+}
+
+/// Waits until `deadline` for the descriptor that arrived for (connection
+/// `nonce`, request `seq`).
+fn take_fd(sh: &Shared, nonce: u64, seq: u64, deadline: Instant) -> Result<std::os::fd::OwnedFd> {
+    let mut fds = lock(&sh.fds);
+    loop {
+        if let Some(m) = fds.remove(&(nonce, seq)) {
+            return m.map(|(_, _, fd)| fd);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || sh.shutdown.load(Ordering::SeqCst) {
+            return Err(Error::Timeout("the peer's control page did not arrive in time".into()));
+        }
+        fds = sh.fds_cv.wait_timeout(fds, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
+}
+
+/// The connector's side of the shared control page: made here, sent to
+/// the peer's descriptor socket as request 0 of the connection.
+fn offer_page(sh: &Shared, peer_token: u128, nonce: u64) -> Result<shm::ShmPage> {
+    use std::os::fd::AsFd;
+    let (page, fd) = shm::ShmPage::create(nonce)?;
+    let header = crate::window::fd_passing::Header {
+        magic: nonce as u128,
+        seq: 0,
+        from_rank: 0,
+        alloc_size: shm::SHM_BYTES as u64,
+    };
+    let deadline = Instant::now() + sh.config.connect_timeout;
+    crate::window::fd_passing::send_fd(&link::unix_name(peer_token), &header, fd.as_fd(), deadline, &sh.shutdown)?;
+    Ok(page)
 }
 
 /// Whether a peer with `peer_host` and `peer_flags` gets a same-host (IPC) connection.
@@ -1240,8 +1426,16 @@ fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()
             answer.conn_id = id;
             answer.nonce = nonce;
             let ipc = same_host(sh, h.host_id, h.flags);
+            let shm = shm_control(sh, ipc, h.flags);
             let mut pending = lock(&ep.pending);
-            pending.retain(|_, p| p.since.elapsed() < to);
+            pending.retain(|_, p| {
+                let live = p.since.elapsed() < to;
+                if !live {
+                    // Its control page, if one came, is not wanted any more.
+                    lock(&sh.fds).remove(&(p.nonce, 0));
+                }
+                live
+            });
             answer.write_to(&mut s)?;
             pending.insert(
                 id,
@@ -1252,6 +1446,8 @@ fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()
                     remote_gpu: h.gpu as usize,
                     peer,
                     ipc,
+                    shm,
+                    shm_offered: false,
                     stripes: (0..threads).map(|_| None).collect(),
                     since: Instant::now(),
                 },
@@ -1270,11 +1466,24 @@ fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()
                 .filter(|s| s.is_none())
                 .ok_or_else(|| Error::remote(format!("data socket {} is out of range or repeated", h.stripe)))?;
             *slot = Some(s);
+            p.shm_offered |= h.flags & wire::FLAG_SHM != 0;
             if p.stripes.iter().any(Option::is_none) {
                 return Ok(());
             }
             let p = pending.remove(&h.conn_id).ok_or_else(|| Error::internal("pending connection vanished"))?;
             drop(pending);
+            // The page was sent before the data sockets opened: it is here
+            // or on its way. Without it, the socket carries control frames.
+            let page = match p.shm && p.shm_offered {
+                true => take_fd(sh, p.nonce, 0, Instant::now() + to)
+                    .and_then(|fd| shm::ShmPage::open(&fd, p.nonce))
+                    .map_err(
+                        |e| tracing::info!(error = %e, "p2p: no shared control page; control frames take the socket"),
+                    )
+                    .ok(),
+                false => None,
+            };
+            let shm_on = page.is_some();
             let parts = ConnParts {
                 id: ep.next_id.fetch_add(1, Ordering::Relaxed),
                 initiator: false,
@@ -1285,9 +1494,10 @@ fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()
                 ipc: p.ipc,
                 control: p.control,
                 data: p.stripes.into_iter().flatten().collect(),
+                shm: page,
             };
             let conn = ConnInner::start(sh.clone(), parts)?;
-            conn.send_control(&wire::Control::new(wire::C_READY, 0, 0, 0, 0))?;
+            conn.send_control_tcp(&wire::Control::new(wire::C_READY, u64::from(shm_on), 0, 0, 0))?;
             if sh.shutdown.load(Ordering::SeqCst) {
                 conn.close();
                 return Ok(());
@@ -1311,16 +1521,57 @@ mod tests {
             TRANSPORT_ENV => Some("tcp".into()),
             TIMEOUT_ENV => Some("1500".into()),
             BIND_ENV => Some("127.0.0.1".into()),
+            CONTROL_ENV => Some("tcp".into()),
             _ => None,
         })
         .unwrap();
         assert!(c.force_tcp);
+        assert!(!c.shm_control && !P2pConfig::default().shm_control);
+        assert!(P2pConfig::from_lookup(|k| (k == CONTROL_ENV).then(|| "shm".into())).unwrap().shm_control);
+        assert!(P2pConfig::from_lookup(|k| (k == CONTROL_ENV).then(|| "udp".into())).is_err());
         assert_eq!(c.op_timeout, Duration::from_millis(1500));
         assert_eq!(c.bind, "127.0.0.1:0".parse().unwrap());
         assert!(P2pConfig::from_lookup(|k| (k == TRANSPORT_ENV).then(|| "rdma".into())).is_err());
         assert!(P2pConfig::from_lookup(|k| (k == TIMEOUT_ENV).then(|| "0".into())).is_err());
         assert!(P2pConfig::default().with_threads(0).validate().is_err());
         assert!(P2pConfig::default().with_threads(65).validate().is_err());
+    }
+
+    /// A peer that scribbles over the shared control page: the connection
+    /// fails with a typed error on both sides, nothing hangs.
+    #[test]
+    fn a_corrupt_control_page_fails_the_connection() {
+        let dev = Device::open(RuntimeSelection::Emulated, 0).unwrap();
+        let cfg = P2pConfig::default()
+            .with_bind("127.0.0.1:0".parse().unwrap())
+            .with_timeouts(Duration::from_secs(20))
+            .with_shm_control(true);
+        let (server, client) =
+            (Endpoint::with_config(&dev, cfg.clone()).unwrap(), Endpoint::with_config(&dev, cfg).unwrap());
+        let mem = crate::SymmetricMemory::alloc(&dev, 4096).unwrap();
+        let mr = server.reg_symmetric(&mem).unwrap();
+        let addr = server.addr();
+        std::thread::scope(|s| {
+            let acc = s.spawn(|| server.accept().unwrap().2);
+            let conn = client.connect(addr, 0).unwrap();
+            let sconn = acc.join().unwrap();
+            assert_eq!(
+                (conn.control_path(), sconn.control_path()),
+                (ControlPath::SharedMemory, ControlPath::SharedMemory)
+            );
+            let id = server.recv_async(&sconn, &mr, mem.device_addr(), 4096).unwrap();
+            // The connector's ring claims more than a ring holds.
+            let page = conn.inner.shm_page().unwrap();
+            page.scribble(shm::tail_at(0), 1 << 40);
+            let t = Instant::now();
+            let e = server.wait_async(id).unwrap_err();
+            assert!(matches!(&e, Error::RemoteError(m) if m.contains("corrupt")), "{e:?}");
+            while conn.error().is_none() {
+                assert!(t.elapsed() < Duration::from_secs(10), "the connector never noticed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(t.elapsed() < Duration::from_secs(10));
+        });
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub(crate) const HELLO_ANSWER: u32 = 3;
 pub(crate) const FLAG_CUDA: u32 = 1;
 /// Flag: the sender wants TCP even on one host.
 pub(crate) const FLAG_FORCE_TCP: u32 = 2;
+/// Flag: the sender can use the shared-memory control path (a hello of a
+/// connection); it sent the connection's control page (a data hello).
+pub(crate) const FLAG_SHM: u32 = 4;
 
 /// Answer status: accepted.
 pub(crate) const STATUS_OK: u32 = 0;
@@ -174,7 +177,8 @@ pub(crate) const C_READ_ERR: u32 = 7;
 pub(crate) const C_FD_REQ: u32 = 8;
 /// Target → initiator: request `a` cannot be served (message).
 pub(crate) const C_FD_NO: u32 = 9;
-/// Acceptor → connector: every data socket arrived.
+/// Acceptor → connector: every data socket arrived; a = 1 when the
+/// connection's control frames take the shared page from now on.
 pub(crate) const C_READY: u32 = 10;
 /// Either way: an orderly close.
 pub(crate) const C_BYE: u32 = 11;

@@ -251,8 +251,18 @@ impl CudaDevice {
     }
 
     pub(crate) fn new_event(self: &Arc<Self>) -> Result<CudaEventHandle> {
+        self.new_event_with(sys::CUevent_flags::CU_EVENT_DEFAULT)
+    }
+
+    /// An event without timing (`CU_EVENT_DISABLE_TIMING`: cheaper to
+    /// record and query), for completion only.
+    pub(crate) fn new_untimed_event(self: &Arc<Self>) -> Result<CudaEventHandle> {
+        self.new_event_with(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+    }
+
+    fn new_event_with(self: &Arc<Self>, flags: sys::CUevent_flags) -> Result<CudaEventHandle> {
         self.bind()?;
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(cuda_err("cuEventCreate"))?;
+        let event = result::event::create(flags).map_err(cuda_err("cuEventCreate"))?;
         Ok(CudaEventHandle { device: self.clone(), event })
     }
 }
@@ -742,6 +752,18 @@ unsafe impl Send for CudaEventHandle {}
 unsafe impl Sync for CudaEventHandle {}
 
 impl CudaEventHandle {
+    /// Whether the work before the event's last record has finished
+    /// (`cuEventQuery`; never recorded: finished). Does not block.
+    pub(crate) fn query(&self) -> Result<bool> {
+        self.device.bind()?;
+        // SAFETY: a live event of this context.
+        match unsafe { sys::cuEventQuery(self.event) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(Error::CudaError(format!("cuEventQuery: {e:?}"))),
+        }
+    }
+
     pub(crate) fn elapsed_ms(&self, end: &CudaEventHandle) -> Result<f32> {
         self.device.bind()?;
         // SAFETY: live events of this context.

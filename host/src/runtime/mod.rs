@@ -1104,6 +1104,28 @@ impl Event {
         Ok(Event { inner })
     }
 
+    /// A new event for completion only (`CU_EVENT_DISABLE_TIMING` on CUDA:
+    /// cheaper to record and query; [`Event::elapsed_ms`] refuses it there).
+    pub(crate) fn new_untimed(device: &Device) -> Result<Event> {
+        let inner = match &device.inner {
+            DeviceInner::Cuda(d) => EventInner::Cuda(d.new_untimed_event()?),
+            DeviceInner::Emulated(_) => EventInner::Emulated(Arc::new(emulated::EmuEvent::default())),
+        };
+        Ok(Event { inner })
+    }
+
+    /// Whether the stream passed the event's last [`Stream::record`]
+    /// (`cuEventQuery`): `true` once everything queued before the record
+    /// has finished, and for an event never recorded. Does not block.
+    ///
+    /// Errors: [`Error::CudaError`] when the work before it failed.
+    pub fn query(&self) -> Result<bool> {
+        match &self.inner {
+            EventInner::Cuda(e) => e.query(),
+            EventInner::Emulated(e) => e.query(),
+        }
+    }
+
     /// Waits for the event, then returns milliseconds from `self` to `end`.
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         match (&self.inner, &end.inner) {

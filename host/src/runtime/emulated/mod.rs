@@ -347,6 +347,7 @@ impl EmuStream {
         }
         if let Some(ev) = reset {
             *ev.at.lock().map_err(|_| Error::internal("event poisoned"))? = None;
+            ev.recorded.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         self.submit(Box::new(move || op()))
     }
@@ -625,9 +626,18 @@ impl Drop for EmuStream {
 pub(crate) struct EmuEvent {
     at: Mutex<Option<Instant>>,
     cv: Condvar,
+    /// Recorded at least once (an event never recorded counts as reached, as in CUDA).
+    recorded: std::sync::atomic::AtomicBool,
 }
 
 impl EmuEvent {
+    /// Whether the stream passed the event's last record (never recorded:
+    /// yes, as `cuEventQuery`). Does not block.
+    pub(crate) fn query(&self) -> Result<bool> {
+        let at = self.at.lock().map_err(|_| Error::internal("event poisoned"))?;
+        Ok(at.is_some() || !self.recorded.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
     fn wait(&self) -> Result<Instant> {
         let mut at = self.at.lock().map_err(|_| Error::internal("event poisoned"))?;
         loop {
