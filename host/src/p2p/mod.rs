@@ -25,7 +25,8 @@
 //! use devcomm::{Device, RuntimeSelection, SymmetricMemory};
 //!
 //! let dev = Device::open(RuntimeSelection::Emulated, 0)?;
-//! let cfg = P2pConfig::default().with_bind("127.0.0.1:0".parse().unwrap());
+//! // Control frames through shared memory on one host (opt-in for now).
+//! let cfg = P2pConfig::default().with_bind("127.0.0.1:0".parse().unwrap()).with_shm_control(true);
 //! let server = Endpoint::with_config(&dev, cfg.clone())?;
 //! let client = Endpoint::with_config(&dev, cfg)?;
 //! let (src, dst) = (SymmetricMemory::alloc(&dev, 4096)?, SymmetricMemory::alloc(&dev, 4096)?);
@@ -36,7 +37,6 @@
 //!     let acc = s.spawn(|| server.accept());
 //!     let conn = client.connect(addr, 0)?;
 //!     let (_peer, _gpu, sconn) = acc.join().unwrap()?;
-//!     // One host: control frames through shared memory.
 //!     assert_eq!(conn.control_path(), ControlPath::SharedMemory);
 //!     let id = server.recv_async(&sconn, &dmr, dst.device_addr(), 4096)?;
 //!     client.send(&conn, &smr, src.device_addr(), 1000)?;
