@@ -411,14 +411,14 @@ impl<T: CollType> Bench<'_, T> {
 
     /// The algorithm the host collectives run for `bytes` of this
     /// collective when asked for `algorithm`: `Auto` resolved as they resolve
-    /// it (all-reduce: `Algorithm::choose`; broadcast and reduce:
-    /// `Algorithm::choose_rooted`); the others have one algorithm (`Auto`).
+    /// it (all-reduce: `Algorithm::resolve`; broadcast and reduce:
+    /// `Algorithm::resolve_rooted` for one part); the others have one
+    /// algorithm (`Auto`).
     fn resolve(&self, bytes: usize, algorithm: Algorithm) -> Algorithm {
         let ctx = self.coll.context();
-        match (self.kind, algorithm) {
-            (Kind::AllReduce, Algorithm::Auto) => Algorithm::choose(bytes as u64, &ctx),
-            (Kind::Broadcast | Kind::Reduce, Algorithm::Auto) => Algorithm::choose_rooted(bytes as u64, &ctx, 1),
-            (Kind::AllReduce | Kind::Broadcast | Kind::Reduce, a) => a,
+        match self.kind {
+            Kind::AllReduce => algorithm.resolve(bytes as u64, &ctx),
+            Kind::Broadcast | Kind::Reduce => algorithm.resolve_rooted(bytes as u64, &ctx, 1),
             _ => Algorithm::Auto,
         }
     }
