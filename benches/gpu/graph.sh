@@ -9,7 +9,9 @@
 #           direct for broadcast and reduce, a trace and the probe;
 #   verify  the coll cases `final` leaves out, and sendrecv (next call,
 #           JIT cache carried);
-#   diag    where a graphed small all-reduce's time goes.
+#   diag    where a graphed small all-reduce's time goes;
+#   large   512 KiB to 128 MiB: all-reduce (in kernel too), all-gather,
+#           reduce-scatter and all-to-all, NCCL beside them (not graphed).
 # Bundle: .device/{tests,bin} (coll, runtime, sendrecv, devcomm_perf,
 # devcomm-run), or .device/small*.tar.xz unpacked into it.
 set -uo pipefail
@@ -80,6 +82,13 @@ elif [ "$what" = final ]; then
     step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll --graph
     # What each piece of a collective kernel costs a graphed launch.
     step env DEVCOMM_RUNTIME=cuda timeout 60 $P --probe --graph -n 200 --reps 7
+elif [ "$what" = large ]; then
+    P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
+    step env DEVCOMM_RUNTIME=cuda timeout 120 $P -o all_reduce -b 512K -e 128M -f 4 -n 20 --reps 5 --nccl --in-kernel
+    step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o all_reduce -b 512K -e 8M -f 2 -n 200 --reps 7 --nccl --graph
+    for o in all_gather reduce_scatter all_to_all; do
+        step env DEVCOMM_RUNTIME=cuda timeout 90 $P -o $o -b 8M -e 128M -f 16 -n 20 --reps 5 --nccl
+    done
 elif [ "$what" = diag ]; then
     # Where a graphed small all-reduce's time goes: the headline sizes
     # (graphed, NCCL graphed beside), then the traced all-reduce kernel
