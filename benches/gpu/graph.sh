@@ -20,7 +20,7 @@ if [ ! -d $B/tests ]; then for t in $B/small*.tar.xz; do tar -xJf $t -C $B; done
 what=${1:-tests}
 exec > >(tee $OUT/graph-$what.log) 2>&1
 date -u; nvidia-smi -L
-echo "PTX: $(grep -a -m1 -o 'inputs sha256:[0-9a-f]*' $B/tests/coll-*)"
+echo "PTX: $(grep -a -m1 -o 'inputs: sha256:[0-9a-f]*' $B/tests/coll-*)"
 if [ "$what" = verify ]; then
     # The coll cases `final` leaves out (several LSA teams, GIN, the
     # checking mode at 2 ranks per GPU; 6 and 8 ranks at 4 per GPU) and
