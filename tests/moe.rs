@@ -651,6 +651,8 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
         args.x = expert_out.device_addr();
         args.out = y.device_addr();
         let a = MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() };
+        // The library's kernels keep the context in dynamic shared memory.
+        let cfg = cfg.with_shared_mem(devcomm_device::moe::CONTEXT_SHARED_BYTES);
         // SAFETY: as above; the handle's tables written by the dispatch
         // just run, `y` of `tokens * h`.
         unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_combine_f32>(cfg, (a,)).unwrap() };

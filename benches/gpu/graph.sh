@@ -9,7 +9,9 @@
 #           direct for broadcast and reduce, a trace and the probe;
 #   verify  the coll cases `final` leaves out, and sendrecv (next call,
 #           JIT cache carried);
-#   diag    where a graphed small all-reduce's time goes.
+#   diag    where a graphed small all-reduce's time goes;
+#   large   512 KiB to 128 MiB: all-reduce (in kernel too), all-gather,
+#           reduce-scatter and all-to-all, NCCL beside them (not graphed).
 # Bundle: .device/{tests,bin} (coll, runtime, sendrecv, devcomm_perf,
 # devcomm-run), or .device/small*.tar.xz unpacked into it.
 set -uo pipefail
@@ -18,7 +20,7 @@ if [ ! -d $B/tests ]; then for t in $B/small*.tar.xz; do tar -xJf $t -C $B; done
 what=${1:-tests}
 exec > >(tee $OUT/graph-$what.log) 2>&1
 date -u; nvidia-smi -L
-echo "PTX: $(grep -a -m1 -o 'inputs sha256:[0-9a-f]*' $B/tests/coll-*)"
+echo "PTX: $(grep -a -m1 -o 'inputs: sha256:[0-9a-f]*' $B/tests/coll-*)"
 if [ "$what" = verify ]; then
     # The coll cases `final` leaves out (several LSA teams, GIN, the
     # checking mode at 2 ranks per GPU; 6 and 8 ranks at 4 per GPU) and
@@ -54,11 +56,14 @@ elif [ "$what" = final ]; then
     # After a change of the device code: the coop test, the coll cases up
     # to 4 ranks (LL all-reduce numbered on the device, LL broadcast/reduce,
     # graphs), then the small sizes graphed and not, NCCL beside them. The
-    # first step compiles the PTX on a fresh machine: it has 300 s.
+    # first step compiles the PTX on a fresh machine (its parent loads the
+    # library's and the test kernels' modules: 211 s in session 15; the
+    # runtime binary's every_thread loads only the test kernels'): 420 s.
     if [ -z "${SKIP_TESTS:-}" ]; then
-        step env DEVCOMM_RUNTIME=cuda timeout 400 $B/tests/runtime-* --test-threads=1 every_thread
+        step env DEVCOMM_RUNTIME=cuda timeout 420 $B/tests/coll-* --test-threads=1 coll_1_rank
         save_jitcache
-        step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 200 $B/tests/coll-* --test-threads=1 coll_1_rank coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
+        step env DEVCOMM_RUNTIME=cuda timeout 60 $B/tests/runtime-* --test-threads=1 every_thread
+        step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 200 $B/tests/coll-* --test-threads=1 coll_2_ranks coll_3_ranks coll_4_ranks --skip teams --skip gin
     fi
     P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
     for g in --graph ""; do
@@ -80,6 +85,13 @@ elif [ "$what" = final ]; then
     step env DEVCOMM_RUNTIME=cuda timeout 30 $P -o all_reduce -b 8 -e 8 --trace 40 --trace-only --algorithm ll --graph
     # What each piece of a collective kernel costs a graphed launch.
     step env DEVCOMM_RUNTIME=cuda timeout 60 $P --probe --graph -n 200 --reps 7
+elif [ "$what" = large ]; then
+    P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
+    step env DEVCOMM_RUNTIME=cuda timeout 120 $P -o all_reduce -b 512K -e 128M -f 4 -n 20 --reps 5 --nccl --in-kernel
+    step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o all_reduce -b 512K -e 8M -f 2 -n 200 --reps 7 --nccl --graph
+    for o in all_gather reduce_scatter all_to_all; do
+        step env DEVCOMM_RUNTIME=cuda timeout 90 $P -o $o -b 8M -e 128M -f 16 -n 20 --reps 5 --nccl
+    done
 elif [ "$what" = diag ]; then
     # Where a graphed small all-reduce's time goes: the headline sizes
     # (graphed, NCCL graphed beside), then the traced all-reduce kernel

@@ -8,12 +8,16 @@ use core::mem::size_of;
 use devcomm_device::arch;
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{
-    self, Algorithm, CollArgs, CollBuffer, CollError, Element, Input, P2pArgs, P2pKind, P2pOp, Part, RedOp, Reduction,
-    MAX_GROUP_OPS,
+    self, Algorithm, CollArgs, CollBuffer, CollContext, CollError, Element, Input, P2pArgs, P2pKind, P2pOp, Part,
+    RedOp, Reduction, MAX_GROUP_OPS,
 };
 use devcomm_device::comm::SymPtr;
 use devcomm_device::coop::{Coop, Cta};
 use devcomm_device::kernel;
+
+use crate::shared::{cta_copy, shared_bytes};
+
+const _: () = assert!(shared_bytes::<CollContext>() == coll::CONTEXT_SHARED_BYTES);
 
 /// The input `b` describes.
 #[inline(always)]
@@ -52,17 +56,19 @@ unsafe fn report_to(cta: &Cta, errors: u64, r: Result<(), CollError>) {
     }
 }
 
-/// `args`, copied into this thread's local memory here, for the paths
-/// that hand the context by reference to functions compiled out of line.
+/// The context for the paths that hand it by reference to functions
+/// compiled out of line (every path but LL): one copy per CTA in the
+/// block's dynamic shared memory ([`crate::shared`]), which the host
+/// launches these kernels with ([`coll::CONTEXT_SHARED_BYTES`]). A launch
+/// without it is refused (`BadArgument`) on every thread.
 ///
-/// A kernel parameter whose address escapes into such a call is copied to
-/// local memory at the kernel's entry, by every thread and on every path:
-/// 552 bytes a thread, about 2.5 µs of an 8-byte all-reduce's 5.5 on an
-/// H200 (`devcomm-perf --probe`; the LL path calls nothing out of line).
-/// `black_box` makes the copy where the path that needs it starts.
+/// # Safety
+/// Every thread of the CTA calls it (it synchronises the CTA), before any
+/// other use of the block's dynamic shared memory.
 #[inline(always)]
-fn off_the_ll_path(args: CollArgs) -> CollArgs {
-    core::hint::black_box(args)
+unsafe fn shared_context<'c>(cta: &'c Cta, ctx: &CollContext) -> Result<&'c CollContext, CollError> {
+    // SAFETY: the contract; the collectives use no shared memory.
+    unsafe { cta_copy(cta, ctx) }.ok_or(CollError::BadArgument)
 }
 
 /// Entry `i < MAX_GROUP_OPS` of the `p2p_group` kernel's `args.ops`.
@@ -159,13 +165,13 @@ macro_rules! reducing_kernels {
                             &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
                             args.count as usize, &red, Algorithm::Ll, args.seq,
                         ),
-                        algorithm => {
-                            let args = off_the_ll_path(args);
+                        // SAFETY: every thread of the CTA takes this arm.
+                        algorithm => unsafe { shared_context(&cta, &args.ctx) }.and_then(|ctx| {
                             coll::all_reduce(
-                                &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
+                                &cta, ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
                                 args.count as usize, &red, algorithm, args.seq,
                             )
-                        }
+                        }),
                     },
                     _ => Err(CollError::BadArgument),
                 };
@@ -185,13 +191,13 @@ macro_rules! reducing_kernels {
                             &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
                             args.count as usize, &red, args.root, Algorithm::Ll,
                         ),
-                        algorithm => {
-                            let args = off_the_ll_path(args);
+                        // SAFETY: every thread of the CTA takes this arm.
+                        algorithm => unsafe { shared_context(&cta, &args.ctx) }.and_then(|ctx| {
                             coll::reduce(
-                                &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
+                                &cta, ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
                                 args.count as usize, &red, args.root, algorithm,
                             )
-                        }
+                        }),
                     },
                     (Err(e), _) => Err(e),
                     (_, None) => Err(CollError::BadArgument),
@@ -206,12 +212,13 @@ macro_rules! reducing_kernels {
             /// As for the all-reduce kernel.
             pub unsafe fn $reduce_scatter(args: CollArgs) {
                 let cta = Cta::new();
-                let r = match reduction::<$t>(&args) {
-                    Ok(red) => coll::reduce_scatter(
-                        &cta, &args.ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
+                // SAFETY: every thread of the CTA calls `shared_context`.
+                let r = match (reduction::<$t>(&args), unsafe { shared_context(&cta, &args.ctx) }) {
+                    (Ok(red), Ok(ctx)) => coll::reduce_scatter(
+                        &cta, ctx, Part::block(), input::<$t>(&args.src), args.dst.ptr as *mut $t,
                         args.count as usize, &red,
                     ),
-                    Err(e) => Err(e),
+                    (Err(e), _) | (_, Err(e)) => Err(e),
                 };
                 report(&cta, &args, r);
             }
@@ -347,11 +354,15 @@ kernel! {
     /// peers' operations; launched co-resident with `ctas_per_task` CTAs
     /// per task.
     pub unsafe fn p2p_group(args: P2pArgs) {
-        // The context by value: references into the parameter itself (the
-        // GIN paths take some) would make LLVM copy all of it, operations
-        // included, to local memory.
-        let ctx = args.ctx;
+        // The context in shared memory: references into the parameter
+        // itself (the GIN paths take some) would make LLVM copy all of it,
+        // operations included, to local memory, and a copy by value in
+        // each thread costs 376 bytes of local stores a thread.
         let cta = Cta::new();
+        let ctx = match shared_context(&cta, &args.ctx) {
+            Ok(ctx) => ctx,
+            Err(e) => return report_to(&cta, args.errors, Err(e)),
+        };
         let k = args.ctas_per_task.max(1);
         let (task, part) = (arch::block_idx().x / k, Part { index: arch::block_idx().x % k, count: k });
         let n = (args.n_ops as usize).min(MAX_GROUP_OPS);
@@ -372,9 +383,9 @@ kernel! {
                 break;
             }
             r = if op.kind == P2pKind::Send as u32 {
-                coll::send(&cta, &ctx, part, &op)
+                coll::send(&cta, ctx, part, &op)
             } else {
-                coll::recv(&cta, &ctx, part, &op)
+                coll::recv(&cta, ctx, part, &op)
             };
             i += 1;
         }

@@ -15,4 +15,5 @@ devcomm_device::kernel_crate!();
 pub mod coll;
 pub mod moe;
 pub mod rma;
+mod shared;
 pub mod util;

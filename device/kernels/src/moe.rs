@@ -9,7 +9,11 @@ use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
 use devcomm_device::coop::{Coop, Cta};
 use devcomm_device::kernel;
-use devcomm_device::moe::{self, ht, MoeArgs, MoeError, MoeHtArgs};
+use devcomm_device::moe::{self, ht, MoeArgs, MoeContext, MoeError, MoeHtArgs};
+
+use crate::shared::{cta_copy, shared_bytes};
+
+const _: () = assert!(shared_bytes::<MoeContext>() == moe::CONTEXT_SHARED_BYTES);
 
 /// Records `r`'s error in `args.errors` (the first one stays); the caller
 /// decides which thread reports.
@@ -24,15 +28,35 @@ unsafe fn report<T>(args: &MoeArgs, r: Result<T, MoeError>) {
     }
 }
 
+/// The context, copied by the CTA's leader into the block's dynamic shared
+/// memory ([`moe::CONTEXT_SHARED_BYTES`], which the host launches these
+/// kernels with) and read from there by every thread: the MoE device
+/// functions take it by reference, and a reference into the kernel's
+/// parameter would make every thread copy the ~400-byte arguments to local
+/// memory at entry. `None`, with `BadArgument` reported, when the launch
+/// lacks the shared memory (on every thread).
+///
+/// # Safety
+/// Every thread of the CTA calls it, first; `args.errors` a valid device `u32`.
+#[inline(always)]
+unsafe fn shared_context<'c>(cta: &'c Cta, args: &MoeArgs) -> Option<&'c MoeContext> {
+    // SAFETY: the contract; the MoE functions use no shared memory.
+    let ctx = unsafe { cta_copy(cta, &args.ctx) };
+    if ctx.is_none() && cta.is_leader() {
+        // SAFETY: the contract.
+        unsafe { report::<()>(args, Err(MoeError::BadArgument)) };
+    }
+    ctx
+}
+
 /// A dispatch's first step (both modes): the token count (0, with the
 /// error reported, when above the maximum: the other ranks still wait for
 /// this rank's empty counts), and [`moe::dispatch_prepare`] over the grid.
 ///
 /// # Safety
-/// As for `moe_dispatch`.
+/// As for `moe_dispatch`; `ctx` is `args.ctx` (its shared copy).
 #[inline(always)]
-unsafe fn prepare(args: &MoeArgs) -> u32 {
-    let ctx = &args.ctx;
+unsafe fn prepare(args: &MoeArgs, ctx: &MoeContext) -> u32 {
     let mut num_tokens = args.num_tokens;
     if num_tokens > ctx.max_tokens() {
         if global_thread_x() == 0 {
@@ -70,10 +94,10 @@ kernel! {
     /// buffers of the sizes it documents; launched co-resident with a
     /// block size that is a multiple of 32; the same `seq` on every rank.
     pub unsafe fn moe_dispatch(args: MoeArgs) {
-        let ctx = &args.ctx;
-        let num_tokens = prepare(&args);
-        let pos = args.pos as *mut u32;
         let cta = Cta::new();
+        let Some(ctx) = shared_context(&cta, &args) else { return };
+        let num_tokens = prepare(&args, ctx);
+        let pos = args.pos as *mut u32;
         let (b, nb) = (block_idx().x, grid_dim().x);
         let mut e = b;
         while e < ctx.num_experts() {
@@ -107,24 +131,25 @@ kernel! {
 /// `args.errors` a valid device `u32`; the closures' own contracts.
 #[inline(always)]
 unsafe fn combine_steps(
+    cta: &Cta,
     args: &MoeArgs,
+    ctx: &MoeContext,
     items: u32,
     send: impl Fn(&Cta, u32) -> Result<(), MoeError>,
     wait: impl Fn(&Cta) -> Result<(), MoeError>,
     reduce: impl Fn(u32),
 ) {
-    let cta = Cta::new();
     let (b, nb) = (block_idx().x, grid_dim().x);
     let mut i = b;
     while i < items {
-        let r = send(&cta, i);
+        let r = send(cta, i);
         if cta.is_leader() {
             // SAFETY: the contract.
             unsafe { report(args, r) };
         }
         i += nb;
     }
-    let r = wait(&cta);
+    let r = wait(cta);
     if r.is_err() {
         if cta.is_leader() {
             // SAFETY: the contract.
@@ -132,7 +157,7 @@ unsafe fn combine_steps(
         }
         return;
     }
-    reduce(args.num_tokens.min(args.ctx.max_tokens()));
+    reduce(args.num_tokens.min(ctx.max_tokens()));
 }
 
 /// A low-latency combine of elements `T`: send (CTA `b` of the grid sends
@@ -144,12 +169,16 @@ unsafe fn combine_steps(
 /// for the dispatch with the same `seq`, `T` of the context's element size.
 #[inline(always)]
 unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
-    let ctx = &args.ctx;
+    let cta = Cta::new();
+    // SAFETY: every thread of the CTA, first; the contract.
+    let Some(ctx) = (unsafe { shared_context(&cta, args) }) else { return };
     // SAFETY: (all three steps) the contract: this group's live context,
     // `x` the experts' outputs, the handle's buffers, `out` of `num_tokens * hidden`.
     unsafe {
         combine_steps(
+            &cta,
             args,
+            ctx,
             ctx.local_experts(),
             |cta, l| moe::combine_send_expert(cta, ctx, l, args.x as *const u8, args.seq),
             |cta| moe::combine_wait(cta, ctx, args.seq),
@@ -209,9 +238,9 @@ kernel! {
     /// of 32; the same `seq` on every rank.
     pub unsafe fn moe_ht_dispatch(a: MoeHtArgs) {
         let args = &a.args;
-        let ctx = &args.ctx;
-        let num_tokens = prepare(args);
         let cta = Cta::new();
+        let Some(ctx) = shared_context(&cta, args) else { return };
+        let num_tokens = prepare(args, ctx);
         let (b, nb) = (block_idx().x, grid_dim().x);
         let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
         let mut i = b;
@@ -257,13 +286,17 @@ kernel! {
 #[inline(always)]
 unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
     let args = &a.args;
-    let ctx = &args.ctx;
+    let cta = Cta::new();
+    // SAFETY: every thread of the CTA, first; the contract.
+    let Some(ctx) = (unsafe { shared_context(&cta, args) }) else { return };
     let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
     // SAFETY: (all three steps) the contract: this group's live context,
     // `x` the experts' outputs, the handle's tables, `out` of `num_tokens * hidden`.
     unsafe {
         combine_steps(
+            &cta,
             args,
+            ctx,
             n * g,
             |cta, i| {
                 let (x, rows) = (args.x as *const u8, a.recv_rows as *const u32);

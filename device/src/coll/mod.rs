@@ -159,6 +159,14 @@ pub enum Algorithm {
     TwoShot = 3,
 }
 
+/// Bytes of dynamic shared memory the host collectives launch their
+/// kernels with: room for one [`CollContext`], which the kernels' paths
+/// other than LL copy there once per CTA and hand by reference to the
+/// collectives (a reference into the kernel's parameter that reaches a
+/// function compiled out of line would make every thread copy the whole
+/// parameter to local memory at the kernel's entry).
+pub const CONTEXT_SHARED_BYTES: u32 = (core::mem::size_of::<CollContext>() as u32).next_multiple_of(16);
+
 /// All-reduce messages up to this many bytes take [`Algorithm::Ll`] on a
 /// team of two (when the context's LL slots hold them).
 pub const LL_MAX_BYTES: u64 = 16 << 10;

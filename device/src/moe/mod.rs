@@ -57,6 +57,13 @@ use crate::wait::{self, Deadline, WaitError};
 /// The position a token's top-k entry gets when it names no expert.
 pub const NO_POS: u32 = u32::MAX;
 
+/// Bytes of dynamic shared memory the host launches the MoE kernels with:
+/// room for one [`MoeContext`], which each CTA's leader copies there and
+/// every thread reads (a reference into the kernel's parameter that reaches
+/// a function compiled out of line would make every thread copy the whole
+/// parameter to local memory at the kernel's entry).
+pub const CONTEXT_SHARED_BYTES: u32 = (core::mem::size_of::<MoeContext>() as u32).next_multiple_of(16);
+
 /// Why a dispatch or combine failed (the same on every thread of the coop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoeError {

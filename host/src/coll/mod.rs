@@ -134,8 +134,8 @@ mod p2p;
 
 pub use datatype::{CollType, DataType, Fp8E4M3, Fp8E5M2};
 pub use devcomm_device::coll::{
-    Algorithm, P2pKind, RedOp, LL_MAX_BYTES, LL_MAX_BYTES_MANY_RANKS, ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES_2_RANKS,
-    RELAY_MIN_BYTES,
+    Algorithm, P2pKind, RedOp, CONTEXT_SHARED_BYTES, LL_MAX_BYTES, LL_MAX_BYTES_MANY_RANKS, ONE_SHOT_MAX_BYTES,
+    ONE_SHOT_MAX_BYTES_2_RANKS, RELAY_MIN_BYTES,
 };
 pub use hier::{MultiTeam, HIER_SPLIT_MIN_BYTES, MULTI_TEAM_ENV};
 pub use p2p::Group;
@@ -1155,8 +1155,10 @@ impl<'c> Collectives<'c> {
     /// How a collective kernel of `ctas` CTAs is launched: co-resident
     /// (cooperative on CUDA) unless [`CollConfig::cooperative`] is off on
     /// CUDA.
+    /// Every CTA gets [`CONTEXT_SHARED_BYTES`] of dynamic shared memory:
+    /// the kernels' paths other than LL keep the context there.
     pub(crate) fn launch_config(&self, ctas: u32) -> LaunchConfig {
-        let cfg = LaunchConfig::new(ctas, self.threads);
+        let cfg = LaunchConfig::new(ctas, self.threads).with_shared_mem(CONTEXT_SHARED_BYTES);
         if self.config.cooperative || self.comm.device().kind() != RuntimeKind::Cuda {
             cfg.co_resident()
         } else {

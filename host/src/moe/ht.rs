@@ -6,7 +6,7 @@
 use super::{EpConfig, EpGroup, EpMode, Handle, MoeType};
 use crate::coll::DataType;
 use crate::error::{Error, Result};
-use crate::runtime::{DeviceBuffer, LaunchConfig, RuntimeKind, Stream};
+use crate::runtime::{DeviceBuffer, RuntimeKind, Stream};
 use devcomm_device::moe::{MoeArgs, MoeHtArgs};
 
 /// Channels per destination rank: the config's, else `64 / ranks` in
@@ -71,10 +71,6 @@ impl EpGroup<'_> {
         }
     }
 
-    fn ht_launch_config(&self) -> LaunchConfig {
-        LaunchConfig::new(self.ctas, self.threads).co_resident()
-    }
-
     /// Queues the high-throughput dispatch kernel (`args` checked by
     /// `launch_dispatch`'s callers).
     pub(super) fn launch_ht_dispatch(&self, args: MoeArgs, handle: &Handle, stream: &Stream) -> Result<()> {
@@ -84,14 +80,14 @@ impl EpGroup<'_> {
         // shapes, the handle's tables of `M × N` and `N × M × K` (checked
         // by `ht_args`), kept alive by the callers' borrows while queued;
         // the same dispatch on every rank; co-resident, threads a multiple of 32.
-        unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_dispatch>(self.ht_launch_config(), (a,)) }
+        unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_dispatch>(self.launch_config(), (a,)) }
     }
 
     /// Queues the high-throughput combine kernel of `T` (`args` checked by
     /// `combine_into`).
     pub(super) fn launch_ht_combine<T: MoeType>(&self, args: MoeArgs, handle: &Handle, stream: &Stream) -> Result<()> {
         let a = self.ht_args(args, handle)?;
-        let cfg = self.ht_launch_config();
+        let cfg = self.launch_config();
         use devcomm_kernels::moe as k;
         // SAFETY: as in `combine_into`: live context, `expert_out` and `y`
         // of the checked shapes, the handle of this group's latest dispatch

@@ -80,7 +80,7 @@ use crate::gin::GinConnectionType;
 use crate::memory::SymmetricMemory;
 use crate::runtime::{DeviceBuffer, HostMappedWord, LaunchConfig, RuntimeKind, Stream};
 use crate::window::{Window, WindowFlags};
-use devcomm_device::moe::{MoeArgs, MoeContext};
+use devcomm_device::moe::{MoeArgs, MoeContext, CONTEXT_SHARED_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -309,6 +309,13 @@ impl std::fmt::Debug for EpGroup<'_> {
 }
 
 impl<'c> EpGroup<'c> {
+    /// How the MoE kernels are launched: co-resident (their CTAs wait for
+    /// other ranks' CTAs), each CTA with [`CONTEXT_SHARED_BYTES`] of dynamic
+    /// shared memory, where its leader keeps the context for the others.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::new(self.ctas, self.threads).with_shared_mem(CONTEXT_SHARED_BYTES).co_resident()
+    }
+
     /// Makes the group: a window for the slots and counts (allocated once)
     /// and a device communicator (with GIN when some ranks are outside
     /// this rank's LSA team). Collective: every rank calls it with the
@@ -813,7 +820,7 @@ impl<'c> EpGroup<'c> {
             self.dispatched(seq, tokens, handle);
             return Ok(());
         }
-        let cfg = LaunchConfig::new(self.ctas, self.threads).co_resident();
+        let cfg = self.launch_config();
         // SAFETY: `args` holds this group's live context and buffers of the
         // sizes the kernel needs (checked by the callers: `x` of `tokens <=
         // M` tokens, routing of `tokens * K`, outputs of the group's shapes,
@@ -917,7 +924,7 @@ impl<'c> EpGroup<'c> {
         if self.config.mode == EpMode::HighThroughput {
             return self.launch_ht_combine::<T>(args, handle, stream);
         }
-        let cfg = LaunchConfig::new(self.ctas, self.threads).co_resident();
+        let cfg = self.launch_config();
         use devcomm_kernels::moe as k;
         // SAFETY: as in `dispatch_into`: live context, `expert_out` and `y`
         // of the checked shapes, the handle of this group's latest dispatch
