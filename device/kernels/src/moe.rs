@@ -4,10 +4,10 @@
 //! functions (high-throughput: [`devcomm_device::moe::ht`]) with the
 //! arguments in one [`MoeArgs`] ([`MoeHtArgs`]).
 
-use devcomm_device::arch::{block_idx, global_thread_x, grid_dim, grid_threads_x};
+use devcomm_device::arch::{block_dim, block_idx, global_thread_x, grid_dim, grid_threads_x, warp_id, WARP_SIZE};
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
-use devcomm_device::coop::{Coop, Cta};
+use devcomm_device::coop::{Coop, Cta, Warp};
 use devcomm_device::kernel;
 use devcomm_device::moe::{self, ht, MoeArgs, MoeContext, MoeError, MoeHtArgs};
 
@@ -122,32 +122,58 @@ kernel! {
     }
 }
 
-/// A combine's steps on this CTA (both modes): `send(cta, i)` for items
-/// `b, b + B, ...` below `items` (CTA `b` of `B`), then `wait(cta)` (every
-/// CTA waits for every partner's outputs), then, if it succeeded,
-/// `reduce(tokens)` over the grid; failures reported in `args.errors`.
+/// The items `first, first + stride, ...` a coop of the grid takes: CTA
+/// `b` of `B` (`Items::ctas`) or warp `w` of the grid's `W` (`Items::warps`).
+#[derive(Clone, Copy)]
+struct Items {
+    first: u32,
+    stride: u32,
+}
+
+impl Items {
+    #[inline(always)]
+    fn ctas() -> Self {
+        Items { first: block_idx().x, stride: grid_dim().x }
+    }
+
+    /// Warp `v` of CTA `b` is warp `v * B + b` of the grid: items go round
+    /// the CTAs (SMs) first, then round the warps of each.
+    #[inline(always)]
+    fn warps() -> Self {
+        let per_block = (block_dim().x / WARP_SIZE).max(1);
+        Items { first: warp_id() * grid_dim().x + block_idx().x, stride: grid_dim().x * per_block }
+    }
+}
+
+/// A combine's steps (both modes): `send(coop, i)` for this coop's items
+/// below `items` (`at`: CTA `b` of `B` takes `b, b + B, ...`, or warp `w`
+/// of `W` takes `w, w + W, ...`), then `wait(cta)` (every CTA waits for
+/// every partner's outputs), then, if it succeeded, `reduce(tokens)` over
+/// the grid; failures reported in `args.errors`.
 ///
 /// # Safety
 /// `args.errors` a valid device `u32`; the closures' own contracts.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn combine_steps(
+unsafe fn combine_steps<C: Coop>(
     cta: &Cta,
+    coop: &C,
+    at: Items,
     args: &MoeArgs,
     ctx: &MoeContext,
     items: u32,
-    send: impl Fn(&Cta, u32) -> Result<(), MoeError>,
+    send: impl Fn(&C, u32) -> Result<(), MoeError>,
     wait: impl Fn(&Cta) -> Result<(), MoeError>,
     reduce: impl Fn(u32),
 ) {
-    let (b, nb) = (block_idx().x, grid_dim().x);
-    let mut i = b;
+    let mut i = at.first;
     while i < items {
-        let r = send(cta, i);
-        if cta.is_leader() {
+        let r = send(coop, i);
+        if coop.is_leader() {
             // SAFETY: the contract.
             unsafe { report(args, r) };
         }
-        i += nb;
+        i += at.stride;
     }
     let r = wait(cta);
     if r.is_err() {
@@ -177,6 +203,8 @@ unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
     unsafe {
         combine_steps(
             &cta,
+            &cta,
+            Items::ctas(),
             args,
             ctx,
             ctx.local_experts(),
@@ -225,10 +253,13 @@ kernel! {
 }
 
 kernel! {
-    /// A high-throughput dispatch: prepare (grid-strided), send (CTA `b`
-    /// takes (destination, channel) items `b, b + B, ...`, destinations
-    /// from the next rank on), wait for every source, pack (CTA `b` takes
-    /// (local expert, source) items `b, b + B, ...`).
+    /// A high-throughput dispatch: prepare (grid-strided), send (warp `w`
+    /// of the grid's `W` takes (destination, channel) items `w, w + W, ...`,
+    /// destinations from the next rank on), wait for every source (each
+    /// CTA), pack (warp `w` takes (local expert, source) items `w, w + W,
+    /// ...`). A warp per item: a CTA per item copied one token at a time
+    /// with all its threads (a few 16-byte loads each, one memory latency
+    /// after another) and took its items one after another.
     ///
     /// # Safety
     /// `a` made by `devcomm::moe::EpGroup::dispatch` on a high-throughput
@@ -241,19 +272,19 @@ kernel! {
         let cta = Cta::new();
         let Some(ctx) = shared_context(&cta, args) else { return };
         let num_tokens = prepare(args, ctx);
-        let (b, nb) = (block_idx().x, grid_dim().x);
+        let (warp, at) = (Warp::new(), Items::warps());
         let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
-        let mut i = b;
+        let mut i = at.first;
         while i < n * g {
             let dest = (me + 1 + i / g) % n;
             let r = ht::dispatch_send_channel(
-                &cta, ctx, dest, i % g, args.x as *const u8, args.topk_idx as *const i32,
+                &warp, ctx, dest, i % g, args.x as *const u8, args.topk_idx as *const i32,
                 args.topk_weights as *const f32, num_tokens, a.rank_pos as *mut u32, args.seq,
             );
-            if cta.is_leader() {
+            if warp.is_leader() {
                 report(args, r);
             }
-            i += nb;
+            i += at.stride;
         }
         let r = ht::dispatch_wait(&cta, ctx, args.seq);
         if r.is_err() {
@@ -262,23 +293,23 @@ kernel! {
             }
             return;
         }
-        let mut i = b;
+        let mut i = at.first;
         while i < ctx.local_experts() * n {
             let r = ht::dispatch_pack(
-                &cta, ctx, i / n, i % n, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32,
+                &warp, ctx, i / n, i % n, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32,
                 args.seq,
             );
-            if cta.is_leader() {
+            if warp.is_leader() {
                 report(args, r);
             }
-            i += nb;
+            i += at.stride;
         }
     }
 }
 
-/// A high-throughput combine of elements `T`: send the partial sums (CTA
-/// `b` takes (source, channel) items `b, b + B, ...`), then every CTA
-/// waits for every rank's partials and the grid adds them.
+/// A high-throughput combine of elements `T`: send the partial sums (warp
+/// `w` of the grid's `W` takes (source, channel) items `w, w + W, ...`),
+/// then every CTA waits for every rank's partials and the grid adds them.
 ///
 /// # Safety
 /// As for `moe_ht_dispatch`, `a` made by `devcomm::moe::EpGroup::combine`
@@ -295,6 +326,8 @@ unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
     unsafe {
         combine_steps(
             &cta,
+            &Warp::new(),
+            Items::warps(),
             args,
             ctx,
             n * g,

@@ -9,26 +9,28 @@ use crate::error::{Error, Result};
 use crate::runtime::{DeviceBuffer, RuntimeKind, Stream};
 use devcomm_device::moe::{MoeArgs, MoeHtArgs};
 
-/// Channels per destination rank: the config's, else `64 / ranks` in
-/// `1..=32` on GPUs (about 64 streams in all) and 2 on the emulated
-/// runtime. Only the config, the rank count and the runtime kind decide,
+/// Channels per destination rank: the config's, else `512 / ranks` in
+/// `1..=256` on GPUs (about 512 streams in all: a warp each) and 2 on the
+/// emulated runtime. Only the config, the rank count and the runtime kind decide,
 /// so every rank gets the same.
 pub(super) fn channels(c: &EpConfig, kind: RuntimeKind, nranks: usize) -> u32 {
     match (c.channels, kind) {
-        (0, RuntimeKind::Cuda) => (64 / nranks.max(1)).clamp(1, 32) as u32,
+        (0, RuntimeKind::Cuda) => (512 / nranks.max(1)).clamp(1, 256) as u32,
         (0, RuntimeKind::Emulated) => 2,
         (g, _) => g,
     }
 }
 
-/// CTAs of the high-throughput kernels on a GPU: one per send item
-/// (destination, channel), up to one per SM (the launch is co-resident)
-/// and 128; the pack items (local expert, source) share them. CTAs beyond
-/// the send items only wait, and on 2 × H200 they slowed the others badly
-/// (4096 tokens, 2 ranks, 64 send items: combine 2.3 ms with 64 CTAs, 88
-/// ms with 128; `benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`).
-pub(super) fn default_ctas(nranks: u32, channels: u32, sms: u32) -> u32 {
-    (nranks * channels).min(sms).clamp(1, 128)
+/// CTAs of the high-throughput kernels on a GPU: a warp per send item
+/// (destination, channel), up to one CTA per SM (the launch is
+/// co-resident) and 128; the pack items (local expert, source) share the
+/// warps. CTAs beyond the send items only wait, and on 2 × H200 they slowed
+/// the others badly (4096 tokens, 2 ranks, a CTA per item then, 64 send
+/// items: combine 2.3 ms with 64 CTAs, 88 ms with 128;
+/// `benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`).
+pub(super) fn default_ctas(nranks: u32, channels: u32, threads: u32, sms: u32) -> u32 {
+    let warps = (threads / 32).max(1);
+    (nranks * channels).div_ceil(warps).min(sms).clamp(1, 128)
 }
 
 impl Handle {

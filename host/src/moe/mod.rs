@@ -145,16 +145,18 @@ pub struct EpConfig {
     /// `dtype` `Bf16` and `hidden` a multiple of 128. Combine stays bf16.
     #[doc(alias = "use_fp8")]
     pub fp8_dispatch: bool,
-    /// CTAs per kernel: each sends whole experts and receives whole local
-    /// experts (0: one per expert up to one per SM and 128 on GPUs, 2 on
-    /// the emulated runtime). All must fit on the GPU at once.
+    /// CTAs per kernel (0: low-latency, one per expert — each sends whole
+    /// experts and receives whole local experts —; high-throughput, one
+    /// per `threads / 32` send items, a warp each; both up to one per SM
+    /// and 128 on GPUs; 2 on the emulated runtime). All must fit on the GPU
+    /// at once.
     pub ctas: u32,
     /// Threads per CTA, a multiple of 32 (0: 256 on GPUs, 64 on the emulated runtime).
     pub threads: u32,
     /// High-throughput mode: channels per destination rank, each a
-    /// contiguous range of the tokens streamed by one CTA (0: `64 / ranks`
-    /// clamped to 1..=32 on GPUs, 2 on the emulated runtime; the same on
-    /// every rank). Ignored in low-latency mode.
+    /// contiguous range of the tokens streamed by one warp (0: `512 /
+    /// ranks` clamped to 1..=256 on GPUs, 2 on the emulated runtime; the
+    /// same on every rank). Ignored in low-latency mode.
     #[doc(alias = "num_channels")]
     pub channels: u32,
 }
@@ -438,17 +440,19 @@ impl<'c> EpGroup<'c> {
         stream.synchronize()?;
         comm.bootstrap_barrier()?;
         let (ctas, threads) = match comm.device().kind() {
-            // A CTA per expert (up to one per SM: the launch is co-resident).
-            RuntimeKind::Cuda => (
-                if c.ctas != 0 {
+            // Low-latency: a CTA per expert (up to one per SM: the launch
+            // is co-resident); high-throughput: a warp per send item.
+            RuntimeKind::Cuda => {
+                let threads = if c.threads == 0 { 256 } else { c.threads };
+                let ctas = if c.ctas != 0 {
                     c.ctas
                 } else if c.mode == EpMode::HighThroughput {
-                    ht::default_ctas(n as u32, channels, comm.device().multiprocessor_count())
+                    ht::default_ctas(n as u32, channels, threads, comm.device().multiprocessor_count())
                 } else {
                     e.min(comm.device().multiprocessor_count()).clamp(1, 128)
-                },
-                if c.threads == 0 { 256 } else { c.threads },
-            ),
+                };
+                (ctas, threads)
+            }
             RuntimeKind::Emulated => {
                 (if c.ctas == 0 { 2 } else { c.ctas }, if c.threads == 0 { 64 } else { c.threads })
             }
