@@ -11,7 +11,10 @@
 #           JIT cache carried);
 #   diag    where a graphed small all-reduce's time goes;
 #   large   512 KiB to 128 MiB: all-reduce (in kernel too), all-gather,
-#           reduce-scatter and all-to-all, NCCL beside them (not graphed).
+#           reduce-scatter and all-to-all, NCCL beside them (not graphed);
+#   ctas    graphed 1-4 MiB all-reduces with fewer CTAs (max_ctas,
+#           bytes_per_cta): issue 14's 2 MiB goal (13.5 us on 128 CTAs,
+#           9.4 in kernel; is the rest the launch of 128 CTAs?).
 # Bundle: .device/{tests,bin} (coll, runtime, sendrecv, devcomm_perf,
 # devcomm-run), or .device/small*.tar.xz unpacked into it.
 set -uo pipefail
@@ -92,6 +95,16 @@ elif [ "$what" = large ]; then
     for o in all_gather reduce_scatter all_to_all; do
         step env DEVCOMM_RUNTIME=cuda timeout 90 $P -o $o -b 8M -e 128M -f 16 -n 20 --reps 5 --nccl
     done
+elif [ "$what" = ctas ]; then
+    P="$B/bin/devcomm-run -n 2 $B/bin/devcomm_perf"
+    step env DEVCOMM_RUNTIME=cuda timeout 60 $P -o all_reduce -b 1M -e 4M -f 2 -n 200 --reps 7 --nccl --in-kernel --graph
+    for c in 32 64 96; do
+        step env DEVCOMM_RUNTIME=cuda timeout 40 $P -o all_reduce -b 1M -e 4M -f 2 -n 200 --reps 7 --in-kernel --graph --max-ctas $c
+    done
+    for b in 32K 64K; do
+        step env DEVCOMM_RUNTIME=cuda timeout 40 $P -o all_reduce -b 1M -e 4M -f 2 -n 200 --reps 7 --in-kernel --graph --bytes-per-cta $b
+    done
+    step env DEVCOMM_RUNTIME=cuda timeout 40 $P -o all_reduce -b 1M -e 4M -f 2 -n 200 --reps 7 --graph --no-cooperative
 elif [ "$what" = diag ]; then
     # Where a graphed small all-reduce's time goes: the headline sizes
     # (graphed, NCCL graphed beside), then the traced all-reduce kernel

@@ -15,15 +15,10 @@ use core::mem::{align_of, size_of};
 use devcomm_device::arch::{dynamic_shared, dynamic_shared_size};
 use devcomm_device::coop::{Coop, Cta};
 
-/// Dynamic shared memory a kernel that calls [`cta_copy`] with a `T` must
-/// be launched with: `size_of::<T>()`, rounded up to 16.
-pub const fn shared_bytes<T>() -> u32 {
-    (size_of::<T>() as u32).next_multiple_of(16)
-}
-
 /// `v`, copied by the CTA's leader to the start of the block's dynamic
 /// shared memory; `None` (on every thread) when the launch gave the block
-/// less than `size_of::<T>()` bytes of it.
+/// less than `size_of::<T>()` bytes of it (the host's launch sizes:
+/// `coll::CONTEXT_SHARED_BYTES`, `moe::CONTEXT_SHARED_BYTES`).
 ///
 /// # Safety
 /// Every thread of the CTA calls it, with the same `v` (it synchronises the
