@@ -15,11 +15,15 @@ done
 exec > >(tee "$OUT/moe_ab.log") 2>&1
 date -u; nvidia-smi -L
 # Warm: one process per build loads the library's and the test kernels' PTX.
+# `wait` names the PIDs: a bare `wait` also waits for the `tee` above
+# (bash 5.1+ waits for process substitutions) and never returns.
+pids=()
 for v in a b; do
     echo "$v: PTX $(grep -a -m1 -o 'inputs: sha256:[0-9a-f]*' $B/$v/bin/moe_bench)"
     (DEVCOMM_RUNTIME=cuda timeout 420 $B/$v/bin/devcomm-run -n 1 $B/$v/bin/devcomm_perf -o all_reduce -b 8 -e 8 -n 1 -w 1 --reps 1 --in-kernel > /tmp/warm_$v.log 2>&1; echo "warm $v: rc $? at $(date -u +%T)") &
+    pids+=($!)
 done
-wait
+wait "${pids[@]}"
 save_jitcache
 date -u
 for v in a b; do
