@@ -88,10 +88,10 @@ fn forced_tcp() -> bool {
 
 /// The control path connections of this test get.
 fn control_path() -> ControlPath {
-    if !forced_tcp() && std::env::var("DEVCOMM_P2P_CONTROL").is_ok_and(|v| v == "shm" || v == "auto") {
-        ControlPath::SharedMemory
-    } else {
+    if forced_tcp() || std::env::var("DEVCOMM_P2P_CONTROL").is_ok_and(|v| v == "tcp") {
         ControlPath::Tcp
+    } else {
+        ControlPath::SharedMemory
     }
 }
 
