@@ -313,6 +313,26 @@ fn battery_of<T: MoeType>(
     assert!(ep.error().is_none());
 }
 
+/// A round on a group with `EpConfig::stage_stamps` (the kernels sync each
+/// CTA at every stage: the results must not change), then its stage times:
+/// every CTA recorded every stage, in order; a group without the stamps
+/// refuses `stage_times`.
+fn stage_stamps(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode) {
+    let mut cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_mode(mode);
+    cfg.stage_stamps = true;
+    let ep = EpGroup::new(comm, &cfg).unwrap();
+    let c = Ctx { comm, stream, shape, mode };
+    round::<f32>(&c, &ep, Routing::Random, 5, None);
+    let t = ep.stage_times(stream).unwrap();
+    for (what, s) in [("dispatch", t.dispatch), ("combine", t.combine)] {
+        assert!(s.ctas > 0, "{mode:?} {what}: no CTA recorded its stages: {s:?}");
+        assert!(s.sent_ns <= s.waited_ns && s.waited_ns <= s.done_ns, "{mode:?} {what}: stages out of order: {s:?}");
+    }
+    cfg.stage_stamps = false;
+    let plain = EpGroup::new(comm, &cfg).unwrap();
+    assert!(matches!(plain.stage_times(stream), Err(Error::InvalidUsage(_))));
+}
+
 /// A bf16 token as fp8 dispatch sends it: per 128 elements, `scale =
 /// max(amax, 1e-4) / 448` and `q = fp8(x / scale)` (the device's f32
 /// arithmetic and conversion, so exactly).
@@ -512,6 +532,7 @@ fn user_args<T: MoeType>(
         handle_idx: h.topk_idx().device_addr(),
         handle_weights: h.topk_weights().device_addr(),
         errors: errors.device_addr(),
+        stamps: 0,
         num_tokens: tokens as u32,
         seq: ep.reserve_seq().unwrap(),
     }
@@ -714,6 +735,8 @@ fn child_body(comm: &Communicator) {
         ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, 1, &[Routing::OneRank]);
     }
     ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
+    stage_stamps(comm, &stream, f32_shape, EpMode::LowLatency);
+    stage_stamps(comm, &stream, f32_shape, EpMode::HighThroughput);
     bad_input(comm, &stream, f32_shape, EpMode::HighThroughput);
     comm.finalize().unwrap();
 }

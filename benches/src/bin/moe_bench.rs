@@ -85,6 +85,11 @@ struct Args {
     /// High-throughput channels per destination rank (0: the library's default).
     #[arg(long, default_value_t = 0)]
     channels: u32,
+    /// Also each kernel's stage times (`EpConfig::stage_stamps`: every CTA
+    /// syncs at each stage, in the timed runs too), medians of `iters`
+    /// more pairs, a line per rank.
+    #[arg(long)]
+    stages: bool,
     /// Also the NCCL path (libnccl loaded at run time; CUDA only).
     #[arg(long)]
     nccl: bool,
@@ -167,12 +172,37 @@ fn time_pairs(
     Ok((median(td), median(tc)))
 }
 
+/// With `--stages`: `iters` more dispatch/combine pairs, each read back
+/// with `EpGroup::stage_times`; the median of each stage, in µs, as a
+/// line (None without `--stages`).
+fn stage_medians(a: &Args, step: &mut dyn FnMut(u32) -> Result<()>, ep: &EpGroup) -> Result<Option<String>> {
+    if !a.stages {
+        return Ok(None);
+    }
+    let stream = ep.comm().device().stream();
+    let mut all: Vec<[f64; 6]> = Vec::new();
+    for _ in 0..a.iters.max(1) {
+        step(0)?;
+        step(1)?;
+        ep.synchronize(stream)?;
+        let s = ep.stage_times(stream)?;
+        let (d, c) = (s.dispatch, s.combine);
+        all.push([d.sent_ns, d.waited_ns, d.done_ns, c.sent_ns, c.waited_ns, c.done_ns].map(|t| t as f64 / 1e3));
+    }
+    let m: Vec<f64> = (0..6).map(|i| median(all.iter().map(|v| v[i]).collect())).collect();
+    Ok(Some(format!(
+        "# rank {} stages (us, slowest CTA, from the first CTA's start): dispatch sent {:.1} waited {:.1} packed {:.1} | combine sent {:.1} waited {:.1} reduced {:.1}",
+        ep.comm().rank(),
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )))
+}
+
 fn run_tokens<T: MoeType>(
     comm: &Communicator,
     a: &Args,
     tokens: usize,
     nccl: Option<&nccl::Nccl>,
-) -> Result<Vec<String>> {
+) -> Result<(Vec<String>, Option<String>)> {
     let (n, me) = (comm.count(), comm.rank());
     let dev = comm.device();
     let stream = dev.stream();
@@ -181,6 +211,7 @@ fn run_tokens<T: MoeType>(
     cfg.ctas = a.ctas;
     cfg.threads = a.threads;
     cfg.channels = a.channels;
+    cfg.stage_stamps = a.stages;
     let ht = a.mode == "ht";
     if ht {
         cfg = cfg.with_mode(EpMode::HighThroughput);
@@ -190,7 +221,7 @@ fn run_tokens<T: MoeType>(
     let mut rng = StdRng::seed_from_u64(me as u64 + 7);
     let xs: Vec<T> = (0..tokens * a.hidden).map(|_| T::from_f64(rng.gen_range(-1.0..1.0))).collect();
     let (x, idxd, wd) = (dev.alloc_from(&xs)?, dev.alloc_from(&idx)?, dev.alloc_from(&w)?);
-    let (td, tc, wrong) = if a.fp8 {
+    let (td, tc, wrong, stages) = if a.fp8 {
         let xb = dev.alloc_from(bytemuck::cast_slice::<T, half::bf16>(&xs))?;
         let mut out = ep.alloc_output_fp8()?;
         let mut eo = dev.alloc::<half::bf16>(out.recv_x.len())?;
@@ -204,19 +235,15 @@ fn run_tokens<T: MoeType>(
         ep.combine_into(&eo, &out.handle, &mut y, stream)?;
         ep.synchronize(stream)?;
         let wrong = count_wrong(a, &w, &xs, &stream.read_vec(&y)?, tokens, 1.0 / 8.0);
-        let (td, tc) = time_pairs(
-            comm,
-            a,
-            &mut |phase| {
-                if phase == 0 {
-                    ep.dispatch_fp8_into(&xb, &idxd, &wd, &mut out, stream)
-                } else {
-                    ep.combine_into(&eo, &out.handle, &mut y, stream)
-                }
-            },
-            &ep,
-        )?;
-        (td, tc, wrong)
+        let mut step = |phase: u32| {
+            if phase == 0 {
+                ep.dispatch_fp8_into(&xb, &idxd, &wd, &mut out, stream)
+            } else {
+                ep.combine_into(&eo, &out.handle, &mut y, stream)
+            }
+        };
+        let (td, tc) = time_pairs(comm, a, &mut step, &ep)?;
+        (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
     } else {
         let mut out = ep.alloc_output::<T>()?;
         let mut y = dev.alloc::<T>(tokens * a.hidden)?;
@@ -226,19 +253,15 @@ fn run_tokens<T: MoeType>(
         ep.synchronize(stream)?;
         let eps = if T::DTYPE == DataType::F32 { 1e-5 } else { 1.0 / 64.0 };
         let wrong = count_wrong(a, &w, &xs, &stream.read_vec(&y)?, tokens, eps);
-        let (td, tc) = time_pairs(
-            comm,
-            a,
-            &mut |phase| {
-                if phase == 0 {
-                    ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)
-                } else {
-                    ep.combine_into(&out.recv_x, &out.handle, &mut y, stream)
-                }
-            },
-            &ep,
-        )?;
-        (td, tc, wrong)
+        let mut step = |phase: u32| {
+            if phase == 0 {
+                ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)
+            } else {
+                ep.combine_into(&out.recv_x, &out.handle, &mut y, stream)
+            }
+        };
+        let (td, tc) = time_pairs(comm, a, &mut step, &ep)?;
+        (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
     };
     let token_bytes = a.hidden * std::mem::size_of::<T>();
     let sent_bytes = if a.fp8 { a.hidden + a.hidden / 32 } else { token_bytes };
@@ -353,7 +376,7 @@ fn run_tokens<T: MoeType>(
     row.push(format!("{:8.1}", per_peer as f64 / tce / 1e3));
     comm.bootstrap_barrier()?;
     drop(win);
-    Ok(row)
+    Ok((row, stages))
 }
 
 fn run<T: MoeType>(a: &Args) -> Result<()> {
@@ -379,9 +402,19 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
         println!("#  /rank |      (us)  (all)  (to peers)  |      (us)   (all) |        |        (us)          (us)");
     }
     for &t in &a.tokens {
-        let row = run_tokens::<T>(&comm, a, t, nc.as_ref())?;
+        let (row, stages) = run_tokens::<T>(&comm, a, t, nc.as_ref())?;
         if comm.rank() == 0 {
             println!("{}", row.join(" "));
+        }
+        if let Some(line) = stages {
+            // A rank at a time, in order.
+            for r in 0..comm.count() {
+                comm.bootstrap_barrier()?;
+                if r == comm.rank() {
+                    println!("{line}");
+                    std::io::Write::flush(&mut std::io::stdout()).ok();
+                }
+            }
         }
     }
     drop(nc);

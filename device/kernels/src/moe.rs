@@ -4,12 +4,14 @@
 //! functions (high-throughput: [`devcomm_device::moe::ht`]) with the
 //! arguments in one [`MoeArgs`] ([`MoeHtArgs`]).
 
-use devcomm_device::arch::{block_dim, block_idx, global_thread_x, grid_dim, grid_threads_x, warp_id, WARP_SIZE};
+use devcomm_device::arch::{
+    block_dim, block_idx, global_thread_x, global_timer_ns, grid_dim, grid_threads_x, warp_id, WARP_SIZE,
+};
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
 use devcomm_device::coop::{Coop, Cta, Warp};
 use devcomm_device::kernel;
-use devcomm_device::moe::{self, ht, MoeArgs, MoeContext, MoeError, MoeHtArgs};
+use devcomm_device::moe::{self, ht, MoeArgs, MoeContext, MoeError, MoeHtArgs, STAGES};
 
 use crate::shared::cta_copy;
 
@@ -25,6 +27,59 @@ unsafe fn report<T>(args: &MoeArgs, r: Result<T, MoeError>) {
     if let Err(e) = r {
         // SAFETY: the contract: a valid device `u32`, accessed atomically.
         unsafe { atomic::compare_exchange(args.errors as *mut u32, 0, e.code(), Order::Relaxed, Scope::Sys) };
+    }
+}
+
+/// The kernel's stages, as [`MoeArgs::stamps`] records them.
+#[derive(Clone, Copy)]
+enum Stage {
+    Start = 0,
+    Sent = 1,
+    Waited = 2,
+    Done = 3,
+}
+
+const _: () = assert!(Stage::Done as usize + 1 == STAGES);
+
+/// With `args.stamps` set: the CTA syncs and its leader records
+/// `%globaltimer` as this CTA's stamp of `stage`. Nothing otherwise.
+///
+/// # Safety
+/// Every thread of the CTA calls it; `args.stamps` 0 or `u64 [grid CTAs][STAGES]`.
+#[inline(always)]
+unsafe fn stamp(cta: &Cta, args: &MoeArgs, stage: Stage) {
+    if args.stamps == 0 {
+        return;
+    }
+    cta.sync();
+    if cta.is_leader() {
+        let at = block_idx().x as usize * STAGES + stage as usize;
+        // SAFETY: the contract: this CTA's stamp, written by its leader only.
+        unsafe { *(args.stamps as *mut u64).add(at) = global_timer_ns() };
+    }
+}
+
+/// `f(i)` for this coop's items `i < items` (`at`), each result reported
+/// by the coop's leader: the item loop of every kernel here.
+///
+/// # Safety
+/// `args.errors` a valid device `u32`; every thread of `coop` calls it.
+#[inline(always)]
+unsafe fn for_items<C: Coop, T>(
+    coop: &C,
+    at: Items,
+    items: u32,
+    args: &MoeArgs,
+    f: impl Fn(u32) -> Result<T, MoeError>,
+) {
+    let mut i = at.first;
+    while i < items {
+        let r = f(i);
+        if coop.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report(args, r) };
+        }
+        i += at.stride;
     }
 }
 
@@ -96,29 +151,22 @@ kernel! {
     pub unsafe fn moe_dispatch(args: MoeArgs) {
         let cta = Cta::new();
         let Some(ctx) = shared_context(&cta, &args) else { return };
+        stamp(&cta, &args, Stage::Start);
         let num_tokens = prepare(&args, ctx);
         let pos = args.pos as *mut u32;
-        let (b, nb) = (block_idx().x, grid_dim().x);
-        let mut e = b;
-        while e < ctx.num_experts() {
-            let r = moe::dispatch_send_expert(
+        for_items(&cta, Items::ctas(), ctx.num_experts(), &args, |e| {
+            moe::dispatch_send_expert(
                 &cta, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq,
-            );
-            if cta.is_leader() {
-                report(&args, r);
-            }
-            e += nb;
-        }
-        let mut l = b;
-        while l < ctx.local_experts() {
-            let r = moe::dispatch_recv_expert(
+            )
+        });
+        stamp(&cta, &args, Stage::Sent);
+        stamp(&cta, &args, Stage::Waited);
+        for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
+            moe::dispatch_recv_expert(
                 &cta, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq,
-            );
-            if cta.is_leader() {
-                report(&args, r);
-            }
-            l += nb;
-        }
+            )
+        });
+        stamp(&cta, &args, Stage::Done);
     }
 }
 
@@ -166,15 +214,12 @@ unsafe fn combine_steps<C: Coop>(
     wait: impl Fn(&Cta) -> Result<(), MoeError>,
     reduce: impl Fn(u32),
 ) {
-    let mut i = at.first;
-    while i < items {
-        let r = send(coop, i);
-        if coop.is_leader() {
-            // SAFETY: the contract.
-            unsafe { report(args, r) };
-        }
-        i += at.stride;
-    }
+    // SAFETY: (all four) the contract.
+    unsafe { stamp(cta, args, Stage::Start) };
+    // SAFETY: the contract.
+    unsafe { for_items(coop, at, items, args, |i| send(coop, i)) };
+    // SAFETY: as above.
+    unsafe { stamp(cta, args, Stage::Sent) };
     let r = wait(cta);
     if r.is_err() {
         if cta.is_leader() {
@@ -183,7 +228,11 @@ unsafe fn combine_steps<C: Coop>(
         }
         return;
     }
+    // SAFETY: as above.
+    unsafe { stamp(cta, args, Stage::Waited) };
     reduce(args.num_tokens.min(ctx.max_tokens()));
+    // SAFETY: as above.
+    unsafe { stamp(cta, args, Stage::Done) };
 }
 
 /// A low-latency combine of elements `T`: send (CTA `b` of the grid sends
@@ -271,21 +320,17 @@ kernel! {
         let args = &a.args;
         let cta = Cta::new();
         let Some(ctx) = shared_context(&cta, args) else { return };
+        stamp(&cta, args, Stage::Start);
         let num_tokens = prepare(args, ctx);
         let (warp, at) = (Warp::new(), Items::warps());
         let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
-        let mut i = at.first;
-        while i < n * g {
-            let dest = (me + 1 + i / g) % n;
-            let r = ht::dispatch_send_channel(
-                &warp, ctx, dest, i % g, args.x as *const u8, args.topk_idx as *const i32,
+        for_items(&warp, at, n * g, args, |i| {
+            ht::dispatch_send_channel(
+                &warp, ctx, (me + 1 + i / g) % n, i % g, args.x as *const u8, args.topk_idx as *const i32,
                 args.topk_weights as *const f32, num_tokens, a.rank_pos as *mut u32, args.seq,
-            );
-            if warp.is_leader() {
-                report(args, r);
-            }
-            i += at.stride;
-        }
+            )
+        });
+        stamp(&cta, args, Stage::Sent);
         let r = ht::dispatch_wait(&cta, ctx, args.seq);
         if r.is_err() {
             if cta.is_leader() {
@@ -293,17 +338,14 @@ kernel! {
             }
             return;
         }
-        let mut i = at.first;
-        while i < ctx.local_experts() * n {
-            let r = ht::dispatch_pack(
+        stamp(&cta, args, Stage::Waited);
+        for_items(&warp, at, ctx.local_experts() * n, args, |i| {
+            ht::dispatch_pack(
                 &warp, ctx, i / n, i % n, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32,
                 args.seq,
-            );
-            if warp.is_leader() {
-                report(args, r);
-            }
-            i += at.stride;
-        }
+            )
+        });
+        stamp(&cta, args, Stage::Done);
     }
 }
 

@@ -392,6 +392,12 @@ impl MoeContext {
 // layout on both targets.
 unsafe impl crate::KernelParam for MoeContext {}
 
+/// Stamps per CTA in [`MoeArgs::stamps`]: the kernel's start, then the end
+/// of its send, wait and last (pack or reduce) steps. The low-latency
+/// dispatch waits per local expert inside its receive step: its wait stamp
+/// is taken with its send stamp.
+pub const STAGES: usize = 4;
+
 /// One host-launched dispatch or combine: what the kernels of
 /// `devcomm-kernels`' `moe` module take. Addresses are device memory of
 /// the caller; shapes as `devcomm::moe` documents them.
@@ -426,6 +432,11 @@ pub struct MoeArgs {
     pub handle_weights: u64,
     /// Where the kernel reports a failure: one `u32` error code, device memory.
     pub errors: u64,
+    /// 0, or `u64 [CTAs][STAGES]` of device memory where each CTA's leader
+    /// records `%globaltimer` (ns) at the kernel's start and after its send,
+    /// wait and last steps ([`STAGES`]; `devcomm::moe::EpConfig::stage_stamps`).
+    /// Recording syncs the CTA at each stage; 0 costs nothing.
+    pub stamps: u64,
     /// Tokens of this rank.
     pub num_tokens: u32,
     /// The dispatch's sequence number (non-zero, the same on every rank;
@@ -465,11 +476,12 @@ mod tests {
     fn layouts() {
         assert_eq!(size_of::<MoeContext>(), size_of::<DevComm>() + 40 + 24 + 40 + 16);
         assert_eq!(size_of::<MoeHtArgs>(), size_of::<MoeArgs>() + 16);
-        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 10 * 8 + 8);
+        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 11 * 8 + 8);
         assert_eq!(core::mem::offset_of!(MoeContext, window), size_of::<DevComm>());
         assert_eq!(core::mem::offset_of!(MoeContext, slot_bytes), size_of::<DevComm>() + 64);
         assert_eq!(core::mem::offset_of!(MoeArgs, errors), size_of::<MoeContext>() + 72);
-        assert_eq!(core::mem::offset_of!(MoeArgs, seq), size_of::<MoeContext>() + 84);
+        assert_eq!(core::mem::offset_of!(MoeArgs, stamps), size_of::<MoeContext>() + 80);
+        assert_eq!(core::mem::offset_of!(MoeArgs, seq), size_of::<MoeContext>() + 92);
     }
 
     #[test]

@@ -42,7 +42,7 @@
 
 pub mod ht;
 
-pub use crate::abi::moe::{MoeArgs, MoeContext, MoeHtArgs};
+pub use crate::abi::moe::{MoeArgs, MoeContext, MoeHtArgs, STAGES};
 
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
@@ -727,6 +727,57 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     }
 }
 
+/// Entries a thread of [`weighted_rows`] keeps resolved for its current
+/// row (a top-k's at most 32; more are looked up again for every vector).
+const ROW_ENTRIES: usize = 16;
+
+/// The resolved entries (`Some` ones, in `j` order) of the row a thread
+/// of [`weighted_rows`] is on. A thread visits a row's vectors one after
+/// another (`t, t + nt, ...` of the row's), so it resolves the row's `k`
+/// entries once, not once per 16-byte vector: a high-throughput entry is
+/// two volatile routing-row loads and a `recv_rows` load, which per vector
+/// made the combine (2 ms at 4096 tokens on 2 x H200) mostly metadata.
+struct RowEntries {
+    row: usize,
+    len: usize,
+    at: [(*const u8, f32); ROW_ENTRIES],
+}
+
+impl RowEntries {
+    #[inline(always)]
+    fn new() -> Self {
+        RowEntries { row: usize::MAX, len: 0, at: [(core::ptr::null(), 0.0); ROW_ENTRIES] }
+    }
+
+    /// `add(src, w)` for each `entry(r, j) = Some((src, w))`, `j < k` in order.
+    #[inline(always)]
+    fn each(
+        &mut self,
+        r: usize,
+        k: usize,
+        entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
+        mut add: impl FnMut(*const u8, f32),
+    ) {
+        if k > ROW_ENTRIES {
+            (0..k).filter_map(|j| entry(r, j)).for_each(|(src, w)| add(src, w));
+            return;
+        }
+        if self.row != r {
+            self.len = 0;
+            for e in (0..k).filter_map(|j| entry(r, j)) {
+                if let Some(slot) = self.at.get_mut(self.len) {
+                    *slot = e;
+                    self.len += 1;
+                }
+            }
+            self.row = r;
+        }
+        for &(src, w) in self.at.get(..self.len).unwrap_or(&[]) {
+            add(src, w);
+        }
+    }
+}
+
 /// Row `r` of the output (`out_row(r)`, `h` elements of `T`) = the sum
 /// over `j < k` of `w * src[..]` for each `entry(r, j) = Some((src, w))`
 /// (`src` a row of `h` elements of `T`), accumulated in f32 in `j` order
@@ -734,12 +785,14 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
 /// `nt`) over the rows' 16-byte vectors when `aligned` (every `out_row`
 /// and every `src` 16-byte aligned) and a row is a whole number of
 /// vectors, else over single elements, with the same result. Shared by
-/// both modes' combines.
+/// both modes' combines. A thread calls `entry` once per row it works on
+/// (up to [`ROW_ENTRIES`] entries; for larger `k`, once per vector).
 ///
 /// # Safety
 /// `out_row(r)` for `r < rows` and every `src` of an entry are valid rows
 /// (16-byte aligned when `aligned`); no two rows overlap; the `nt` threads
-/// use `t = 0..nt` once each.
+/// use `t = 0..nt` once each; `entry(r, j)` gives the same answer however
+/// often it is called (its inputs do not change during the call).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
@@ -754,6 +807,7 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
 ) {
     let size = core::mem::size_of::<T>();
     let row = h * size;
+    let mut entries = RowEntries::new();
     if size <= 16 && 16 % size == 0 && row % 16 == 0 && aligned {
         let per = 16 / size;
         let vecs = row / 16;
@@ -765,8 +819,7 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
                 return;
             };
             let mut acc = [0.0f32; 16];
-            for j in 0..k {
-                let Some((slot, w)) = entry(tok, j) else { continue };
+            entries.each(tok, k, &entry, |slot, w| {
                 // SAFETY: vector `v` of a source row (16-byte aligned, a
                 // row is `vecs` whole vectors: the contract).
                 let bits = unsafe { arch::load16(slot.add(v * 16)) };
@@ -775,7 +828,7 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
                     let x = (bits[b / 4] >> ((b % 4) * 8)) & mask;
                     acc[q] += w * T::from_bits64(x as u64).to_acc();
                 });
-            }
+            });
             let mut o = [0u32; 4];
             each_lane!(per, |q| {
                 let b = q * size;
@@ -794,12 +847,11 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
             return;
         };
         let mut acc = 0.0f32;
-        for j in 0..k {
-            let Some((slot, w)) = entry(tok, j) else { continue };
+        entries.each(tok, k, &entry, |slot, w| {
             // SAFETY: element `el < hidden` of a source row.
             let y = unsafe { arch::load_volatile((slot as *const T).add(el)) };
             acc += w * y.to_acc();
-        }
+        });
         // SAFETY: element `el` of output row `tok < rows`.
         unsafe { arch::store_volatile((out_row(tok) as *mut T).add(el), T::from_acc(acc)) };
         i += nt.max(1);

@@ -87,6 +87,9 @@ use std::sync::Mutex;
 pub use devcomm_device::moe::NO_POS;
 
 mod ht;
+mod stages;
+
+pub use stages::{KernelStages, StageTimes};
 
 mod sealed {
     pub trait Sealed {}
@@ -159,6 +162,9 @@ pub struct EpConfig {
     /// same on every rank). Ignored in low-latency mode.
     #[doc(alias = "num_channels")]
     pub channels: u32,
+    /// Record each kernel's stage times on the GPU ([`EpGroup::stage_times`]);
+    /// off by default (each CTA then syncs at every stage).
+    pub stage_stamps: bool,
 }
 
 impl EpConfig {
@@ -176,6 +182,7 @@ impl EpConfig {
             ctas: 0,
             threads: 0,
             channels: 0,
+            stage_stamps: false,
         }
     }
 
@@ -302,6 +309,7 @@ pub struct EpGroup<'c> {
     id: u64,
     state: Mutex<State>,
     error: HostMappedWord,
+    stamps: Option<DeviceBuffer<u64>>,
 }
 
 impl std::fmt::Debug for EpGroup<'_> {
@@ -458,6 +466,7 @@ impl<'c> EpGroup<'c> {
             }
         };
         let error = HostMappedWord::new(comm.device())?;
+        let stamps = stages::alloc(c, comm.device(), ctas)?;
         Ok(EpGroup {
             comm,
             handle,
@@ -470,6 +479,7 @@ impl<'c> EpGroup<'c> {
             id: NEXT_GROUP.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State { seq: 0, pending: None }),
             error,
+            stamps,
         })
     }
 
@@ -816,6 +826,7 @@ impl<'c> EpGroup<'c> {
             handle_idx: handle.idx.device_addr(),
             handle_weights: handle.weights.device_addr(),
             errors: self.error.device_addr(),
+            stamps: self.stamps_addr(stages::Kernel::Dispatch),
             num_tokens: tokens as u32,
             seq,
         };
@@ -922,6 +933,7 @@ impl<'c> EpGroup<'c> {
             handle_idx: 0,
             handle_weights: 0,
             errors: self.error.device_addr(),
+            stamps: self.stamps_addr(stages::Kernel::Combine),
             num_tokens: handle.num_tokens as u32,
             seq: handle.seq,
         };
