@@ -725,6 +725,11 @@ fn child_body(comm: &Communicator) {
     // second warp chunk), and tokens of 16 KiB (GIN sends in several pieces).
     ht_battery::<f32>(comm, &stream, f32_shape, 0, 1, &ROUTINGS);
     ht_battery::<f32>(comm, &stream, f32_shape, 3, 1, few);
+    // Spans of several warps per item: 8 warps per CTA, 2 channels (on 2
+    // ranks 4 send items for the grid's 16 warps emulated, many more on GPUs).
+    let mut spans = EpConfig::new(f32_shape.e, f32_shape.h, f32_shape.k, f32_shape.m).with_mode(EpMode::HighThroughput);
+    (spans.threads, spans.channels) = (256, 2);
+    battery_of::<f32>(comm, &stream, f32_shape, &spans, 1, few);
     if !quick {
         ht_battery::<bf16>(comm, &stream, half_shape, 0, 1, few);
         if full {

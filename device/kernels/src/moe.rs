@@ -9,7 +9,7 @@ use devcomm_device::arch::{
 };
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
-use devcomm_device::coop::{Coop, Cta, Warp};
+use devcomm_device::coop::{Coop, Cta, WarpSpan};
 use devcomm_device::kernel;
 use devcomm_device::moe::{self, ht, MoeArgs, MoeContext, MoeError, MoeHtArgs, STAGES};
 
@@ -171,12 +171,15 @@ kernel! {
 }
 
 /// The items `first, first + stride, ...` a coop of the grid takes: CTA
-/// `b` of `B` (`Items::ctas`) or warp `w` of the grid's `W` (`Items::warps`).
+/// `b` of `B` (`Items::ctas`) or span `s` of the grid's (`Items::spans`).
 #[derive(Clone, Copy)]
 struct Items {
     first: u32,
     stride: u32,
 }
+
+/// Most spans in a CTA: named barriers 1..=15 (0 is the CTA's).
+const MAX_SPANS: u32 = 15;
 
 impl Items {
     #[inline(always)]
@@ -184,18 +187,38 @@ impl Items {
         Items { first: block_idx().x, stride: grid_dim().x }
     }
 
-    /// Warp `v` of CTA `b` is warp `v * B + b` of the grid: items go round
-    /// the CTAs (SMs) first, then round the warps of each.
+    /// The caller's span of warps for `items` items, and the items it
+    /// takes: each CTA's `W` warps form spans of `g` (a divisor of `W`, at
+    /// most [`MAX_SPANS`] spans per CTA), `g` as large as still gives every
+    /// item a span (so a few items get many warps: more bytes in flight
+    /// each), else as small as allowed. Span `j` of CTA `b` is span `j * B
+    /// + b` of the grid: items go round the CTAs (SMs) first.
     #[inline(always)]
-    fn warps() -> Self {
-        let per_block = (block_dim().x / WARP_SIZE).max(1);
-        Items { first: warp_id() * grid_dim().x + block_idx().x, stride: grid_dim().x * per_block }
+    fn spans(items: u32) -> (WarpSpan, Self) {
+        let (w, nb) = ((block_dim().x / WARP_SIZE).max(1), grid_dim().x);
+        let mut g = 0;
+        let mut c = 1;
+        while c <= w {
+            if w % c == 0 && w / c <= MAX_SPANS {
+                if g == 0 || nb * (w / c) >= items {
+                    g = c;
+                }
+                if nb * (w / c) < items {
+                    break;
+                }
+            }
+            c += 1;
+        }
+        let per_block = w / g;
+        let j = warp_id() / g;
+        let span = WarpSpan::new(j * g, g, 1 + j);
+        (span, Items { first: j * nb + block_idx().x, stride: nb * per_block })
     }
 }
 
 /// A combine's steps (both modes): `send(coop, i)` for this coop's items
-/// below `items` (`at`: CTA `b` of `B` takes `b, b + B, ...`, or warp `w`
-/// of `W` takes `w, w + W, ...`), then `wait(cta)` (every CTA waits for
+/// below `items` (`at`: CTA `b` of `B` takes `b, b + B, ...`, or span `s`
+/// of `S` takes `s, s + S, ...`), then `wait(cta)` (every CTA waits for
 /// every partner's outputs), then, if it succeeded, `reduce(tokens)` over
 /// the grid; failures reported in `args.errors`.
 ///
@@ -302,13 +325,15 @@ kernel! {
 }
 
 kernel! {
-    /// A high-throughput dispatch: prepare (grid-strided), send (warp `w`
-    /// of the grid's `W` takes (destination, channel) items `w, w + W, ...`,
+    /// A high-throughput dispatch: prepare (grid-strided), send (span `s`
+    /// of the grid's `S` takes (destination, channel) items `s, s + S, ...`,
     /// destinations from the next rank on), wait for every source (each
-    /// CTA), pack (warp `w` takes (local expert, source) items `w, w + W,
-    /// ...`). A warp per item: a CTA per item copied one token at a time
-    /// with all its threads (a few 16-byte loads each, one memory latency
-    /// after another) and took its items one after another.
+    /// CTA), pack (span `s` takes (local expert, source) items `s, s + S,
+    /// ...`). Spans of warps ([`Items::spans`]), as many warps each as the
+    /// launch gives the items: a CTA per item copied one token at a time
+    /// and took its items one after another (3.4 ms at 4096 tokens on 2 x
+    /// H200), a warp per item left the pack's 256 items a few KiB in
+    /// flight each (1.3 ms).
     ///
     /// # Safety
     /// `a` made by `devcomm::moe::EpGroup::dispatch` on a high-throughput
@@ -322,11 +347,11 @@ kernel! {
         let Some(ctx) = shared_context(&cta, args) else { return };
         stamp(&cta, args, Stage::Start);
         let num_tokens = prepare(args, ctx);
-        let (warp, at) = (Warp::new(), Items::warps());
         let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
-        for_items(&warp, at, n * g, args, |i| {
+        let (span, at) = Items::spans(n * g);
+        for_items(&span, at, n * g, args, |i| {
             ht::dispatch_send_channel(
-                &warp, ctx, (me + 1 + i / g) % n, i % g, args.x as *const u8, args.topk_idx as *const i32,
+                &span, ctx, (me + 1 + i / g) % n, i % g, args.x as *const u8, args.topk_idx as *const i32,
                 args.topk_weights as *const f32, num_tokens, a.rank_pos as *mut u32, args.seq,
             )
         });
@@ -339,9 +364,10 @@ kernel! {
             return;
         }
         stamp(&cta, args, Stage::Waited);
-        for_items(&warp, at, ctx.local_experts() * n, args, |i| {
+        let (span, at) = Items::spans(ctx.local_experts() * n);
+        for_items(&span, at, ctx.local_experts() * n, args, |i| {
             ht::dispatch_pack(
-                &warp, ctx, i / n, i % n, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32,
+                &span, ctx, i / n, i % n, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32,
                 args.seq,
             )
         });
@@ -349,8 +375,8 @@ kernel! {
     }
 }
 
-/// A high-throughput combine of elements `T`: send the partial sums (warp
-/// `w` of the grid's `W` takes (source, channel) items `w, w + W, ...`),
+/// A high-throughput combine of elements `T`: send the partial sums (span
+/// `s` of the grid's `S` takes (source, channel) items `s, s + S, ...`),
 /// then every CTA waits for every rank's partials and the grid adds them.
 ///
 /// # Safety
@@ -363,13 +389,14 @@ unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
     // SAFETY: every thread of the CTA, first; the contract.
     let Some(ctx) = (unsafe { shared_context(&cta, args) }) else { return };
     let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
+    let (span, at) = Items::spans(n * g);
     // SAFETY: (all three steps) the contract: this group's live context,
     // `x` the experts' outputs, the handle's tables, `out` of `num_tokens * hidden`.
     unsafe {
         combine_steps(
             &cta,
-            &Warp::new(),
-            Items::warps(),
+            &span,
+            at,
             args,
             ctx,
             n * g,
