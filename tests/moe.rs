@@ -714,6 +714,8 @@ fn child_body(comm: &Communicator) {
         // tokens of 32 bytes (vector combine).
         let more = if full { &ROUTINGS[..] } else { &[Routing::Random, Routing::SomeEmpty][..] };
         battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, more);
+        // Rows of 128 vectors (bf16 hidden 1024): the combine's 4-vector units.
+        battery::<bf16>(comm, &stream, Shape { n, e: 2 * n, h: 1024, k: 3, m: 6 }, 1, &[Routing::Random]);
     }
     // Fp8 dispatch: two groups of 128 per token.
     fp8_battery(comm, &stream, Shape { n, e: 2 * n, h: 256, k: 3, m: 4 }, few);

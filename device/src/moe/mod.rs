@@ -749,7 +749,10 @@ impl RowEntries {
         RowEntries { row: usize::MAX, len: 0, at: [(core::ptr::null(), 0.0); ROW_ENTRIES] }
     }
 
-    /// `add(src, w)` for each `entry(r, j) = Some((src, w))`, `j < k` in order.
+    /// `add(src, w)` for each `entry(r, j) = Some((src, w))`, `j < k` in
+    /// order. `add` has one call site, so it is inlined (a closure called
+    /// from two loops was compiled as a function, its accumulators in
+    /// local memory).
     #[inline(always)]
     fn each(
         &mut self,
@@ -758,11 +761,8 @@ impl RowEntries {
         entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
         mut add: impl FnMut(*const u8, f32),
     ) {
-        if k > ROW_ENTRIES {
-            (0..k).filter_map(|j| entry(r, j)).for_each(|(src, w)| add(src, w));
-            return;
-        }
-        if self.row != r {
+        let cached = k <= ROW_ENTRIES;
+        if cached && self.row != r {
             self.len = 0;
             for e in (0..k).filter_map(|j| entry(r, j)) {
                 if let Some(slot) = self.at.get_mut(self.len) {
@@ -772,8 +772,12 @@ impl RowEntries {
             }
             self.row = r;
         }
-        for &(src, w) in self.at.get(..self.len).unwrap_or(&[]) {
-            add(src, w);
+        let count = if cached { self.len } else { k };
+        for j in 0..count {
+            let e = if cached { self.at.get(j).copied() } else { entry(r, j) };
+            if let Some((src, w)) = e {
+                add(src, w);
+            }
         }
     }
 }
@@ -809,34 +813,12 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
     let row = h * size;
     let mut entries = RowEntries::new();
     if size <= 16 && 16 % size == 0 && row % 16 == 0 && aligned {
-        let per = 16 / size;
         let vecs = row / 16;
-        let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
-        let total = rows * vecs;
-        let mut i = t;
-        while i < total {
-            let (Some(tok), Some(v)) = (i.checked_div(vecs), i.checked_rem(vecs)) else {
-                return;
-            };
-            let mut acc = [0.0f32; 16];
-            entries.each(tok, k, &entry, |slot, w| {
-                // SAFETY: vector `v` of a source row (16-byte aligned, a
-                // row is `vecs` whole vectors: the contract).
-                let bits = unsafe { arch::load16(slot.add(v * 16)) };
-                each_lane!(per, |q| {
-                    let b = q * size;
-                    let x = (bits[b / 4] >> ((b % 4) * 8)) & mask;
-                    acc[q] += w * T::from_bits64(x as u64).to_acc();
-                });
-            });
-            let mut o = [0u32; 4];
-            each_lane!(per, |q| {
-                let b = q * size;
-                o[b / 4] |= ((T::from_acc(acc[q]).to_bits64() as u32) & mask) << ((b % 4) * 8);
-            });
-            // SAFETY: vector `v` of output row `tok < rows`, 16-byte aligned.
-            unsafe { arch::store16(out_row(tok).add(v * 16), o) };
-            i += nt.max(1);
+        // SAFETY: (both) the contract; `vecs` whole vectors a row.
+        if vecs % (BLOCK_LANES * 4) == 0 {
+            unsafe { vector_rows::<T, 4>(t, nt, rows, vecs, k, &out_row, &entry, &mut entries) };
+        } else {
+            unsafe { vector_rows::<T, 1>(t, nt, rows, vecs, k, &out_row, &entry, &mut entries) };
         }
         return;
     }
@@ -854,6 +836,82 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
         });
         // SAFETY: element `el` of output row `tok < rows`.
         unsafe { arch::store_volatile((out_row(tok) as *mut T).add(el), T::from_acc(acc)) };
+        i += nt.max(1);
+    }
+}
+
+/// Units of a row's vectors that [`vector_rows`] lays out lane-contiguous:
+/// `BLOCK_LANES` units of `V` vectors cover `BLOCK_LANES * V` vectors, the
+/// `x`-th vector of each unit side by side (one coalesced load per `x`).
+const BLOCK_LANES: usize = 32;
+
+/// [`weighted_rows`]' vector path: each thread takes units of `V` 16-byte
+/// vectors of a row (the `x`-th of unit `u` is vector `(u / 32) * 32 * V +
+/// x * 32 + u % 32`, so a warp's lanes read adjacent vectors), loading the
+/// `V` vectors of an entry before adding them: `V` loads in flight per
+/// thread instead of one (the combine's copies wait on memory, not on
+/// arithmetic).
+///
+/// # Safety
+/// As for [`weighted_rows`] with its vector path's conditions; a row is
+/// `vecs` vectors, `vecs % (32 * V) == 0` unless `V == 1`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn vector_rows<T: Element<Acc = f32>, const V: usize>(
+    t: usize,
+    nt: usize,
+    rows: usize,
+    vecs: usize,
+    k: usize,
+    out_row: &impl Fn(usize) -> *mut u8,
+    entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
+    entries: &mut RowEntries,
+) {
+    let size = core::mem::size_of::<T>();
+    let per = 16 / size;
+    let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
+    let units = vecs / V;
+    // The vector `x` of unit `u`.
+    let at = |u: usize, x: usize| {
+        if V == 1 {
+            u
+        } else {
+            (u / BLOCK_LANES) * BLOCK_LANES * V + x * BLOCK_LANES + u % BLOCK_LANES
+        }
+    };
+    let total = rows * units;
+    let mut i = t;
+    while i < total {
+        let (Some(tok), Some(u)) = (i.checked_div(units), i.checked_rem(units)) else {
+            return;
+        };
+        let mut acc = [[0.0f32; 16]; V];
+        // `each_lane!` unrolls with constant indices: `acc` and `bits`
+        // stay in registers (a loop over `x` put them in local memory).
+        entries.each(tok, k, entry, |slot, w| {
+            let mut bits = [[0u32; 4]; V];
+            each_lane!(V, |x| {
+                // SAFETY: vector `at(u, x) < vecs` of a source row (16-byte
+                // aligned, `vecs` whole vectors: the contract).
+                bits[x] = unsafe { arch::load16(slot.add(at(u, x) * 16)) };
+            });
+            each_lane!(V, |x| {
+                each_lane!(per, |q| {
+                    let o = q * size;
+                    let e = (bits[x][o / 4] >> ((o % 4) * 8)) & mask;
+                    acc[x][q] += w * T::from_bits64(e as u64).to_acc();
+                });
+            });
+        });
+        each_lane!(V, |x| {
+            let mut o = [0u32; 4];
+            each_lane!(per, |q| {
+                let b = q * size;
+                o[b / 4] |= ((T::from_acc(acc[x][q]).to_bits64() as u32) & mask) << ((b % 4) * 8);
+            });
+            // SAFETY: vector `at(u, x)` of output row `tok < rows`, 16-byte aligned.
+            unsafe { arch::store16(out_row(tok).add(at(u, x) * 16), o) };
+        });
         i += nt.max(1);
     }
 }
