@@ -34,6 +34,47 @@ pub unsafe fn copy<C: Coop>(coop: &C, dst: *mut u8, src: *const u8, bytes: usize
     unsafe { copy_strided(coop.thread_rank() as usize, coop.size() as usize, dst, src, bytes) }
 }
 
+/// [`copy_strided`] with `U` (1 to 16) 16-byte vectors in flight per
+/// thread in every step, the last step too (its loads guarded): a copy of
+/// a few rows by a few warps, latency-bound, moves each row in
+/// `vectors / (U * n)` round trips instead of [`copy_strided`]'s whole
+/// groups of [`UNROLL`] then one vector at a time. The MoE high-throughput
+/// kernels copy their tokens with it.
+///
+/// # Safety
+/// As for [`copy_strided`].
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn copy_strided_by<const U: usize>(t: usize, n: usize, dst: *mut u8, src: *const u8, bytes: usize) {
+    let aligned16 = (dst as usize | src as usize) % 16 == 0;
+    let vec_bytes = if aligned16 { bytes / 16 * 16 } else { 0 };
+    let vectors = vec_bytes / 16;
+    let mut base = t;
+    while base < vectors {
+        let mut v = [[0u32; 4]; U];
+        crate::coll::pack::each_lane!(U, |u| {
+            let i = base + u * n;
+            if i < vectors {
+                // SAFETY: `i < vectors`: vector `i` lies in `src[..vec_bytes]`
+                // (the caller's contract), 16-byte aligned (`aligned16`).
+                v[u] = unsafe { load16(src.add(i * 16)) };
+            }
+        });
+        crate::coll::pack::each_lane!(U, |u| {
+            let i = base + u * n;
+            if i < vectors {
+                // SAFETY: as for the load, the same vector of `dst`; vector
+                // `i` is thread `t`'s alone (`i % n == t`).
+                unsafe { store16(dst.add(i * 16), v[u]) };
+            }
+        });
+        base += U * n.max(1);
+    }
+    // SAFETY: the rest (`vec_bytes <= bytes`) of both buffers, no whole
+    // vectors in it: `copy_strided`'s word and byte tail.
+    unsafe { copy_strided(t, n, dst.add(vec_bytes), src.add(vec_bytes), bytes - vec_bytes) };
+}
+
 /// The work of thread `t` of `n` threads copying `bytes` from `src` to
 /// `dst` together (any set of threads: a coop, or a whole grid with `t` the
 /// global thread index). See [`copy`].

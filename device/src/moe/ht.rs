@@ -44,7 +44,7 @@ use crate::atomic::{self, Scope};
 use crate::coll::Element;
 use crate::coop::{Coop, ThreadCoop};
 use crate::gin::{Gin, LocalAction, RemoteAction};
-use crate::lsa::ops::copy_strided;
+use crate::lsa::ops::{copy_strided, copy_strided_by};
 use crate::wait::{self, Deadline};
 
 /// The GIN signal dispatch words increment.
@@ -56,6 +56,10 @@ pub const COMBINE_SIGNAL: u32 = 1;
 /// the next.
 pub const PUT_BYTES: u64 = 256 * 1024;
 
+/// 16-byte vectors in flight per thread when a coop copies a token
+/// ([`copy_strided_by`]).
+const COPY_UNROLL: usize = 8;
+
 /// Tokens `first..end` of channel `channel` of `channels` over `num_tokens` tokens.
 #[inline(always)]
 pub const fn channel_tokens(num_tokens: u32, channels: u32, channel: u32) -> (u32, u32) {
@@ -64,17 +68,20 @@ pub const fn channel_tokens(num_tokens: u32, channels: u32, channel: u32) -> (u3
     ((n * channel as u64 / g) as u32, (n * (channel as u64 + 1) / g) as u32)
 }
 
-/// Whether the `k` expert ids at `idx` name one of experts `lo..lo + l`
-/// (a volatile read: `idx` may be the window's).
+/// Whether the `k` expert ids at `idx` name one of experts `lo..lo + l`.
+/// Plain loads, which the hardware overlaps and L1 keeps for the lanes
+/// that read a routing row's other ids (volatile ones went to L2 one
+/// after another: the pack's scans were most of the dispatch): `idx` is
+/// the caller's routing, or a received row read after the wait's acquire.
 ///
 /// # Safety
-/// `idx` holds `k` `i32`s.
+/// `idx` holds `k` `i32`s, not written while this reads them.
 #[inline(always)]
 unsafe fn names(idx: *const i32, k: usize, lo: u32, l: u32) -> bool {
     let mut hit = false;
     for j in 0..k {
         // SAFETY: `j < k`: the contract.
-        let e = unsafe { arch::load_volatile(idx.add(j)) };
+        let e = unsafe { *idx.add(j) };
         hit |= e >= 0 && (e as u32).wrapping_sub(lo) < l;
     }
     hit
@@ -288,7 +295,7 @@ pub unsafe fn dispatch_send_channel<C: Coop>(
                 // (`8 * k` bytes) at position `pj < num_tokens <= max_tokens`
                 // are this coop's alone in this dispatch.
                 unsafe {
-                    copy_strided(tr, nt, dst, x.add(tj * row), row);
+                    copy_strided_by::<COPY_UNROLL>(tr, nt, dst, x.add(tj * row), row);
                     copy_strided(tr, nt, meta, topk_idx.add(tj * k) as *const u8, 4 * k);
                     copy_strided(tr, nt, meta.add(4 * k), topk_weights.add(tj * k) as *const u8, 4 * k);
                 }
@@ -420,7 +427,7 @@ unsafe fn pack_source<C: Coop>(
                 // SAFETY: entry `j < k` of the routing row and of `recv_rows`
                 // (`(src * M + p) * K + j`); entries naming `g` are this coop's.
                 unsafe {
-                    if arch::load_volatile(meta(p).add(j)) == g as i32 {
+                    if *meta(p).add(j) == g as i32 {
                         *recv_rows.add((src as usize * m + p as usize) * k + j) = r as u32;
                     }
                 }
@@ -435,7 +442,7 @@ unsafe fn pack_source<C: Coop>(
                 // SAFETY: a received slot (`slot >= row` bytes); row `rj` of
                 // `out`, below `(local + 1) * N * M` (at most N * M tokens
                 // name `local`), this coop's alone.
-                unsafe { copy_strided(tr, nt, out.add(rj * row), s, row.min(slot)) };
+                unsafe { copy_strided_by::<COPY_UNROLL>(tr, nt, out.add(rj * row), s, row.min(slot)) };
             }
             src_lane += 1;
         }

@@ -10,7 +10,7 @@ use crate::runtime::{DeviceBuffer, RuntimeKind, Stream};
 use devcomm_device::moe::{MoeArgs, MoeHtArgs};
 
 /// Channels per destination rank: the config's, else `512 / ranks` in
-/// `1..=256` on GPUs (about 512 streams in all: a warp each) and 2 on the
+/// `1..=256` on GPUs (about 512 streams in all, each taken by a span of warps) and 2 on the
 /// emulated runtime. Only the config, the rank count and the runtime kind decide,
 /// so every rank gets the same.
 pub(super) fn channels(c: &EpConfig, kind: RuntimeKind, nranks: usize) -> u32 {
@@ -21,16 +21,18 @@ pub(super) fn channels(c: &EpConfig, kind: RuntimeKind, nranks: usize) -> u32 {
     }
 }
 
-/// CTAs of the high-throughput kernels on a GPU: a warp per send item
-/// (destination, channel), up to one CTA per SM (the launch is
-/// co-resident) and 128; the pack items (local expert, source) share the
-/// warps. CTAs beyond the send items only wait, and on 2 × H200 they slowed
-/// the others badly (4096 tokens, 2 ranks, a CTA per item then, 64 send
-/// items: combine 2.3 ms with 64 CTAs, 88 ms with 128;
+/// CTAs of the high-throughput kernels on a GPU: one per SM, up to 128
+/// (the launch is co-resident). The kernels give each item a span of as
+/// many warps as the grid has for the items (`Items::spans` in
+/// `devcomm-kernels`), so no CTA only waits. On 2 × H200 (4096 tokens, 2
+/// ranks, bf16 hidden 7168) the combine took 843 µs with 64 CTAs, 779 with
+/// 96, 564 with 128 and 574 with 132
+/// (`benches/results/2026-11-27-h200x2-moe-stages.md`). Before the spans,
+/// with a CTA per item, CTAs beyond the items slowed the others badly
+/// (combine 2.3 ms with 64 CTAs, 88 ms with 128;
 /// `benches/results/2026-11-23-h200x2-gin-frees-moe-hier.md`).
-pub(super) fn default_ctas(nranks: u32, channels: u32, threads: u32, sms: u32) -> u32 {
-    let warps = (threads / 32).max(1);
-    (nranks * channels).div_ceil(warps).min(sms).clamp(1, 128)
+pub(super) fn default_ctas(sms: u32) -> u32 {
+    sms.clamp(1, 128)
 }
 
 impl Handle {

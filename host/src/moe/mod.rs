@@ -150,14 +150,15 @@ pub struct EpConfig {
     pub fp8_dispatch: bool,
     /// CTAs per kernel (0: low-latency, one per expert — each sends whole
     /// experts and receives whole local experts —; high-throughput, one
-    /// per `threads / 32` send items, a warp each; both up to one per SM
+    /// per SM, each item taken by a span of warps; both up to one per SM
     /// and 128 on GPUs; 2 on the emulated runtime). All must fit on the GPU
-    /// at once.
+    /// at once (with the default 256 threads; the kernels' registers do not
+    /// fit 384 or more threads per CTA on H200).
     pub ctas: u32,
     /// Threads per CTA, a multiple of 32 (0: 256 on GPUs, 64 on the emulated runtime).
     pub threads: u32,
     /// High-throughput mode: channels per destination rank, each a
-    /// contiguous range of the tokens streamed by one warp (0: `512 /
+    /// contiguous range of the tokens streamed by one span of warps (0: `512 /
     /// ranks` clamped to 1..=256 on GPUs, 2 on the emulated runtime; the
     /// same on every rank). Ignored in low-latency mode.
     #[doc(alias = "num_channels")]
@@ -455,7 +456,7 @@ impl<'c> EpGroup<'c> {
                 let ctas = if c.ctas != 0 {
                     c.ctas
                 } else if c.mode == EpMode::HighThroughput {
-                    ht::default_ctas(n as u32, channels, threads, comm.device().multiprocessor_count())
+                    ht::default_ctas(comm.device().multiprocessor_count())
                 } else {
                     e.min(comm.device().multiprocessor_count()).clamp(1, 128)
                 };
