@@ -814,10 +814,11 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
     let mut entries = RowEntries::new();
     if size <= 16 && 16 % size == 0 && row % 16 == 0 && aligned {
         let vecs = row / 16;
-        // SAFETY: (both) the contract; `vecs` whole vectors a row.
         if vecs % (BLOCK_LANES * 4) == 0 {
+            // SAFETY: the contract; a row is `vecs` whole vectors, a multiple of 32 * 4.
             unsafe { vector_rows::<T, 4>(t, nt, rows, vecs, k, &out_row, &entry, &mut entries) };
         } else {
+            // SAFETY: the contract; a row is `vecs` whole vectors.
             unsafe { vector_rows::<T, 1>(t, nt, rows, vecs, k, &out_row, &entry, &mut entries) };
         }
         return;
