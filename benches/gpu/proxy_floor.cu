@@ -17,6 +17,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "floor_common.cuh"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -26,14 +28,6 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                          \
-    do {                                                                               \
-        cudaError_t e_ = (x);                                                          \
-        if (e_ != cudaSuccess) {                                                       \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
 #define CU(x)                                                                          \
     do {                                                                               \
         CUresult r_ = (x);                                                             \
@@ -44,20 +38,6 @@
             exit(1);                                                                   \
         }                                                                              \
     } while (0)
-
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
-    uint64_t v;
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 
 // slots > 1: the signal is the sum of `slots` words at `sig` (one per writer).
 __global__ void responder(const uint64_t* sig, int slots, const uint64_t* data, uint64_t* ack, int rounds,
