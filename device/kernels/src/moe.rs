@@ -330,10 +330,10 @@ kernel! {
     /// destinations from the next rank on), wait for every source (each
     /// CTA), pack (span `s` takes (local expert, source) items `s, s + S,
     /// ...`). Spans of warps ([`Items::spans`]), as many warps each as the
-    /// launch gives the items: a CTA per item copied one token at a time
-    /// and took its items one after another (3.4 ms at 4096 tokens on 2 x
-    /// H200), a warp per item left the pack's 256 items a few KiB in
-    /// flight each (1.3 ms).
+    /// launch gives the items. On 2 x H200 at 4096 tokens: a CTA per item
+    /// 3.4 ms, a warp per item 1.3 ms; spans alone did not speed the pack
+    /// (its time was the routing scans' volatile loads, now plain: 0.89 ms;
+    /// `benches/results/2026-11-27-h200x2-moe-stages.md`).
     ///
     /// # Safety
     /// `a` made by `devcomm::moe::EpGroup::dispatch` on a high-throughput

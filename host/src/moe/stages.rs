@@ -21,7 +21,10 @@ pub struct StageTimes {
     pub waited_ns: u64,
     /// The last step's end (dispatch: the pack; combine: the reduce): the kernel's.
     pub done_ns: u64,
-    /// CTAs that recorded every stage (a CTA that failed stops early).
+    /// CTAs that recorded every stage of this kernel. The stamps are not
+    /// cleared between launches: a CTA that failed this time stops after a
+    /// fresh start stamp, its later stamps are an earlier launch's (older),
+    /// and it is left out.
     pub ctas: u32,
 }
 
@@ -53,9 +56,11 @@ pub(super) fn alloc(
     Ok(Some(device.alloc::<u64>(2 * ctas as usize * STAGES)?))
 }
 
-/// [`StageTimes`] of one kernel's stamps (`u64 [ctas][STAGES]`, 0: not recorded).
+/// [`StageTimes`] of one kernel's stamps (`u64 [ctas][STAGES]`, 0: never
+/// recorded), from the CTAs whose stamps are all set and in order.
 fn times(stamps: &[u64]) -> StageTimes {
-    let full: Vec<&[u64]> = stamps.chunks_exact(STAGES).filter(|c| c.iter().all(|&t| t != 0)).collect();
+    let full: Vec<&[u64]> =
+        stamps.chunks_exact(STAGES).filter(|c| c[0] != 0 && c.windows(2).all(|p| p[0] <= p[1])).collect();
     let Some(start) = full.iter().map(|c| c[0]).min() else {
         return StageTimes::default();
     };
@@ -98,5 +103,8 @@ mod tests {
         let s = [100, 150, 180, 300, 120, 200, 220, 260, 0, 0, 0, 0];
         assert_eq!(times(&s), StageTimes { sent_ns: 100, waited_ns: 120, done_ns: 200, ctas: 2 });
         assert_eq!(times(&[0; 8]), StageTimes::default());
+        // A CTA that failed after its start: its later stamps are an earlier launch's.
+        let s = [100, 150, 180, 300, 400, 150, 180, 200];
+        assert_eq!(times(&s), StageTimes { sent_ns: 50, waited_ns: 80, done_ns: 200, ctas: 1 });
     }
 }
