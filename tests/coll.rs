@@ -1076,8 +1076,55 @@ fn child_body(comm: &Communicator) {
     bad_input(&mut c);
     stream.synchronize().unwrap();
     assert!(c.coll.error().is_none());
+    let one_team = c.comm.lsa_size().unwrap() == c.n;
     drop(c);
+    if one_team {
+        stage_stamps(comm, &stream);
+    }
     comm.finalize().unwrap();
+}
+
+/// `CollConfig::stage_stamps`: an LL, a one-shot and a two-shot all-reduce
+/// (f32 sums, exact) each leave every part's stages in order, the inner
+/// ones only where the algorithm has them; a collectives object without
+/// stamps refuses `stage_times`.
+fn stage_stamps(comm: &Communicator, stream: &Stream) {
+    let plain = comm.collectives_with(&tiny()).unwrap();
+    assert!(matches!(plain.stage_times(stream), Err(Error::InvalidUsage(_))));
+    drop(plain);
+    let config = CollConfig { stage_stamps: true, ..tiny() };
+    let coll = comm.collectives_with(&config).unwrap();
+    let (n, me) = (comm.count(), comm.rank());
+    for (len, algorithm, parts) in [(5, Algorithm::Ll, 1), (1001, Algorithm::OneShot, 4), (1001, Algorithm::TwoShot, 4)]
+    {
+        let value = |r: usize, i: usize| ((i * 7 + r * 3) % 64) as f32;
+        let input: Vec<f32> = (0..len).map(|i| value(me, i)).collect();
+        let send = comm.device().alloc_from(&input).unwrap();
+        let recv = comm.device().alloc_from(&vec![f32::NAN; len]).unwrap();
+        coll.all_reduce_with(&send, &recv, Op::Sum, algorithm, stream).unwrap();
+        let got = stream.read_vec(&recv).unwrap();
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(*g, (0..n).map(|r| value(r, i)).sum::<f32>(), "{algorithm:?}: element {i}");
+        }
+        let stages = coll.stage_times(stream).unwrap();
+        assert_eq!(stages.len(), parts, "{algorithm:?}: {stages:?}");
+        assert_eq!(stages.iter().map(|p| p.start_ns).min(), Some(0));
+        for p in &stages {
+            let inner = [p.ready_ns, p.sent_ns, p.synced_ns];
+            if algorithm == Algorithm::Ll {
+                assert_eq!(inner, [None; 3], "{p:?}");
+            } else {
+                let mut at = p.start_ns;
+                for s in inner {
+                    let s = s.unwrap_or_else(|| panic!("{algorithm:?}: a stage missing: {p:?}"));
+                    assert!(s >= at, "{algorithm:?}: stages out of order: {p:?}");
+                    at = s;
+                }
+                assert!(p.done_ns >= at, "{p:?}");
+            }
+        }
+    }
+    assert!(coll.error().is_none());
 }
 
 #[test]

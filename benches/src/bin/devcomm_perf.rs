@@ -21,7 +21,7 @@
 //! events, after `warmup` untimed ones and a host barrier. Rank 0 prints.
 
 use clap::Parser;
-use devcomm::coll::{Algorithm, CollConfig, CollType, Collectives, MultiTeam, Op, Operand};
+use devcomm::coll::{Algorithm, CollConfig, CollType, Collectives, MultiTeam, Op, Operand, PartStages};
 use devcomm::comm::Communicator;
 use devcomm::runtime::{DeviceBuffer, Event, LaunchConfig, Stream};
 use devcomm::window::WindowFlags;
@@ -115,6 +115,13 @@ struct Args {
     /// stamps of the first calls printed too.
     #[arg(long)]
     trace_only: bool,
+    /// All-reduce: the stages of the last timed out-of-place call
+    /// (`CollConfig::stage_stamps`, `Collectives::stage_times`), a comment
+    /// line per size and rank: each stage's median over CTAs since the
+    /// CTA's own start, and its latest since the earliest CTA's start. The
+    /// stamps stay on for every call of the run.
+    #[arg(long)]
+    stages: bool,
     /// Launch plainly, not cooperatively (`CollConfig::cooperative`).
     #[arg(long)]
     no_cooperative: bool,
@@ -363,6 +370,9 @@ impl<T: CollType> Bench<'_, T> {
         let wrong = self.wrong(&recv, rlen)?;
         let t = self.time(&|| self.op(src()?, recv_op()?, algorithm))?;
         out.extend(cols(t, wrong));
+        if self.args.stages && self.kind == Kind::AllReduce {
+            println!("{}", self.stages_line(total_bytes)?);
+        }
         // devcomm, in place (all_reduce, broadcast: the input buffer itself).
         if matches!(self.kind, Kind::AllReduce | Kind::Broadcast) {
             let buf = dev.alloc_from(&input)?;
@@ -407,6 +417,37 @@ impl<T: CollType> Bench<'_, T> {
         }
         drop(window);
         Ok(out)
+    }
+
+    /// `--stages`: the latest all-reduce kernel's stages on this rank, as a
+    /// comment line.
+    fn stages_line(&self, bytes: usize) -> Result<String> {
+        let parts = self.coll.stage_times(self.stream)?;
+        let us = |ns: u64| ns as f64 / 1e3;
+        let median = |mut v: Vec<u64>| -> String {
+            v.sort_unstable();
+            v.get(v.len() / 2).map_or("    -".into(), |&x| format!("{:5.2}", us(x)))
+        };
+        let latest = |v: &[u64]| v.iter().max().map_or("    -".into(), |&x| format!("{:5.2}", us(x)));
+        let mut line = format!(
+            "# stages rank {} bytes {bytes}: {} CTAs, starts spread {:.2} us; per stage, median since the CTA's start / latest since the first start (us):",
+            self.comm.rank(),
+            parts.len(),
+            us(parts.iter().map(|p| p.start_ns).max().unwrap_or(0))
+        );
+        type Stage = fn(&PartStages) -> Option<u64>;
+        let stages: [(&str, Stage); 4] = [
+            ("ready", |p| p.ready_ns),
+            ("sent", |p| p.sent_ns),
+            ("synced", |p| p.synced_ns),
+            ("done", |p| Some(p.done_ns)),
+        ];
+        for (name, f) in stages {
+            let own: Vec<u64> = parts.iter().filter_map(|p| f(p).map(|v| v - p.start_ns)).collect();
+            let abs: Vec<u64> = parts.iter().filter_map(f).collect();
+            line.push_str(&format!(" {name} {} / {}", median(own), latest(&abs)));
+        }
+        Ok(line)
     }
 
     /// The algorithm the host collectives run for `bytes` of this
@@ -789,6 +830,7 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
     config.p2p_gin_slots = args.p2p_gin_slots.unwrap_or(config.p2p_gin_slots);
     config.threads = args.threads.unwrap_or(config.threads);
     config.cooperative &= !args.no_cooperative;
+    config.stage_stamps = args.stages;
     let lsa = comm.lsa_size()?;
     if args.in_kernel && lsa < comm.count() {
         return Err(Error::invalid_argument(format!(

@@ -7,11 +7,14 @@
 //! p2p_bench                  # both roles on this host: starts the server itself (GPU 0 and GPU 1)
 //! ```
 //!
-//! Per size (256 B to 1 GiB, ×`--factor`), measured by the client:
+//! Per size (256 B to 1 GiB, ×`--factor`), measured by the client (each
+//! bandwidth the median of `--reps` repetitions, 5 by default):
 //!
 //! * send/recv: `lat` (µs, ping-pong of one message each way, half the
 //!   round trip), `uni` (GB/s, `iters` messages client → server in flight
-//!   at once, until the server acknowledged the last), `bi` (GB/s, both
+//!   at once, until the server acknowledged the last), `tx` (GB/s of the
+//!   same, until the client's sends completed: the copies done, before the
+//!   server hears of the last), `bi` (GB/s, both
 //!   directions at once, the two directions' bytes summed);
 //! * write: `lat` (µs, one blocking write: the bytes are in the peer's
 //!   memory when it returns), `uni`, `bi` (GB/s, as above);
@@ -86,6 +89,14 @@ struct Args {
     /// Messages per bandwidth measurement (default: enough for 512 MiB, 4 ..= 200).
     #[arg(long)]
     iters: Option<usize>,
+    /// Repetitions of each bandwidth measurement; the median is printed.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// One-way send/recv: the client waits this long after the server has
+    /// posted its receives before it starts the clock and sends (the
+    /// receives' notices surely in): tells a late notice from a slow send.
+    #[arg(long, default_value_t = 0)]
+    settle_us: u64,
     /// Also NCCL send/recv (CUDA; libnccl loaded at run time).
     #[arg(long)]
     nccl: bool,
@@ -157,6 +168,10 @@ struct Side<'a> {
     peer_recv: RemoteRegion,
     plain: TcpStream,
     nccl: Option<nccl::Nccl>,
+    /// Repetitions of each bandwidth measurement (`--reps`, at least 1).
+    reps: usize,
+    /// `--settle-us`.
+    settle: Duration,
 }
 
 impl Side<'_> {
@@ -291,6 +306,8 @@ fn setup<'a>(args: &Args, role: Role, ep: &'a Endpoint, max: usize) -> Result<Si
         peer_recv: mine,
         plain,
         nccl: None,
+        reps: args.reps.max(1),
+        settle: Duration::from_micros(args.settle_us),
     };
     // Descriptors and (client → server) NCCL's id.
     match role {
@@ -369,11 +386,12 @@ fn run(args: &Args, role: Role) -> Result<()> {
             if floor_addr.is_some() { "copy engine into the mapped peer buffer" } else { "plain TCP socket, host memory" },
         );
         println!(
-            "# {:>10} {:>6} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>6}",
+            "# {:>10} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>6}",
             "bytes",
             "iters",
             "sr_lat_us",
             "sr_uni",
+            "sr_tx",
             "sr_bi",
             "wr_lat_us",
             "wr_uni",
@@ -425,41 +443,63 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
         bad += wrong(&side.dev, &side.recv, &data)?;
     }
 
-    // send/recv, one direction: the server posts every receive first.
-    if !client {
-        side.recv.write(side.dev.stream(), 0, &poison)?;
-    }
-    let ids = if client {
-        Vec::new()
-    } else {
-        (0..iters).map(|_| ep.recv_async(&side.inc, &side.recv_mr, rp, s)).collect::<Result<Vec<_>>>()?
+    // Bandwidths: each the median of `reps` repetitions, both processes
+    // in step (the server's results reach the client over the side socket).
+    let reps = side.reps;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
     };
-    side.sync()?;
-    let t = Instant::now();
-    if client {
-        let ids = (0..iters).map(|_| ep.send_async(&side.out, &side.send_mr, sp, s)).collect::<Result<Vec<_>>>()?;
-        side.wait_all(ids)?;
-        side.recv_u64()?; // the server has every message
-    } else {
-        side.wait_all(ids)?;
-        side.send_u64(0)?;
+
+    // send/recv, one direction: the server posts every receive first; `tx`
+    // ends when the client's sends are complete, `uni` when the server
+    // reported every message in.
+    let (mut uni, mut tx) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        if !client {
+            side.recv.write(side.dev.stream(), 0, &poison)?;
+        }
+        let ids = if client {
+            Vec::new()
+        } else {
+            (0..iters).map(|_| ep.recv_async(&side.inc, &side.recv_mr, rp, s)).collect::<Result<Vec<_>>>()?
+        };
+        side.sync()?;
+        if client && !side.settle.is_zero() {
+            std::thread::sleep(side.settle);
+        }
+        let t = Instant::now();
+        if client {
+            let ids = (0..iters).map(|_| ep.send_async(&side.out, &side.send_mr, sp, s)).collect::<Result<Vec<_>>>()?;
+            side.wait_all(ids)?;
+            tx.push(gbs(iters * s, t.elapsed()));
+            side.recv_u64()?; // the server has every message
+        } else {
+            side.wait_all(ids)?;
+            side.send_u64(0)?;
+        }
+        uni.push(gbs(iters * s, t.elapsed()));
+        if client {
+            bad += side.recv_u64()? as usize;
+        } else {
+            side.send_u64(wrong(&side.dev, &side.recv, &data)? as u64)?;
+        }
     }
-    let sr_uni = gbs(iters * s, t.elapsed());
-    if client {
-        bad += side.recv_u64()? as usize;
-    } else {
-        side.send_u64(wrong(&side.dev, &side.recv, &data)? as u64)?;
-    }
+    let (sr_uni, sr_tx) = (median(uni), if client { median(tx) } else { f64::NAN });
 
     // send/recv, both directions.
-    let ids_in = (0..iters).map(|_| ep.recv_async(&side.inc, &side.recv_mr, rp, s)).collect::<Result<Vec<_>>>()?;
-    side.sync()?;
-    let t = Instant::now();
-    let ids_out = (0..iters).map(|_| ep.send_async(&side.out, &side.send_mr, sp, s)).collect::<Result<Vec<_>>>()?;
-    side.wait_all(ids_out)?;
-    side.wait_all(ids_in)?;
-    side.sync()?;
-    let sr_bi = gbs(2 * iters * s, t.elapsed());
+    let mut bi = Vec::new();
+    for _ in 0..reps {
+        let ids_in = (0..iters).map(|_| ep.recv_async(&side.inc, &side.recv_mr, rp, s)).collect::<Result<Vec<_>>>()?;
+        side.sync()?;
+        let t = Instant::now();
+        let ids_out = (0..iters).map(|_| ep.send_async(&side.out, &side.send_mr, sp, s)).collect::<Result<Vec<_>>>()?;
+        side.wait_all(ids_out)?;
+        side.wait_all(ids_in)?;
+        side.sync()?;
+        bi.push(gbs(2 * iters * s, t.elapsed()));
+    }
+    let sr_bi = median(bi);
 
     // write: latency and one direction (client → server), then both.
     let (mut wr_lat, mut wr_uni) = (0.0, 0.0);
@@ -473,12 +513,16 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
             ep.write(&side.out, &side.send_mr, sp, s, &side.peer_recv, 0)?;
         }
         wr_lat = t.elapsed().as_secs_f64() * 1e6 / lat_iters as f64;
-        let t = Instant::now();
-        let ids = (0..iters)
-            .map(|_| ep.write_async(&side.out, &side.send_mr, sp, s, &side.peer_recv, 0))
-            .collect::<Result<Vec<_>>>()?;
-        side.wait_all(ids)?;
-        wr_uni = gbs(iters * s, t.elapsed());
+        let mut v = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            let ids = (0..iters)
+                .map(|_| ep.write_async(&side.out, &side.send_mr, sp, s, &side.peer_recv, 0))
+                .collect::<Result<Vec<_>>>()?;
+            side.wait_all(ids)?;
+            v.push(gbs(iters * s, t.elapsed()));
+        }
+        wr_uni = median(v);
     }
     side.sync()?;
     if !client {
@@ -486,14 +530,18 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
     } else {
         bad += side.recv_u64()? as usize;
     }
-    side.sync()?;
-    let t = Instant::now();
-    let ids = (0..iters)
-        .map(|_| ep.write_async(&side.out, &side.send_mr, sp, s, &side.peer_recv, 0))
-        .collect::<Result<Vec<_>>>()?;
-    side.wait_all(ids)?;
-    side.sync()?;
-    let wr_bi = gbs(2 * iters * s, t.elapsed());
+    let mut v = Vec::new();
+    for _ in 0..reps {
+        side.sync()?;
+        let t = Instant::now();
+        let ids = (0..iters)
+            .map(|_| ep.write_async(&side.out, &side.send_mr, sp, s, &side.peer_recv, 0))
+            .collect::<Result<Vec<_>>>()?;
+        side.wait_all(ids)?;
+        side.sync()?;
+        v.push(gbs(2 * iters * s, t.elapsed()));
+    }
+    let wr_bi = median(v);
 
     // The floor.
     let (floor_lat, floor_gbs) = match floor_addr {
@@ -511,13 +559,17 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
                     st.synchronize()?;
                 }
                 l = t.elapsed().as_secs_f64() * 1e6 / lat_iters as f64;
-                let t = Instant::now();
-                for _ in 0..iters {
-                    // SAFETY: as above.
-                    unsafe { st.memcpy_raw(dst, sp, s) }?;
+                let mut v = Vec::new();
+                for _ in 0..reps {
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        // SAFETY: as above.
+                        unsafe { st.memcpy_raw(dst, sp, s) }?;
+                    }
+                    st.synchronize()?;
+                    v.push(gbs(iters * s, t.elapsed()));
                 }
-                st.synchronize()?;
-                g = gbs(iters * s, t.elapsed());
+                g = median(v);
             }
             side.sync()?;
             (l, g)
@@ -542,26 +594,30 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
                 n.sync()?;
             }
             let l = t.elapsed().as_secs_f64() * 1e6 / lat_iters as f64 / 2.0;
-            side.sync()?;
-            let t = Instant::now();
-            for _ in 0..iters {
-                if client {
-                    n.send(sp, s, peer)?;
-                } else {
-                    n.recv(rp, s, peer)?;
+            let mut v = Vec::new();
+            for _ in 0..reps {
+                side.sync()?;
+                let t = Instant::now();
+                for _ in 0..iters {
+                    if client {
+                        n.send(sp, s, peer)?;
+                    } else {
+                        n.recv(rp, s, peer)?;
+                    }
                 }
+                n.sync()?;
+                side.sync()?;
+                v.push(gbs(iters * s, t.elapsed()));
             }
-            n.sync()?;
-            side.sync()?;
-            (l, gbs(iters * s, t.elapsed()))
+            (l, median(v))
         }
         None => (f64::NAN, f64::NAN),
     };
 
     if client {
         println!(
-            "  {:>10} {:>6} | {:>9.1} {:>9.2} {:>9.2} | {:>9.1} {:>9.2} {:>9.2} | {:>9.1} {:>9.2} | {:>9.1} {:>9.2} | {:>6}",
-            s, iters, sr_lat, sr_uni, sr_bi, wr_lat, wr_uni, wr_bi, floor_lat, floor_gbs, nccl_lat, nccl_gbs, bad
+            "  {:>10} {:>6} | {:>9.1} {:>9.2} {:>9.2} {:>9.2} | {:>9.1} {:>9.2} {:>9.2} | {:>9.1} {:>9.2} | {:>9.1} {:>9.2} | {:>6}",
+            s, iters, sr_lat, sr_uni, sr_tx, sr_bi, wr_lat, wr_uni, wr_bi, floor_lat, floor_gbs, nccl_lat, nccl_gbs, bad
         );
     }
     Ok(())

@@ -8,8 +8,8 @@ use core::mem::size_of;
 use devcomm_device::arch;
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{
-    self, Algorithm, CollArgs, CollBuffer, CollContext, CollError, Element, Input, P2pArgs, P2pKind, P2pOp, Part,
-    RedOp, Reduction, MAX_GROUP_OPS,
+    self, Algorithm, CollArgs, CollBuffer, CollContext, CollError, CollStage, Element, Input, P2pArgs, P2pKind, P2pOp,
+    Part, RedOp, Reduction, MAX_GROUP_OPS,
 };
 use devcomm_device::comm::SymPtr;
 use devcomm_device::coop::{Coop, Cta};
@@ -149,7 +149,7 @@ unsafe fn reduction_over<T: Element>(args: &CollArgs, nranks: u32) -> Result<Red
 }
 
 macro_rules! reducing_kernels {
-    ($($t:ty => $all_reduce:ident, $reduce:ident, $reduce_scatter:ident;)*) => {$(
+    ($($t:ty => $all_reduce:ident, $pushed:ident, $reduce:ident, $reduce_scatter:ident;)*) => {$(
         kernel! {
             /// `ncclAllReduce` of `args.count` elements (see [`coll::all_reduce`]).
             ///
@@ -158,6 +158,7 @@ macro_rules! reducing_kernels {
             /// of the sizes the collective needs, the same call on every rank.
             pub unsafe fn $all_reduce(args: CollArgs) {
                 let cta = Cta::new();
+                args.ctx.stamp(&cta, Part::block(), CollStage::Start);
                 let bytes = args.count.saturating_mul(size_of::<$t>() as u64);
                 let r = match (reduction::<$t>(&args), Algorithm::from_code(args.algorithm)) {
                     (Ok(red), Some(algorithm)) => match algorithm.resolve(bytes, &args.ctx) {
@@ -176,6 +177,29 @@ macro_rules! reducing_kernels {
                     _ => Err(CollError::BadArgument),
                 };
                 report(&cta, &args, r);
+                args.ctx.stamp(&cta, Part::block(), CollStage::Done);
+            }
+
+            /// `ncclAllReduce` of `args.count` elements by the pushed
+            /// one-shot, from a local input (see [`coll::all_reduce_pushed`]):
+            /// what the host launches when it resolves an all-reduce of a
+            /// local input to [`Algorithm::OneShot`]. Everything is compiled
+            /// in (no call), the arguments read straight from the parameter.
+            ///
+            /// # Safety
+            /// As for the all-reduce kernel; `args.src.ptr` local device
+            /// memory.
+            pub unsafe fn $pushed(args: CollArgs) {
+                let cta = Cta::new();
+                args.ctx.stamp(&cta, Part::block(), CollStage::Start);
+                let r = reduction::<$t>(&args).and_then(|red| {
+                    coll::all_reduce_pushed(
+                        &cta, &args.ctx, Part::block(), args.src.ptr as *const $t, args.dst.ptr as *mut $t,
+                        args.count as usize, &red,
+                    )
+                });
+                report(&cta, &args, r);
+                args.ctx.stamp(&cta, Part::block(), CollStage::Done);
             }
 
             /// `ncclReduce` to `args.root` (see [`coll::reduce`]).
@@ -227,18 +251,18 @@ macro_rules! reducing_kernels {
 }
 
 reducing_kernels! {
-    i8 => all_reduce_i8, reduce_i8, reduce_scatter_i8;
-    u8 => all_reduce_u8, reduce_u8, reduce_scatter_u8;
-    i32 => all_reduce_i32, reduce_i32, reduce_scatter_i32;
-    u32 => all_reduce_u32, reduce_u32, reduce_scatter_u32;
-    i64 => all_reduce_i64, reduce_i64, reduce_scatter_i64;
-    u64 => all_reduce_u64, reduce_u64, reduce_scatter_u64;
-    coll::F16 => all_reduce_f16, reduce_f16, reduce_scatter_f16;
-    f32 => all_reduce_f32, reduce_f32, reduce_scatter_f32;
-    f64 => all_reduce_f64, reduce_f64, reduce_scatter_f64;
-    coll::Bf16 => all_reduce_bf16, reduce_bf16, reduce_scatter_bf16;
-    coll::Fp8E4M3 => all_reduce_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
-    coll::Fp8E5M2 => all_reduce_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
+    i8 => all_reduce_i8, all_reduce_pushed_i8, reduce_i8, reduce_scatter_i8;
+    u8 => all_reduce_u8, all_reduce_pushed_u8, reduce_u8, reduce_scatter_u8;
+    i32 => all_reduce_i32, all_reduce_pushed_i32, reduce_i32, reduce_scatter_i32;
+    u32 => all_reduce_u32, all_reduce_pushed_u32, reduce_u32, reduce_scatter_u32;
+    i64 => all_reduce_i64, all_reduce_pushed_i64, reduce_i64, reduce_scatter_i64;
+    u64 => all_reduce_u64, all_reduce_pushed_u64, reduce_u64, reduce_scatter_u64;
+    coll::F16 => all_reduce_f16, all_reduce_pushed_f16, reduce_f16, reduce_scatter_f16;
+    f32 => all_reduce_f32, all_reduce_pushed_f32, reduce_f32, reduce_scatter_f32;
+    f64 => all_reduce_f64, all_reduce_pushed_f64, reduce_f64, reduce_scatter_f64;
+    coll::Bf16 => all_reduce_bf16, all_reduce_pushed_bf16, reduce_bf16, reduce_scatter_bf16;
+    coll::Fp8E4M3 => all_reduce_fp8e4m3, all_reduce_pushed_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
+    coll::Fp8E5M2 => all_reduce_fp8e5m2, all_reduce_pushed_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
 }
 
 macro_rules! local_reduce_kernels {

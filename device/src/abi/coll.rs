@@ -56,7 +56,33 @@ pub struct CollContext {
     pub(crate) rail_signal_base: u32,
     pub(crate) p2p_gin_slots: u32,
     pub(crate) p2p_gin_chunk: u64,
+    pub(crate) stamps: u64,
 }
+
+/// Stamps per part of a collective's stage timing
+/// ([`CollContext::with_stage_stamps`]): one `u64` per [`CollStage`].
+pub const COLL_STAGES: usize = 5;
+
+/// The moments a collective's part records (`%globaltimer`, by the coop's
+/// leader) when its context has stage stamps. A chunked call records its
+/// last chunk's; a stage an algorithm does not have is not recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum CollStage {
+    /// The host collective's kernel started (the all-reduce kernels).
+    Start = 0,
+    /// The part's barrier session is set up (one-shot, two-shot).
+    Ready = 1,
+    /// The part's first data step (its pushes) is issued, before the
+    /// first barrier (one-shot and two-shot on local inputs).
+    Sent = 2,
+    /// The first barrier's wait is over (one-shot, two-shot).
+    Synced = 3,
+    /// The host collective's kernel is done (the all-reduce kernels).
+    Done = 4,
+}
+
+const _: () = assert!(CollStage::Done as usize + 1 == COLL_STAGES);
 
 impl CollContext {
     /// A context from its parts.
@@ -101,7 +127,27 @@ impl CollContext {
             rail_signal_base: 0,
             p2p_gin_slots: 0,
             p2p_gin_chunk: 0,
+            stamps: 0,
         }
+    }
+
+    /// The context with stage stamps: each part's leader records
+    /// `%globaltimer` at every [`CollStage`] into `stamps[part *
+    /// COLL_STAGES + stage]` (the host: `CollConfig::stage_stamps`,
+    /// `Collectives::stage_times`). 0 turns them off (the default).
+    ///
+    /// # Safety
+    /// `stamps` is 0 or the device address of `parts * COLL_STAGES` `u64`s,
+    /// 8-byte aligned, that nothing else uses while collectives run.
+    pub const unsafe fn with_stage_stamps(mut self, stamps: u64) -> Self {
+        self.stamps = stamps;
+        self
+    }
+
+    /// Whether stage stamps are on ([`CollContext::with_stage_stamps`]).
+    #[inline(always)]
+    pub const fn has_stage_stamps(&self) -> bool {
+        self.stamps != 0
     }
 
     /// The context with point-to-point channels (`send`/`recv` of
@@ -565,7 +611,7 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<CollBuffer>(), 8 + 40 + 8 + 8);
-        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48 + 32);
+        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48 + 32 + 8);
         assert_eq!(size_of::<CollArgs>() % 8, 0);
         assert_eq!(size_of::<P2pOp>(), 32);
         // Kernel parameters stay within the 4 KiB every CUDA version takes.

@@ -80,14 +80,16 @@ mod reduce;
 mod relay;
 mod staging;
 
-pub use crate::abi::coll::{CollArgs, CollBuffer, CollContext, P2pArgs, P2pKind, P2pOp, MAX_GROUP_OPS};
+pub use crate::abi::coll::{
+    CollArgs, CollBuffer, CollContext, CollStage, P2pArgs, P2pKind, P2pOp, COLL_STAGES, MAX_GROUP_OPS,
+};
 pub use element::{Accumulator, Bf16, DataType, Element, Fp8E4M3, Fp8E5M2, F16};
 pub use ll_a2a::LlA2aSession;
 pub use movement::{all_gather, all_to_all, broadcast, gather, scatter};
 pub use op::{RedOp, Reduction};
 pub use p2p::{p2p_chunks, recv, send};
 pub use pack::reduce_blocks;
-pub use reduce::{all_reduce, reduce, reduce_scatter};
+pub use reduce::{all_reduce, all_reduce_pushed, reduce, reduce_scatter};
 
 use crate::arch;
 use crate::comm::SymPtr;
@@ -103,6 +105,22 @@ pub struct Part {
     pub index: u32,
     /// How many parts share the collective (on every rank alike).
     pub count: u32,
+}
+
+impl CollContext {
+    /// Records `stage` of `part` (`%globaltimer`, by the coop's leader)
+    /// when the context has stage stamps
+    /// ([`CollContext::with_stage_stamps`]); otherwise nothing.
+    #[inline(always)]
+    pub fn stamp<C: crate::coop::Coop>(&self, coop: &C, part: Part, stage: CollStage) {
+        if self.stamps != 0 && part.index < self.parts && coop.is_leader() {
+            let at = (self.stamps as *mut u64).wrapping_add(part.index as usize * COLL_STAGES + stage as usize);
+            // SAFETY: `with_stage_stamps`' contract: `stamps` holds `parts *
+            // COLL_STAGES` aligned `u64`s nothing else uses; `part.index <
+            // parts` (checked) and `stage < COLL_STAGES`.
+            unsafe { at.write_volatile(arch::global_timer_ns()) };
+        }
+    }
 }
 
 impl Part {

@@ -33,10 +33,16 @@ impl RedOp {
 
     /// The operator with this code, if any.
     pub const fn from_code(code: u32) -> Option<RedOp> {
-        if (code as usize) < Self::ALL.len() {
-            Some(Self::ALL[code as usize])
-        } else {
-            None
+        // A match, not an index into `ALL`: indexing compiled to a table in
+        // global memory, one load at every collective kernel's start.
+        match code {
+            0 => Some(RedOp::Sum),
+            1 => Some(RedOp::Prod),
+            2 => Some(RedOp::Max),
+            3 => Some(RedOp::Min),
+            4 => Some(RedOp::Avg),
+            5 => Some(RedOp::PreMulSum),
+            _ => None,
         }
     }
 }

@@ -5,7 +5,7 @@ use super::element::Element;
 use super::op::Reduction;
 use super::pack::reduce_into;
 use super::staging::{area, piece, Staged};
-use super::{check_part, chunk_elems, ll, ll_rooted, relay, Algorithm, CollContext, CollError, Input, Part};
+use super::{check_part, chunk_elems, ll, ll_rooted, relay, Algorithm, CollContext, CollError, CollStage, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
 use crate::lsa::{ops::copy_strided, LsaBarrierSession};
@@ -123,6 +123,7 @@ unsafe fn two_shot<C: Coop, T: Element>(
     let chunk = shard * n as usize;
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    ctx.stamp(coop, part, CollStage::Ready);
     let mut c0 = pb;
     while c0 < pe {
         let m = chunk.min(pe - c0);
@@ -138,8 +139,10 @@ unsafe fn two_shot<C: Coop, T: Element>(
             // `p` arrived at this epoch (`staging`).
             unsafe { copy_strided(t, nt, inputs.at(p, me, 0), src.add(c0 + b) as *const u8, (e - b) * size) };
         }
+        ctx.stamp(coop, part, CollStage::Sent);
         // SAFETY: as above.
         unsafe { bar.sync(coop, Order::AcqRel) }?;
+        ctx.stamp(coop, part, CollStage::Synced);
         let results = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (shard * size) as u64);
         let (b, e) = shard_of(me);
         let from = |p: u32| if p == me { src.wrapping_add(c0 + b) } else { inputs.at(me, p, 0) as *const T };
@@ -278,6 +281,7 @@ pub(super) unsafe fn reduce_range<C: Coop, T: Element>(
     let receives = |r: u32| root.is_none_or(|root| root == r);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    ctx.stamp(coop, part, CollStage::Ready);
     match src {
         Input::Window(s) => {
             let staged = Staged::new(s.window, s.offset, (stride * size) as u64);
@@ -286,6 +290,7 @@ pub(super) unsafe fn reduce_range<C: Coop, T: Element>(
             // before every peer is done reading its window.
             unsafe {
                 bar.sync(coop, Order::AcqRel)?;
+                ctx.stamp(coop, part, CollStage::Synced);
                 if receives(me) && e > b {
                     let from = |p: u32| staged.at(p, me, b * size) as *const T;
                     reduce_into(t, nt, n, &from, 1, &|_| dst, 0, e - b, red);
@@ -293,49 +298,111 @@ pub(super) unsafe fn reduce_range<C: Coop, T: Element>(
                 bar.sync(coop, Order::AcqRel)?;
             }
         }
-        Input::Local(src) => {
-            // Slot `p` of a receiver's slice: sender `p`'s chunk.
-            let chunk = chunk_elems::<T>(ctx, part, n);
-            let mut c0 = b;
-            while c0 < e {
-                let m = chunk.min(e - c0);
-                let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (m * size) as u64);
-                for k in 1..n {
-                    let p = (me + k) % n;
-                    if receives(p) {
-                        // SAFETY: the input holds block `p`'s chunk;
-                        // receiver `p`'s slot holds `m <= chunk` elements and
-                        // was last read before `p` arrived at this epoch
-                        // (`staging`).
-                        unsafe {
-                            copy_strided(
-                                t,
-                                nt,
-                                slots.at(p, me, 0),
-                                src.add(p as usize * stride + c0) as *const u8,
-                                m * size,
-                            )
-                        };
-                    }
-                }
-                // SAFETY: as above.
-                unsafe { bar.sync(coop, Order::AcqRel) }?;
-                if receives(me) {
-                    let from = |p: u32| {
-                        if p == me {
-                            src.wrapping_add(me as usize * stride + c0)
-                        } else {
-                            slots.at(me, p, 0) as *const T
-                        }
-                    };
-                    // SAFETY: every sender stored its chunk of block `me`
-                    // into the caller's slots before the barrier; the
-                    // caller's own is its input; `dst` holds the range.
-                    unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0 - b), 0, m, red) };
-                }
-                c0 += m;
-            }
-        }
+        // SAFETY: this function's contract, the session just made.
+        Input::Local(src) => unsafe { pushed_range(coop, ctx, part, &mut bar, src, stride, b, e, dst, red, root) }?,
     }
     Ok(())
+}
+
+/// [`reduce_range`]'s pushed path (a local input), on the part's barrier
+/// session `bar`: for each chunk, each rank stores its block for `p` into
+/// slot `me` of receiver `p`'s staging slice, meets the others at the
+/// barrier once, and reduces its own block with its slots. Compiled into
+/// its caller: the host's pushed one-shot kernels run it without a call
+/// (see [`all_reduce_pushed`]).
+///
+/// # Safety
+/// As for [`reduce_range`] with a local input; `bar` is `part`'s barrier
+/// session of `ctx`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pushed_range<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    bar: &mut LsaBarrierSession<'_>,
+    src: *const T,
+    stride: usize,
+    b: usize,
+    e: usize,
+    dst: *mut T,
+    red: &Reduction<T>,
+    root: Option<u32>,
+) -> Result<(), CollError> {
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
+    let size = size_of::<T>();
+    let receives = |r: u32| root.is_none_or(|root| root == r);
+    // Slot `p` of a receiver's slice: sender `p`'s chunk.
+    let chunk = chunk_elems::<T>(ctx, part, n);
+    let mut c0 = b;
+    while c0 < e {
+        let m = chunk.min(e - c0);
+        let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (m * size) as u64);
+        for k in 1..n {
+            let p = (me + k) % n;
+            if receives(p) {
+                // SAFETY: the input holds block `p`'s chunk; receiver `p`'s
+                // slot holds `m <= chunk` elements and was last read before
+                // `p` arrived at this epoch (`staging`).
+                unsafe {
+                    copy_strided(t, nt, slots.at(p, me, 0), src.add(p as usize * stride + c0) as *const u8, m * size)
+                };
+            }
+        }
+        ctx.stamp(coop, part, CollStage::Sent);
+        // SAFETY: as above.
+        unsafe { bar.sync(coop, Order::AcqRel) }?;
+        ctx.stamp(coop, part, CollStage::Synced);
+        if receives(me) {
+            let from = |p: u32| {
+                if p == me {
+                    src.wrapping_add(me as usize * stride + c0)
+                } else {
+                    slots.at(me, p, 0) as *const T
+                }
+            };
+            // SAFETY: every sender stored its chunk of block `me` into the
+            // caller's slots before the barrier; the caller's own is its
+            // input; `dst` holds the range.
+            unsafe { reduce_into(t, nt, n, &from, 1, &|_| dst.add(c0 - b), 0, m, red) };
+        }
+        c0 += m;
+    }
+    Ok(())
+}
+
+/// [`all_reduce`] with [`Algorithm::OneShot`] of a local input (pushed
+/// through the staging area: one barrier per chunk), compiled into the
+/// caller with no call inside: what the host collectives launch for
+/// all-reduces up to [`super::ONE_SHOT_MAX_BYTES`]
+/// ([`super::ONE_SHOT_MAX_BYTES_2_RANKS`] on two ranks). A kernel of its
+/// own reads its arguments in one go and keeps its state in registers: on
+/// 2 × H200 the graphed 2 MiB all-reduce's kernel spent 1.5 µs from its
+/// start to its first push, and 1.7 after its barrier, through the
+/// general kernel's calls (`benches/results/`, session 18).
+///
+/// # Safety
+/// As for [`all_reduce`], with `src` local device memory.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn all_reduce_pushed<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: *const T,
+    dst: *mut T,
+    count: usize,
+    red: &Reduction<T>,
+) -> Result<(), CollError> {
+    check_part(ctx, part)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
+    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    ctx.stamp(coop, part, CollStage::Ready);
+    // SAFETY: this function's contract; the part's piece of the one block.
+    unsafe { pushed_range(coop, ctx, part, &mut bar, src, 0, pb, pe, dst.wrapping_add(pb), red, None) }
 }

@@ -131,14 +131,16 @@
 mod datatype;
 mod hier;
 mod p2p;
+mod stages;
 
 pub use datatype::{CollType, DataType, Fp8E4M3, Fp8E5M2};
 pub use devcomm_device::coll::{
-    Algorithm, P2pKind, RedOp, CONTEXT_SHARED_BYTES, LL_MAX_BYTES, LL_MAX_BYTES_MANY_RANKS, ONE_SHOT_MAX_BYTES,
-    ONE_SHOT_MAX_BYTES_2_RANKS, RELAY_MIN_BYTES,
+    Algorithm, CollStage, P2pKind, RedOp, COLL_STAGES, CONTEXT_SHARED_BYTES, LL_MAX_BYTES, LL_MAX_BYTES_MANY_RANKS,
+    ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES_2_RANKS, RELAY_MIN_BYTES,
 };
 pub use hier::{MultiTeam, HIER_SPLIT_MIN_BYTES, MULTI_TEAM_ENV};
 pub use p2p::Group;
+pub use stages::PartStages;
 
 use crate::comm::Communicator;
 use crate::dev_comm::{DevCommHandle, DevCommRequirements};
@@ -243,6 +245,11 @@ pub struct CollConfig {
     /// (`DEVCOMM_COLL_COOPERATIVE=0|1`) says. The emulated runtime always
     /// runs them co-resident.
     pub cooperative: bool,
+    /// Record each all-reduce kernel's stages per CTA (`%globaltimer` at
+    /// its start, after its barrier setup, pushes and first barrier, and at
+    /// its end: [`CollStage`]), read with [`Collectives::stage_times`].
+    /// Costs a few stores per CTA and call. Default: off.
+    pub stage_stamps: bool,
 }
 
 /// Env: `0` launches the collectives' kernels plainly instead of
@@ -268,6 +275,7 @@ impl Default for CollConfig {
             hier_split_min_bytes: HIER_SPLIT_MIN_BYTES,
             rail_chunk_bytes: 16 << 10,
             cooperative: std::env::var(COOPERATIVE_ENV).map_or(true, |v| v.trim() != "0"),
+            stage_stamps: false,
         }
     }
 }
@@ -480,6 +488,10 @@ pub struct Collectives<'c> {
     lsa: usize,
     /// Payload bytes of sends queued to ranks of other LSA teams (GIN).
     gin_bytes: AtomicU64,
+    /// The stage stamps ([`CollConfig::stage_stamps`]), the context's.
+    stamps: Option<DeviceBuffer<u64>>,
+    /// CTAs of the latest all-reduce launched (its stamps' rows).
+    stamped_ctas: AtomicU32,
 }
 
 impl Drop for Collectives<'_> {
@@ -679,6 +691,10 @@ impl Communicator {
             },
             None => ctx,
         };
+        let stamps = stages::alloc(config, self.device())?;
+        // SAFETY: `max_ctas` (the context's parts) `u64`s of device memory
+        // that only this object's context uses, kept alive with it.
+        let ctx = unsafe { ctx.with_stage_stamps(stamps.as_ref().map_or(0, |b| b.device_addr())) };
         let threads = match (config.threads, self.device().kind()) {
             (0, RuntimeKind::Cuda) => 256,
             (0, RuntimeKind::Emulated) => 64,
@@ -701,6 +717,8 @@ impl Communicator {
             temps: Mutex::new(Default::default()),
             lsa,
             gin_bytes: AtomicU64::new(0),
+            stamps,
+            stamped_ctas: AtomicU32::new(0),
         })
     }
 }
@@ -1143,6 +1161,9 @@ impl<'c> Collectives<'c> {
         // rank 1 runs only after its own first wave, which waits for rank 0.
         // Every CTA must be resident at once (a cooperative launch on CUDA).
         let cfg = self.launch_config(ctas);
+        if kind == Kind::AllReduce {
+            self.stamped_ctas.store(ctas, Ordering::Relaxed);
+        }
         // SAFETY: `args` describes this object's live context and scratch,
         // operands checked above for device, communicator and length (and
         // kept alive by the caller's borrows for the call; freeing device
@@ -1238,12 +1259,25 @@ fn overlap<T>(a: &Operand<'_, T>, b: &Operand<'_, T>, bytes: usize) -> bool {
 ///
 /// # Safety
 /// As for the kernel (see `run`).
+/// Launches `kind`'s kernel for `dtype`; the pushed one-shot all-reduce
+/// (a local input, [`Algorithm::OneShot`]) has kernels of its own. (They
+/// keep the other kernels' threads per CTA: the f32 one fits 512, and on
+/// 2 × H200 took 14.2 µs per graphed 2 MiB all-reduce with them against
+/// 12.9 with 256: `benches/results/2026-11-27-h200x2-coll-stages.md`.)
+///
+/// # Safety
+/// `args` as the kernel's contract asks (see [`Collectives::run`]'s call).
 unsafe fn launch(stream: &Stream, kind: Kind, dtype: DataType, cfg: LaunchConfig, args: CollArgs) -> Result<()> {
     use devcomm_kernels::coll as k;
+    // A one-shot all-reduce of a local input has a kernel of its own, with
+    // nothing but that path compiled in.
+    let pushed = args.src.in_window == 0 && Algorithm::from_code(args.algorithm) == Some(Algorithm::OneShot);
     macro_rules! by_type {
-        ($($d:ident => $ar:ident, $r:ident, $rs:ident;)*) => {
+        ($($d:ident => $ar:ident, $arp:ident, $r:ident, $rs:ident;)*) => {
             match (kind, dtype) {
                 $(
+                    // SAFETY: the caller's contract (`args.src` local).
+                    (Kind::AllReduce, DataType::$d) if pushed => unsafe { stream.launch::<k::$arp>(cfg, (args,)) },
                     // SAFETY: the caller's contract.
                     (Kind::AllReduce, DataType::$d) => unsafe { stream.launch::<k::$ar>(cfg, (args,)) },
                     // SAFETY: the caller's contract.
@@ -1265,17 +1299,17 @@ unsafe fn launch(stream: &Stream, kind: Kind, dtype: DataType, cfg: LaunchConfig
         };
     }
     by_type! {
-        I8 => all_reduce_i8, reduce_i8, reduce_scatter_i8;
-        U8 => all_reduce_u8, reduce_u8, reduce_scatter_u8;
-        I32 => all_reduce_i32, reduce_i32, reduce_scatter_i32;
-        U32 => all_reduce_u32, reduce_u32, reduce_scatter_u32;
-        I64 => all_reduce_i64, reduce_i64, reduce_scatter_i64;
-        U64 => all_reduce_u64, reduce_u64, reduce_scatter_u64;
-        F16 => all_reduce_f16, reduce_f16, reduce_scatter_f16;
-        F32 => all_reduce_f32, reduce_f32, reduce_scatter_f32;
-        F64 => all_reduce_f64, reduce_f64, reduce_scatter_f64;
-        Bf16 => all_reduce_bf16, reduce_bf16, reduce_scatter_bf16;
-        Fp8E4M3 => all_reduce_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
-        Fp8E5M2 => all_reduce_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
+        I8 => all_reduce_i8, all_reduce_pushed_i8, reduce_i8, reduce_scatter_i8;
+        U8 => all_reduce_u8, all_reduce_pushed_u8, reduce_u8, reduce_scatter_u8;
+        I32 => all_reduce_i32, all_reduce_pushed_i32, reduce_i32, reduce_scatter_i32;
+        U32 => all_reduce_u32, all_reduce_pushed_u32, reduce_u32, reduce_scatter_u32;
+        I64 => all_reduce_i64, all_reduce_pushed_i64, reduce_i64, reduce_scatter_i64;
+        U64 => all_reduce_u64, all_reduce_pushed_u64, reduce_u64, reduce_scatter_u64;
+        F16 => all_reduce_f16, all_reduce_pushed_f16, reduce_f16, reduce_scatter_f16;
+        F32 => all_reduce_f32, all_reduce_pushed_f32, reduce_f32, reduce_scatter_f32;
+        F64 => all_reduce_f64, all_reduce_pushed_f64, reduce_f64, reduce_scatter_f64;
+        Bf16 => all_reduce_bf16, all_reduce_pushed_bf16, reduce_bf16, reduce_scatter_bf16;
+        Fp8E4M3 => all_reduce_fp8e4m3, all_reduce_pushed_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
+        Fp8E5M2 => all_reduce_fp8e5m2, all_reduce_pushed_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
     }
 }

@@ -828,6 +828,12 @@ impl ConnInner {
                 self.check_usable()?;
                 q.push_back(w);
             }
+            // The peer's posted receives may sit on the ring still: take
+            // them here, so a send whose receive is posted starts on this
+            // thread rather than after the progress thread's next pass.
+            if let Err(e) = self.drain_inbox(FRAMES_PER_PASS) {
+                self.fail(e);
+            }
             self.advance();
             self.shared.progress.kick();
             return Ok(());

@@ -105,8 +105,9 @@
 //!   Each endpoint has **one progress thread** for all such connections: it
 //!   polls their rings and handles the frames as the control socket's
 //!   reader does; it starts the initiator's queued transfers once the peer
-//!   posted a receive (the calling thread starts them itself when it can:
-//!   no hand-off to a worker) and finds finished copies by querying an
+//!   posted a receive (the calling thread starts them itself when it can,
+//!   taking the peer's posted receives off the ring first: no hand-off to
+//!   a worker) and finds finished copies by querying an
 //!   event recorded after each ([`Event::query`](crate::runtime::Event::query)),
 //!   not by a thread blocked in the stream's synchronisation. It polls
 //!   back to back, yielding the core between passes, for 2 ms after
