@@ -64,9 +64,10 @@ fn collective_and_moe_kernels_start_without_copying_their_arguments() {
                 && !k.starts_with("reduce_local_")
         })
         .collect();
-    // 12 datatypes of all-reduce, reduce and reduce-scatter, broadcast,
-    // the send/recv group, and the MoE kernels (2 dispatch, 2 × 3 combine).
-    assert_eq!(checked.len(), 46, "{checked:?}");
+    // 12 datatypes of all-reduce, the pushed one-shot all-reduce, reduce
+    // and reduce-scatter, broadcast, the send/recv group, and the MoE
+    // kernels (2 dispatch, 2 × 3 combine).
+    assert_eq!(checked.len(), 58, "{checked:?}");
     let copying: Vec<_> = checked.iter().filter(|(_, b)| *b >= 64).collect();
     assert!(
         copying.is_empty(),

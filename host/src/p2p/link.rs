@@ -819,6 +819,7 @@ impl ConnInner {
     /// shared-memory control path on the connection's queue, which this
     /// thread then tries to run at once.
     pub(crate) fn submit(&self, w: Work) -> Result<()> {
+        tracing::trace!(conn = self.id, "p2p: transfer submitted");
         self.check_usable()?;
         if let Some(shm) = &self.shm {
             {
@@ -1434,6 +1435,7 @@ impl ConnInner {
         })();
         match queued {
             Ok(ev) => {
+                tracing::trace!(conn = self.id, len, send_seq, in_flight = inf.queue.len(), "p2p: copy queued");
                 inf.queue.push_back((ev, Copied { op: op.clone(), mr: mr.clone(), len, send_seq }));
                 Ok(())
             }
@@ -1480,6 +1482,7 @@ impl ConnInner {
         };
         let any = !done.is_empty();
         for c in done {
+            tracing::trace!(conn = self.id, len = c.len, send_seq = c.send_seq, "p2p: copy done");
             c.mr.end();
             let r = match c.send_seq {
                 Some(seq) => self.send_control(&Control::new(wire::C_SEND, seq, c.len as u64, 1, 0)),
@@ -1551,6 +1554,7 @@ impl ConnInner {
     fn on_control(&self, c: Control) -> Result<()> {
         match c.kind {
             wire::C_CTS => {
+                tracing::trace!(conn = self.id, seq = c.a, "p2p: clear-to-send in");
                 lock(&self.st).cts.push_back(Cts { seq: c.a, mr: c.b, addr: c.c, max_len: c.d });
                 self.cv.notify_all();
             }
