@@ -446,10 +446,6 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
     // Bandwidths: each the median of `reps` repetitions, both processes
     // in step (the server's results reach the client over the side socket).
     let reps = side.reps;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
 
     // send/recv, one direction: the server posts every receive first; `tx`
     // ends when the client's sends are complete, `uni` when the server
@@ -494,11 +490,10 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
             side.send_u64(wrong(&side.dev, &side.recv, &data)? as u64)?;
         }
     }
-    let (sr_uni, sr_tx) = (median(uni), if client { median(tx) } else { f64::NAN });
+    let (sr_uni, sr_tx) = (devcomm_benches::median(uni), devcomm_benches::median(tx));
 
     // send/recv, both directions.
-    let mut bi = Vec::new();
-    for _ in 0..reps {
+    let sr_bi = median_of(reps, || {
         let ids_in = (0..iters).map(|_| ep.recv_async(&side.inc, &side.recv_mr, rp, s)).collect::<Result<Vec<_>>>()?;
         side.sync()?;
         let t = Instant::now();
@@ -506,9 +501,8 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
         side.wait_all(ids_out)?;
         side.wait_all(ids_in)?;
         side.sync()?;
-        bi.push(gbs(2 * iters * s, t.elapsed()));
-    }
-    let sr_bi = median(bi);
+        Ok(gbs(2 * iters * s, t.elapsed()))
+    })?;
 
     // write: latency and one direction (client → server), then both.
     let (mut wr_lat, mut wr_uni) = (0.0, 0.0);
@@ -522,16 +516,14 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
             ep.write(&side.out, &side.send_mr, sp, s, &side.peer_recv, 0)?;
         }
         wr_lat = t.elapsed().as_secs_f64() * 1e6 / lat_iters as f64;
-        let mut v = Vec::new();
-        for _ in 0..reps {
+        wr_uni = median_of(reps, || {
             let t = Instant::now();
             let ids = (0..iters)
                 .map(|_| ep.write_async(&side.out, &side.send_mr, sp, s, &side.peer_recv, 0))
                 .collect::<Result<Vec<_>>>()?;
             side.wait_all(ids)?;
-            v.push(gbs(iters * s, t.elapsed()));
-        }
-        wr_uni = median(v);
+            Ok(gbs(iters * s, t.elapsed()))
+        })?;
     }
     side.sync()?;
     if !client {
@@ -539,8 +531,7 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
     } else {
         bad += side.recv_u64()? as usize;
     }
-    let mut v = Vec::new();
-    for _ in 0..reps {
+    let wr_bi = median_of(reps, || {
         side.sync()?;
         let t = Instant::now();
         let ids = (0..iters)
@@ -548,9 +539,8 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
             .collect::<Result<Vec<_>>>()?;
         side.wait_all(ids)?;
         side.sync()?;
-        v.push(gbs(2 * iters * s, t.elapsed()));
-    }
-    let wr_bi = median(v);
+        Ok(gbs(2 * iters * s, t.elapsed()))
+    })?;
 
     // The floor.
     let (floor_lat, floor_gbs) = match floor_addr {
@@ -568,17 +558,15 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
                     st.synchronize()?;
                 }
                 l = t.elapsed().as_secs_f64() * 1e6 / lat_iters as f64;
-                let mut v = Vec::new();
-                for _ in 0..reps {
+                g = median_of(reps, || {
                     let t = Instant::now();
                     for _ in 0..iters {
                         // SAFETY: as above.
                         unsafe { st.memcpy_raw(dst, sp, s) }?;
                     }
                     st.synchronize()?;
-                    v.push(gbs(iters * s, t.elapsed()));
-                }
-                g = median(v);
+                    Ok(gbs(iters * s, t.elapsed()))
+                })?;
             }
             side.sync()?;
             (l, g)
@@ -603,8 +591,7 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
                 n.sync()?;
             }
             let l = t.elapsed().as_secs_f64() * 1e6 / lat_iters as f64 / 2.0;
-            let mut v = Vec::new();
-            for _ in 0..reps {
+            let g = median_of(reps, || {
                 side.sync()?;
                 let t = Instant::now();
                 for _ in 0..iters {
@@ -616,9 +603,9 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
                 }
                 n.sync()?;
                 side.sync()?;
-                v.push(gbs(iters * s, t.elapsed()));
-            }
-            (l, median(v))
+                Ok(gbs(iters * s, t.elapsed()))
+            })?;
+            (l, g)
         }
         None => (f64::NAN, f64::NAN),
     };
@@ -630,6 +617,11 @@ fn one_size(side: &Side<'_>, s: usize, iters: usize, lat_iters: usize, floor_add
         );
     }
     Ok(())
+}
+
+/// The median of `reps` runs of `run` (each a bandwidth).
+fn median_of(reps: usize, mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
+    Ok(devcomm_benches::median((0..reps).map(|_| run()).collect::<Result<Vec<_>>>()?))
 }
 
 /// The plain TCP socket floor: the same bytes from host memory over one socket.

@@ -144,12 +144,6 @@ impl CollContext {
         self
     }
 
-    /// Whether stage stamps are on ([`CollContext::with_stage_stamps`]).
-    #[inline(always)]
-    pub const fn has_stage_stamps(&self) -> bool {
-        self.stamps != 0
-    }
-
     /// The context with point-to-point channels (`send`/`recv` of
     /// [`crate::coll`]) at byte `offset` of the scratch window: `slots`
     /// slots of `chunk` bytes per source rank, then the flag, length and

@@ -1161,7 +1161,7 @@ impl<'c> Collectives<'c> {
         // rank 1 runs only after its own first wave, which waits for rank 0.
         // Every CTA must be resident at once (a cooperative launch on CUDA).
         let cfg = self.launch_config(ctas);
-        if kind == Kind::AllReduce {
+        if kind == Kind::AllReduce && self.stamps.is_some() {
             self.stamped_ctas.store(ctas, Ordering::Relaxed);
         }
         // SAFETY: `args` describes this object's live context and scratch,
@@ -1255,10 +1255,6 @@ fn overlap<T>(a: &Operand<'_, T>, b: &Operand<'_, T>, bytes: usize) -> bool {
     a < b + n && b < a + n
 }
 
-/// Launches kernel `kind` for `dtype`.
-///
-/// # Safety
-/// As for the kernel (see `run`).
 /// Launches `kind`'s kernel for `dtype`; the pushed one-shot all-reduce
 /// (a local input, [`Algorithm::OneShot`]) has kernels of its own. (They
 /// keep the other kernels' threads per CTA: the f32 one fits 512, and on
@@ -1269,8 +1265,6 @@ fn overlap<T>(a: &Operand<'_, T>, b: &Operand<'_, T>, bytes: usize) -> bool {
 /// `args` as the kernel's contract asks (see [`Collectives::run`]'s call).
 unsafe fn launch(stream: &Stream, kind: Kind, dtype: DataType, cfg: LaunchConfig, args: CollArgs) -> Result<()> {
     use devcomm_kernels::coll as k;
-    // A one-shot all-reduce of a local input has a kernel of its own, with
-    // nothing but that path compiled in.
     let pushed = args.src.in_window == 0 && Algorithm::from_code(args.algorithm) == Some(Algorithm::OneShot);
     macro_rules! by_type {
         ($($d:ident => $ar:ident, $arp:ident, $r:ident, $rs:ident;)*) => {
