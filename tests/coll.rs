@@ -1037,7 +1037,11 @@ fn child_body(comm: &Communicator) {
         bad_input(&mut c);
         stream.synchronize().unwrap();
         assert!(c.coll.error().is_none());
+        let one_team = c.comm.lsa_size().unwrap() == c.n;
         drop(c);
+        if one_team {
+            all_reduce_sequence(comm, &stream);
+        }
         comm.finalize().unwrap();
         return;
     }
@@ -1080,8 +1084,60 @@ fn child_body(comm: &Communicator) {
     drop(c);
     if one_team {
         stage_stamps(comm, &stream);
+        all_reduce_sequence(comm, &stream);
+        one_shot_barrier(comm, &stream);
     }
     comm.finalize().unwrap();
+}
+
+/// The one-shot all-reduce with a flag per warp (`CollConfig::warp_flags`,
+/// the default) called back to back from one kernel, each call on its own
+/// data, by coops that change size from call to call (the whole CTA, then
+/// its first warp alone): every call's result exact (f32 sums of small
+/// integers), its neighbours' outputs untouched. Block sizes of two warps
+/// and of a partial third (80 threads), sizes that fill the slots and that
+/// leave warps without a share.
+fn all_reduce_sequence(comm: &Communicator, stream: &Stream) {
+    use devcomm_test_kernels::coll_sequence::all_reduce_sequence_f32;
+    let coll = comm.collectives_with(&tiny()).unwrap();
+    let (n, me) = (comm.count(), comm.rank());
+    let kernels = devcomm_tests::test_kernels(comm.device());
+    for (count, parts, threads, iters) in [(1001usize, 4u32, 64u32, 9usize), (37, 3, 80, 8), (5, 2, 64, 7)] {
+        let value = |r: usize, k: usize| ((k * 13 + r * 7 + count) % 97) as f32 - 40.0;
+        let input: Vec<f32> = (0..iters * count).map(|k| value(me, k)).collect();
+        let src = comm.device().alloc_from(&input).unwrap();
+        let dst = comm.device().alloc_from(&vec![f32::NAN; iters * count]).unwrap();
+        let errors = comm.device().alloc_from(&[0u32; 2]).unwrap();
+        let cfg = LaunchConfig::new(parts, threads).co_resident();
+        let args =
+            (coll.context(), src.device_addr(), dst.device_addr(), count as u64, iters as u32, errors.device_addr());
+        // SAFETY: the context is `coll`'s (4 parts), the grid and block the
+        // same on every rank, `src` and `dst` hold `iters * count` floats.
+        unsafe { stream.launch_in::<all_reduce_sequence_f32>(&kernels, cfg, args).unwrap() };
+        stream.synchronize().unwrap();
+        assert_eq!(stream.read_vec(&errors).unwrap(), [0, 0], "count {count}: the kernel reported an error");
+        let got = stream.read_vec(&dst).unwrap();
+        for (k, g) in got.iter().enumerate() {
+            let want: f32 = (0..n).map(|r| value(r, k)).sum();
+            assert_eq!(*g, want, "count {count} threads {threads}: call {} element {}", k / count, k % count);
+        }
+    }
+    assert!(coll.error().is_none());
+}
+
+/// One-shot all-reduces with `CollConfig::warp_flags` off: each CTA meets
+/// the peers at its barrier (the path the device all-reduce takes for
+/// ranges larger than the flagged slots).
+fn one_shot_barrier(comm: &Communicator, stream: &Stream) {
+    let config = CollConfig { warp_flags: false, ..tiny() };
+    let coll = comm.collectives_with(&config).unwrap();
+    let mut c = Ctx { comm, coll, stream, n: comm.count(), me: comm.rank(), case: 1000 };
+    reductions::<bf16>(&mut c, 700, Algorithm::OneShot);
+    for len in [1, 33, 1000] {
+        all_reduce_places::<f32>(&mut c, len, Algorithm::OneShot);
+    }
+    stream.synchronize().unwrap();
+    assert!(c.coll.error().is_none());
 }
 
 /// `CollConfig::stage_stamps`: an LL, a one-shot and a two-shot all-reduce

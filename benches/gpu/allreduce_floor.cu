@@ -19,7 +19,11 @@
 //   osr:  os with the input held in registers across the meet;
 //   ts:   devcomm's pushed two-shot: the peer's shard into its input area,
 //         meet, the own shard's sum into the output and the peer's result
-//         area, meet, the peer's shard copied out; no closing meet.
+//         area, meet, the peer's shard copied out; no closing meet;
+//   osw:  os with a flag per warp instead of the CTA's meet: each warp
+//         releases its own flag after its stores (`__syncwarp` first) and
+//         sums its own vectors once the peer's same warp flagged them
+//         (devcomm's `CollConfig::warp_flags`).
 // Meets: a release store of the epoch into the peer's flag of CTA b, an
 // acquire spin on its own (thread 0), `__syncthreads` around.
 //
@@ -52,7 +56,7 @@ struct Side {
     float4* peer_out;       // the peer's output (mapped)
     float4* stage;          // this GPU's staging: 4 areas of `area` vectors
     float4* peer_stage;     // the peer's staging (mapped)
-    uint64_t* flags;        // this GPU's flags, one per CTA
+    uint64_t* flags;        // this GPU's flags, one per CTA (osw: per warp of the grid)
     uint64_t* peer_flags;   // the peer's
     uint64_t* stamps;       // null, or [launch][cta][4] %globaltimer stamps
     int rank;               // 0 or 1
@@ -61,8 +65,8 @@ struct Side {
 };
 
 // The variants (see the header).
-enum Variant { PULL = 0, PUSH = 1, OS = 2, OSR = 3, TS = 4, VARIANTS = 5 };
-static const char* kVariantName[VARIANTS] = {"pull", "push", "os", "osr", "ts"};
+enum Variant { PULL = 0, PUSH = 1, OS = 2, OSR = 3, TS = 4, OSW = 5, VARIANTS = 6 };
+static const char* kVariantName[VARIANTS] = {"pull", "push", "os", "osr", "ts", "osw"};
 
 __device__ __forceinline__ uint64_t globaltimer() {
     uint64_t t;
@@ -161,6 +165,23 @@ __device__ __forceinline__ void one(const Side& s, uint64_t epoch, int iter, int
             int i = t + j * n;
             if (i < s.vecs) s.out[i] = add4(x[j], mine[i]);
         }
+    } else if (V == OSW) {
+        // os with a flag per warp of the grid: warp `gw`'s vectors are its
+        // 32 threads' (the same mapping on both GPUs), so the peer's warp
+        // `gw` sums exactly what this one stored.
+        float4* mine = s.stage + (size_t)par * s.area;
+        float4* theirs = s.peer_stage + (size_t)par * s.area;
+        for (int i = t; i < s.vecs; i += n) theirs[i] = s.in[i];
+        __syncwarp();
+        int gw = t / 32;
+        if ((threadIdx.x & 31) == 0) st_release_sys(&s.peer_flags[gw], epoch);
+        stamp(s, launch, 1);
+        if ((threadIdx.x & 31) == 0)
+            while (ld_acquire_sys(&s.flags[gw]) < epoch) {
+            }
+        __syncwarp();
+        stamp(s, launch, 2);
+        for (int i = t; i < s.vecs; i += n) s.out[i] = add4(s.in[i], mine[i]);
     } else {
         // devcomm's pushed two-shot: the peer's shard into its input area,
         // meet, reduce the own shard into the output and the peer's result
@@ -197,6 +218,7 @@ static void launch_variant(int v, int ctas, cudaStream_t st, const Side& s, uint
         case PUSH: allreduce<PUSH><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
         case OS: allreduce<OS><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
         case OSR: allreduce<OSR><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
+        case OSW: allreduce<OSW><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
         default: allreduce<TS><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
     }
 }
@@ -225,6 +247,7 @@ int main() {
     printf("# push: meet, store the peer's shard into its staging, meet, sum, store to both, meet\n");
     printf("# os: devcomm's pushed one-shot (2 ranks): whole input into the peer's staging (parity area), meet, local sum; no closing meet\n");
     printf("# osr: os with the input held in registers across the meet\n");
+    printf("# osw: os with a flag per warp instead of the CTA's meet\n");
     printf("# ts: devcomm's pushed two-shot: shard to the peer, meet, sum to own output + peer's result area, meet, copy out; no closing meet\n");
     printf("# stamps (GPU 0, a separate graphed replay with %%globaltimer stamps, medians over launches, us):\n");
     printf("#   gap = first CTA start - last CTA end of the previous launch; dur = last end - first start;\n");
@@ -248,7 +271,7 @@ int main() {
         CK(cudaMalloc(&in[d], max_bytes));
         CK(cudaMalloc(&out[d], max_bytes));
         CK(cudaMalloc(&stage[d], 4 * max_bytes));
-        CK(cudaMalloc(&flags[d], max_ctas * sizeof(uint64_t)));
+        CK(cudaMalloc(&flags[d], max_ctas * 16 * sizeof(uint64_t)));
         CK(cudaMalloc(&stamps[d], stamp_words * sizeof(uint64_t)));
         CK(cudaMemcpy(in[d], d == 0 ? h0.data() : h1.data(), max_bytes, cudaMemcpyHostToDevice));
         CK(cudaStreamCreateWithFlags(&st[d], cudaStreamNonBlocking));
@@ -263,7 +286,7 @@ int main() {
                     side[d] = Side{in[d], in[1 - d], out[d], out[1 - d], stage[d], stage[1 - d], flags[d],
                                    flags[1 - d], nullptr, d, (int)(bytes / 16), (int)(max_bytes / 16)};
                     CK(cudaSetDevice(d));
-                    CK(cudaMemset(flags[d], 0, max_ctas * sizeof(uint64_t)));
+                    CK(cudaMemset(flags[d], 0, max_ctas * 16 * sizeof(uint64_t)));
                     CK(cudaMemset(out[d], 0xff, bytes));
                     CK(cudaDeviceSynchronize());
                 }
@@ -295,7 +318,7 @@ int main() {
                 auto timed = [&](bool kernel, int stamped) {
                     for (int d = 0; d < 2; ++d) {
                         CK(cudaSetDevice(d));
-                        CK(cudaMemsetAsync(flags[d], 0, max_ctas * sizeof(uint64_t), st[d]));
+                        CK(cudaMemsetAsync(flags[d], 0, max_ctas * 16 * sizeof(uint64_t), st[d]));
                         CK(cudaStreamSynchronize(st[d]));
                     }
                     for (int d = 0; d < 2; ++d) {

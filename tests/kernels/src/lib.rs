@@ -18,6 +18,7 @@
 devcomm_device::kernel_crate!();
 
 pub mod coll_bench;
+pub mod coll_sequence;
 pub mod gin;
 pub mod hier;
 pub mod lsa;
