@@ -40,17 +40,6 @@ pub trait Coop {
     /// [`Coop::sync`] that also returns the largest `value` any thread of
     /// the coop brought, to every thread. The basis of [`Coop::agree`].
     fn sync_max(&self, value: u32) -> u32;
-    /// Barrier among the coop's threads of the caller's warp: thread ranks
-    /// `32 * w .. 32 * w + 32` for `w = thread_rank() / 32` (all of a coop
-    /// of up to 32 threads), ordering their memory accesses as
-    /// `__syncwarp` does. Every thread of the coop calls it. The default
-    /// joins the whole coop ([`Coop::sync`]: correct for any coop, slower);
-    /// [`Cta`] and [`WarpSpan`], whose threads `32 * w ..` are one warp,
-    /// join only that warp.
-    #[inline(always)]
-    fn sync_warp(&self) {
-        self.sync()
-    }
     /// Whether the caller is the coop's first thread.
     #[inline(always)]
     fn is_leader(&self) -> bool {
@@ -271,10 +260,6 @@ impl Coop for WarpSpan {
     fn sync_max(&self, value: u32) -> u32 {
         arch::named_barrier_max(self.id, self.nwarps * WARP_SIZE, self.warp0 * WARP_SIZE, value)
     }
-    #[inline(always)]
-    fn sync_warp(&self) {
-        arch::sync_warp(u32::MAX)
-    }
 }
 
 /// The whole block (CTA).
@@ -306,11 +291,5 @@ impl Coop for Cta {
     #[inline(always)]
     fn sync_max(&self, value: u32) -> u32 {
         arch::sync_threads_max(value)
-    }
-    #[inline(always)]
-    fn sync_warp(&self) {
-        // The block's last warp may be partial: its lanes `0..rest`.
-        let rest = arch::threads_per_block() - arch::thread_rank_in_block() / WARP_SIZE * WARP_SIZE;
-        arch::sync_warp(if rest >= WARP_SIZE { u32::MAX } else { (1u32 << rest) - 1 })
     }
 }

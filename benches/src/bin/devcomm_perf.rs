@@ -125,10 +125,6 @@ struct Args {
     /// Launch plainly, not cooperatively (`CollConfig::cooperative`).
     #[arg(long)]
     no_cooperative: bool,
-    /// One-shot all-reduces of device buffers meet at each CTA's barrier
-    /// instead of flagging each warp's share (`CollConfig::warp_flags` off).
-    #[arg(long)]
-    no_warp_flags: bool,
     /// Also the floors of the host-launched column: an empty kernel
     /// launched as the collective's (same grid, threads, launch kind,
     /// arguments), timed the same way; and the CPU time per call of the
@@ -834,7 +830,6 @@ fn run_typed<T: CollType>(comm: &Communicator, args: &Args, kind: Kind) -> Resul
     config.p2p_gin_slots = args.p2p_gin_slots.unwrap_or(config.p2p_gin_slots);
     config.threads = args.threads.unwrap_or(config.threads);
     config.cooperative &= !args.no_cooperative;
-    config.warp_flags &= !args.no_warp_flags;
     config.stage_stamps = args.stages;
     let lsa = comm.lsa_size()?;
     if args.in_kernel && lsa < comm.count() {

@@ -57,15 +57,7 @@ pub struct CollContext {
     pub(crate) p2p_gin_slots: u32,
     pub(crate) p2p_gin_chunk: u64,
     pub(crate) stamps: u64,
-    pub(crate) flag_offset: u64,
-    pub(crate) flag_slot: u64,
-    pub(crate) flag_parts: u32,
-    pub(crate) flag_reserved: u32,
 }
-
-/// Warps per part that the warp-flagged one-shot all-reduce keeps a flag
-/// for (a coop of up to 1024 threads).
-pub const WARP_FLAG_WARPS: u32 = 32;
 
 /// Stamps per part of a collective's stage timing
 /// ([`CollContext::with_stage_stamps`]): one `u64` per [`CollStage`].
@@ -136,76 +128,7 @@ impl CollContext {
             p2p_gin_slots: 0,
             p2p_gin_chunk: 0,
             stamps: 0,
-            flag_offset: 0,
-            flag_slot: 0,
-            flag_parts: 0,
-            flag_reserved: 0,
         }
-    }
-
-    /// The context with the warp-flagged one-shot all-reduce's area (see
-    /// the type's docs) at byte `offset` of the scratch window: parts
-    /// `0..parts` of a one-shot all-reduce of a local input whose range
-    /// fits `slot` bytes push it into their own slots and signal each warp's
-    /// share with a flag of its own, instead of meeting at their barrier
-    /// (`coll::all_reduce_pushed`). `slot` 0 turns it off.
-    ///
-    /// # Safety
-    /// Every rank's scratch holds [`CollContext::warp_flag_bytes`] bytes at
-    /// `offset` (256-byte aligned, `slot` a multiple of 256), their counts
-    /// and flags zeroed before any rank's first use, used by nothing else.
-    pub const unsafe fn with_warp_flags(mut self, offset: u64, parts: u32, slot: u64) -> Self {
-        self.flag_offset = offset;
-        self.flag_parts = parts;
-        self.flag_slot = slot;
-        self
-    }
-
-    /// Bytes of the warp-flagged one-shot's counts and flags (zeroed when
-    /// made) for `parts` parts of a team of `lsa_size` ranks.
-    pub const fn warp_flag_words_bytes(lsa_size: u32, parts: u32) -> u64 {
-        (parts as u64 * 4).next_multiple_of(256)
-            + (parts as u64 * WARP_FLAG_WARPS as u64 * lsa_size as u64 * 4).next_multiple_of(256)
-    }
-
-    /// Bytes of the warp-flagged one-shot's whole area: the counts and
-    /// flags, then the two areas of slots.
-    pub const fn warp_flag_bytes(lsa_size: u32, parts: u32, slot: u64) -> u64 {
-        Self::warp_flag_words_bytes(lsa_size, parts) + 2 * parts as u64 * lsa_size as u64 * slot
-    }
-
-    /// Whether part `part`'s range of `bytes` bytes fits its warp-flagged
-    /// slots.
-    #[inline(always)]
-    pub(crate) const fn warp_flags_fit(&self, part: u32, bytes: u64) -> bool {
-        part < self.flag_parts && bytes <= self.flag_slot
-    }
-
-    /// Offset of part `part`'s count of warp-flagged calls.
-    #[inline(always)]
-    pub(crate) const fn warp_flag_count_offset(&self, part: u32) -> u64 {
-        self.flag_offset + part as u64 * 4
-    }
-
-    /// Offset of flag `[part][warp][src]` of the warp-flagged one-shot.
-    #[inline(always)]
-    pub(crate) const fn warp_flag_offset(&self, part: u32, warp: u32, src: u32) -> u64 {
-        let n = self.scratch.lsa_size as u64;
-        self.flag_offset
-            + (self.flag_parts as u64 * 4).next_multiple_of(256)
-            + ((part as u64 * WARP_FLAG_WARPS as u64 + warp as u64) * n + src as u64) * 4
-    }
-
-    /// Offset of part `part`'s warp-flagged slot for data from `src`, in
-    /// the area of parity `parity & 1`.
-    #[inline(always)]
-    pub(crate) const fn warp_flag_slot_offset(&self, parity: u32, part: u32, src: u32) -> u64 {
-        let n = self.scratch.lsa_size;
-        let area = self.flag_parts as u64 * n as u64 * self.flag_slot;
-        self.flag_offset
-            + Self::warp_flag_words_bytes(n, self.flag_parts)
-            + (parity & 1) as u64 * area
-            + (part as u64 * n as u64 + src as u64) * self.flag_slot
     }
 
     /// The context with stage stamps: each part's leader records
@@ -682,7 +605,7 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<CollBuffer>(), 8 + 40 + 8 + 8);
-        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48 + 32 + 8 + 24);
+        assert_eq!(size_of::<CollContext>(), size_of::<DevComm>() + 40 + 32 + 8 + 32 + 48 + 32 + 8);
         assert_eq!(size_of::<CollArgs>() % 8, 0);
         assert_eq!(size_of::<P2pOp>(), 32);
         // Kernel parameters stay within the 4 KiB every CUDA version takes.

@@ -47,7 +47,7 @@
 //! |---|---|---|---|
 //! | `Ll` (all-reduce) | each rank stores its input with a flag in every 8 bytes into every peer's LL slot; arrival is the signal | none | ≤ [`CollContext::ll_bytes`] |
 //! | `Ll` (broadcast, reduce) | the root stores its input with flags into every peer's channel slot, or every rank into the root's; the receiver acknowledges each message so the slot is reused only once free | none | ≤ [`CollContext::ll_bytes`] |
-//! | `OneShot` | every rank stores its input into every peer's staging slot (a window input: every rank reads the peers' windows) and reduces all of it; a part whose range fits the context's warp-flagged slots flags each warp's share instead of meeting (see [`all_reduce_pushed`]) | 1 (window: 2; warp flags: none) | medium (2 ranks: up to 2 MiB) |
+//! | `OneShot` | every rank stores its input into every peer's staging slot (a window input: every rank reads the peers' windows) and reduces all of it | 1 (window: 2) | medium (2 ranks: up to 2 MiB) |
 //! | `TwoShot` | every rank stores shard `p` of its input into rank `p`'s staging slot; rank `r` reduces shard `r` and stores it into every peer's result slot; each copies the results out (only stores cross NVLink) | 2 | large |
 //!
 //! [`Algorithm::Auto`] picks by size ([`Algorithm::choose`]).
@@ -79,7 +79,6 @@ pub(crate) mod pack;
 mod reduce;
 mod relay;
 mod staging;
-mod warp_flags;
 
 pub use crate::abi::coll::{
     CollArgs, CollBuffer, CollContext, CollStage, P2pArgs, P2pKind, P2pOp, COLL_STAGES, MAX_GROUP_OPS,

@@ -5,10 +5,7 @@ use super::element::Element;
 use super::op::Reduction;
 use super::pack::reduce_into;
 use super::staging::{area, piece, Staged};
-use super::{
-    check_part, chunk_elems, ll, ll_rooted, relay, warp_flags, Algorithm, CollContext, CollError, CollStage, Input,
-    Part,
-};
+use super::{check_part, chunk_elems, ll, ll_rooted, relay, Algorithm, CollContext, CollError, CollStage, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
 use crate::lsa::{ops::copy_strided, LsaBarrierSession};
@@ -36,9 +33,8 @@ fn overlaps<T>(a: *const T, b: *const T, count: usize) -> bool {
 /// `ctx` is live; `src` holds `count` elements on every rank (in a window:
 /// at the same offset), `dst` `count` elements; the ordering of the
 /// [module docs](super); every thread of `coop` calls with the same
-/// arguments, and every rank with the same `count`, parts, `algorithm`,
-/// `seq` and coop size (the one-shot's warp flags pair warp `w` of each
-/// rank with warp `w` of the others).
+/// arguments, and every rank with the same `count`, parts, `algorithm` and
+/// `seq`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn all_reduce<C: Coop, T: Element>(
@@ -77,9 +73,7 @@ pub unsafe fn all_reduce<C: Coop, T: Element>(
 }
 
 /// One-shot: every rank (or only `root`) reduces the part's range: a
-/// reduction of one block ([`reduce_range`] with blocks 0 elements apart;
-/// an all-reduce of a local input whose range fits the warp-flagged slots:
-/// [`warp_flags`], as [`all_reduce_pushed`] does).
+/// reduction of one block ([`reduce_range`] with blocks 0 elements apart).
 /// A local input is pushed (one barrier per chunk), a window input read
 /// in place. On 2 ranks that moves the same NVLink bytes as the two-shot in
 /// one phase instead of two.
@@ -98,13 +92,6 @@ unsafe fn one_shot<C: Coop, T: Element>(
     root: Option<u32>,
 ) -> Result<(), CollError> {
     let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
-    if let (Input::Local(src), None) = (src, root) {
-        if pb < pe && ctx.warp_flags_fit(part.index, ((pe - pb) * size_of::<T>()) as u64) {
-            // SAFETY: this function's contract; the range is not empty and
-            // fits the part's slots (alike on every rank).
-            return unsafe { warp_flags::all_reduce(coop, ctx, part, src, pb, pe, dst.wrapping_add(pb), red) };
-        }
-    }
     // SAFETY: this function's contract; the part's piece of the one block.
     unsafe { reduce_range(coop, ctx, part, src, 0, pb, pe, dst.wrapping_add(pb), red, root) }
 }
@@ -385,22 +372,15 @@ unsafe fn pushed_range<C: Coop, T: Element>(
     Ok(())
 }
 
-/// [`all_reduce`] with [`Algorithm::OneShot`] of a local input, compiled
-/// into the caller with no call inside: what the host collectives launch
-/// for all-reduces up to [`super::ONE_SHOT_MAX_BYTES`]
+/// [`all_reduce`] with [`Algorithm::OneShot`] of a local input (pushed
+/// through the staging area: one barrier per chunk), compiled into the
+/// caller with no call inside: what the host collectives launch for
+/// all-reduces up to [`super::ONE_SHOT_MAX_BYTES`]
 /// ([`super::ONE_SHOT_MAX_BYTES_2_RANKS`] on two ranks). A kernel of its
 /// own reads its arguments in one go and keeps its state in registers: on
 /// 2 × H200 the graphed 2 MiB all-reduce's kernel spent 1.5 µs from its
 /// start to its first push, and 1.7 after its barrier, through the
 /// general kernel's calls (`benches/results/`, session 18).
-///
-/// A part whose range fits its slots of the context's warp-flagged area
-/// ([`CollContext::with_warp_flags`]) pushes it there and signals each
-/// warp's share with a flag of its own: each warp reduces its share as
-/// soon as the peers' same warps have stored theirs, no barrier
-/// (`warp_flags`). Larger ranges are pushed through the staging area in
-/// chunks, one barrier per chunk. Every rank's coop must have the same
-/// size.
 ///
 /// # Safety
 /// As for [`all_reduce`], with `src` local device memory.
@@ -420,11 +400,6 @@ pub unsafe fn all_reduce_pushed<C: Coop, T: Element>(
         return Ok(());
     }
     let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
-    if pb < pe && ctx.warp_flags_fit(part.index, ((pe - pb) * size_of::<T>()) as u64) {
-        // SAFETY: this function's contract; the range is not empty and
-        // fits the part's slots (alike on every rank).
-        return unsafe { warp_flags::all_reduce(coop, ctx, part, src, pb, pe, dst.wrapping_add(pb), red) };
-    }
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
     ctx.stamp(coop, part, CollStage::Ready);

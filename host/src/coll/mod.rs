@@ -250,15 +250,6 @@ pub struct CollConfig {
     /// its end: [`CollStage`]), read with [`Collectives::stage_times`].
     /// Costs a few stores per CTA and call. Default: off.
     pub stage_stamps: bool,
-    /// One-shot all-reduces of device buffers (up to
-    /// [`ONE_SHOT_MAX_BYTES`], [`ONE_SHOT_MAX_BYTES_2_RANKS`] on two ranks)
-    /// signal each warp's share with a flag of its own instead of meeting
-    /// at a barrier per CTA: each warp reduces its share as soon as the
-    /// peers' same warps have stored theirs, while the rest still crosses
-    /// NVLink. Costs about 8 MiB of device memory per [`Collectives`] (two
-    /// areas of slots, one CTA's share per rank). `false`: every one-shot
-    /// meets at its CTA's barrier. Default: `true`.
-    pub warp_flags: bool,
 }
 
 /// Env: `0` launches the collectives' kernels plainly instead of
@@ -285,7 +276,6 @@ impl Default for CollConfig {
             rail_chunk_bytes: 16 << 10,
             cooperative: std::env::var(COOPERATIVE_ENV).map_or(true, |v| v.trim() != "0"),
             stage_stamps: false,
-            warp_flags: true,
         }
     }
 }
@@ -644,23 +634,8 @@ impl Communicator {
         } else {
             None
         };
-        // The warp-flagged one-shot's slots: one CTA's share of the largest
-        // one-shot all-reduce per rank, for as many CTAs as that takes.
-        let (flag_parts, flag_slot) = if config.warp_flags {
-            let one_shot_max = if lsa == 2 { ONE_SHOT_MAX_BYTES_2_RANKS } else { ONE_SHOT_MAX_BYTES } as usize;
-            let parts = one_shot_max.div_ceil(config.bytes_per_cta).clamp(1, config.max_ctas as usize);
-            // `piece` rounds a CTA's share up to a 16-byte unit.
-            let share = config.bytes_per_cta.min(one_shot_max).max(one_shot_max.div_ceil(parts)) + 16;
-            (parts as u32, share.next_multiple_of(256) as u64)
-        } else {
-            (0, 0)
-        };
-        let flag_area = CollContext::warp_flag_bytes(lsa as u32, flag_parts, flag_slot) as usize;
-        let flag_words = CollContext::warp_flag_words_bytes(lsa as u32, flag_parts) as usize;
-        let scratch_bytes = (ll_area + 2 * config.stage_bytes + p2p_area.next_multiple_of(16) + a2a_area)
-            .next_multiple_of(256)
-            + flag_area;
-        let scratch = req.add_resource(scratch_bytes as u64, 256);
+        let scratch =
+            req.add_resource((ll_area + 2 * config.stage_bytes + p2p_area.next_multiple_of(16) + a2a_area) as u64, 256);
         let handle = self.create_dev_comm(&req)?;
         let offset = handle.resource_offset(scratch)?;
         let window = handle.resource_window();
@@ -675,11 +650,6 @@ impl Communicator {
         // And the LL all-to-all inboxes and epochs.
         let a2a_offset = p2p_offset + p2p_area.next_multiple_of(16) as u64;
         stream.write_raw(window.local_ptr::<u8>(a2a_offset) as u64, &vec![0u8; a2a_area])?;
-        // And the warp-flagged one-shot's counts and flags.
-        let flag_offset = (a2a_offset + a2a_area as u64).next_multiple_of(256);
-        if flag_words > 0 {
-            stream.write_raw(window.local_ptr::<u8>(flag_offset) as u64, &vec![0u8; flag_words])?;
-        }
         stream.synchronize()?;
         self.bootstrap_barrier()?;
         // SAFETY: the device communicator has `max_ctas` LSA barriers that
@@ -688,9 +658,7 @@ impl Communicator {
         // before the barrier), the two staging areas and the point-to-point
         // area (its words zeroed above) and the LL all-to-all area (zeroed
         // above) at `offset`, 256-byte aligned, sizes
-        // multiples of 16 (checked above); then, 256-byte aligned, the
-        // warp-flagged area (its counts and flags zeroed above, slots of a
-        // multiple of 256 bytes).
+        // multiples of 16 (checked above).
         let ctx = unsafe {
             CollContext::from_raw_parts(
                 handle.dev_comm(),
@@ -704,7 +672,6 @@ impl Communicator {
             )
             .with_p2p(p2p_offset, config.p2p_chunk_bytes as u64, config.p2p_slots)
             .with_ll_a2a(a2a_offset, config.ll_a2a_slots)
-            .with_warp_flags(flag_offset, flag_parts, flag_slot)
         };
         let ctx = match &gin {
             // SAFETY: the device communicator has GIN (Full) with
