@@ -186,8 +186,17 @@ pub enum Algorithm {
 pub const CONTEXT_SHARED_BYTES: u32 = (core::mem::size_of::<CollContext>() as u32).next_multiple_of(16);
 
 /// All-reduce messages up to this many bytes take [`Algorithm::Ll`] on a
-/// team of two (when the context's LL slots hold them).
-pub const LL_MAX_BYTES: u64 = 16 << 10;
+/// team of two (when the context's LL slots hold them), broadcasts and
+/// reduces too. On 2 × H200, graphed, the LL all-reduce took 3.35 / 4.28 /
+/// 6.66 / 11.38 µs at 2 / 4 / 8 / 16 KiB, the pushed one-shot 5.42 / 5.55 /
+/// 6.40 / 6.03 (in kernel LL 2.04 / 2.83 / 4.80 / 8.85, one-shot 4.58 /
+/// 4.80 / 5.53 / 5.29); the LL broadcast 2.95 / 3.52 / 4.21 / 5.90, the
+/// direct one 4.29 / 4.34 / 4.59 / 4.57
+/// (`benches/results/2026-11-27-h200x2-ll-limit.md`).
+pub const LL_MAX_BYTES: u64 = 8 << 10;
+/// Payload bytes of the LL slots a host `Collectives` makes by default
+/// (`CollConfig::ll_bytes`): LL can be asked for up to this size.
+pub const LL_SLOT_BYTES: u64 = 16 << 10;
 /// [`LL_MAX_BYTES`] on teams of three or more, where each word goes to
 /// every peer from one CTA: on 4 × H200 the LL all-reduce took 5.8 µs at 4
 /// KiB but 10.3 at 8 KiB and 19.1 at 16 KiB in kernel, one-shot 6.9, 8.7

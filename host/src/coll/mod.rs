@@ -136,7 +136,7 @@ mod stages;
 pub use datatype::{CollType, DataType, Fp8E4M3, Fp8E5M2};
 pub use devcomm_device::coll::{
     Algorithm, CollStage, P2pKind, RedOp, COLL_STAGES, CONTEXT_SHARED_BYTES, LL_MAX_BYTES, LL_MAX_BYTES_MANY_RANKS,
-    ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES_2_RANKS, RELAY_MIN_BYTES,
+    LL_SLOT_BYTES, ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES_2_RANKS, RELAY_MIN_BYTES,
 };
 pub use hier::{MultiTeam, HIER_SPLIT_MIN_BYTES, MULTI_TEAM_ENV};
 pub use p2p::Group;
@@ -178,7 +178,10 @@ pub struct CollConfig {
     /// CTA's remote loads are a round trip each; fewer, fuller CTAs paid one
     /// round trip per step (measured on 2 × H200, `benches/results/`).
     pub bytes_per_cta: usize,
-    /// Payload bytes of each LL slot: the largest LL all-reduce.
+    /// Payload bytes of each LL slot: the largest LL all-reduce, broadcast
+    /// or reduce (default [`LL_SLOT_BYTES`]; [`Algorithm::Auto`] takes LL
+    /// only up to [`LL_MAX_BYTES`] on two ranks, [`LL_MAX_BYTES_MANY_RANKS`]
+    /// on more).
     pub ll_bytes: usize,
     /// Bytes of each of the two staging areas through which device buffers
     /// are pushed, in chunks of `stage_bytes / max_ctas` per CTA. The
@@ -262,7 +265,7 @@ impl Default for CollConfig {
             max_ctas: 128,
             threads: 0,
             bytes_per_cta: 16 << 10,
-            ll_bytes: LL_MAX_BYTES as usize,
+            ll_bytes: LL_SLOT_BYTES as usize,
             stage_bytes: 32 << 20,
             p2p_chunk_bytes: 64 << 10,
             p2p_slots: 32,
