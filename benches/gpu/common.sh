@@ -22,3 +22,20 @@ fi
 # xz on every core at level 1: `tar -cJ` compresses on one core at level 6,
 # slow for two builds' cache (~100 MB) in a 10-minute call.
 save_jitcache() { [ -d "$CUDA_CACHE_PATH" ] && tar -c -C "$CUDA_CACHE_PATH" . | xz -T0 -1 > "$OUT/jitcache.tar.xz" && ls -la "$OUT/jitcache.tar.xz"; }
+# Unpacks bundle `$B/NAME` into `$B/DIR` and makes `$OUT/logs`:
+# `unpack_bundle b19a.tar.xz a`.
+unpack_bundle() { mkdir -p "$B/$2" "$OUT/logs" && tar -xJf "$B/$1" -C "$B/$2"; }
+# Starts the driver's JIT of the library and test kernels in the
+# background (a one-rank in-kernel all-reduce loads both modules) from the
+# unpacked bundle DIR: `warm_jit DIR`; its log is `$OUT/logs/warm_DIR.log`.
+# Run work that needs no kernels meanwhile, then `wait_jit DIR`: it waits
+# for that process only (never a bare `wait` under `exec > >(tee ...)`)
+# and saves the JIT cache for the next call of the same PTX, always: a
+# call that did not cost the next one 4.5 minutes (session 19).
+warm_jit() {
+    (DEVCOMM_RUNTIME=cuda timeout "${WARM_TIMEOUT:-420}" "$B/$1/bin/devcomm-run" -n 1 "$B/$1/bin/devcomm_perf" \
+        -o all_reduce -b 8 -e 8 -n 1 -w 1 --reps 1 --in-kernel > "$OUT/logs/warm_$1.log" 2>&1
+     echo "warm $1: rc $? at $(date -u +%T)" >> "$OUT/logs/warm_$1.log") &
+    WARM_PID=$!
+}
+wait_jit() { wait "$WARM_PID"; tail -1 "$OUT/logs/warm_$1.log"; save_jitcache; }
