@@ -1092,9 +1092,10 @@ fn child_body(comm: &Communicator) {
 /// back from one kernel, each call on its own data, by coops that change
 /// size from call to call (the whole CTA, then its first warp alone): the
 /// staging areas' parity rule across calls and coops (no closing barrier).
-/// Every call's result exact (f32 sums of small integers), its neighbours'
-/// outputs untouched. Block sizes of two warps and of a partial third (80
-/// threads); several chunks per part, one, and parts with nothing to do.
+/// Every call's result exact (f32 sums of small integers), all checked
+/// after the last call (a call that wrote into an earlier call's output
+/// shows). Block sizes of two warps and of a partial third (80 threads);
+/// several chunks per part, one, and parts with nothing to do.
 fn all_reduce_sequence(comm: &Communicator, stream: &Stream) {
     use devcomm_test_kernels::coll_sequence::all_reduce_sequence_f32;
     let coll = comm.collectives_with(&tiny()).unwrap();
