@@ -60,7 +60,7 @@
 use super::element::Element;
 use super::op::{RedOp, Reduction};
 use super::reduce::reduce_range;
-use super::staging::piece;
+use super::staging::{part_range, piece};
 use super::{check_part, Algorithm, CollContext, CollError, Input, Part};
 use crate::coop::Coop;
 use crate::gin::{Gin, LocalAction, RemoteAction};
@@ -269,7 +269,7 @@ pub unsafe fn reduce_scatter<C: Coop, T: Element>(
     }
     let me = ctx.comm().rail().rank;
     let blocks_of = |team: u32| src.advance(team as usize * lsa as usize * count);
-    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    let (pb, pe) = part_range::<T>(count, part);
     // SAFETY: this function's contract: team `t`'s blocks are `lsa`
     // blocks of `count` at `blocks_of(t)`; our own team's partial lands
     // in `dst` (in place: our own block, which no peer reads); the other
@@ -539,7 +539,7 @@ unsafe fn rail_exchange<C: Coop, T: Copy>(
     let comm = ctx.comm();
     let rail = comm.rail();
     let (teams, me) = (rail.nranks, rail.rank);
-    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    let (pb, pe) = part_range::<T>(count, part);
     if teams <= 1 || pb >= pe {
         return Ok(());
     }

@@ -10,11 +10,11 @@
 //! suffices. A window input is **pulled** in place (zero copy): each rank
 //! reads the peers' windows between two barriers.
 
-use super::staging::{area, piece, slice, Staged};
+use super::staging::{area, part_barrier, piece, slice, Staged};
 use super::{check_part, ll_rooted, relay, Algorithm, CollContext, CollError, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
-use crate::lsa::{ops::copy_strided, LsaBarrierSession};
+use crate::lsa::ops::copy_strided;
 use core::mem::size_of;
 
 /// The shape of one data movement: per rank, `blocks_in` blocks of `bytes`
@@ -111,7 +111,7 @@ unsafe fn push<C: Coop>(
     let (pb, pe) = piece(mv.bytes, 16, part.count as usize, part.index as usize);
     let chunk = ((slice(ctx, part).1 / mv.slots(n) as usize) / 16 * 16).max(16);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
     let mut c0 = pb;
     while c0 < pe {
         let m = chunk.min(pe - c0);
@@ -177,7 +177,7 @@ unsafe fn pull<C: Coop>(
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
     let (pb, pe) = piece(mv.bytes, 16, part.count as usize, part.index as usize);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
     // SAFETY: as above.
     unsafe { bar.sync(coop, Order::AcqRel) }?;
     if mv.receives(me) && pe > pb {

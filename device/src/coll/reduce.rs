@@ -4,7 +4,7 @@
 use super::element::Element;
 use super::op::Reduction;
 use super::pack::reduce_into;
-use super::staging::{area, piece, Staged};
+use super::staging::{area, part_barrier, part_range, piece, Staged};
 use super::{check_part, chunk_elems, ll, ll_rooted, relay, Algorithm, CollContext, CollError, CollStage, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
@@ -91,7 +91,7 @@ unsafe fn one_shot<C: Coop, T: Element>(
     red: &Reduction<T>,
     root: Option<u32>,
 ) -> Result<(), CollError> {
-    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    let (pb, pe) = part_range::<T>(count, part);
     // SAFETY: this function's contract; the part's piece of the one block.
     unsafe { reduce_range(coop, ctx, part, src, 0, pb, pe, dst.wrapping_add(pb), red, root) }
 }
@@ -117,12 +117,12 @@ unsafe fn two_shot<C: Coop, T: Element>(
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
     let unit = 16 / size_of::<T>();
     let size = size_of::<T>();
-    let (pb, pe) = piece(count, unit, part.count as usize, part.index as usize);
+    let (pb, pe) = part_range::<T>(count, part);
     // A slot holds one shard: `n` of them fill the part's slice.
     let shard = chunk_elems::<T>(ctx, part, n);
     let chunk = shard * n as usize;
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
     ctx.stamp(coop, part, CollStage::Ready);
     let mut c0 = pb;
     while c0 < pe {
@@ -206,7 +206,7 @@ pub unsafe fn reduce<C: Coop, T: Element>(
         return Ok(());
     }
     if algorithm == Algorithm::TwoShot && n >= 3 {
-        let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+        let (pb, pe) = part_range::<T>(count, part);
         // SAFETY: this function's contract; the part's piece of the input.
         return unsafe { relay::reduce(coop, ctx, part, src.local(), dst.wrapping_add(pb), pb, pe, red, root) };
     }
@@ -235,7 +235,7 @@ pub unsafe fn reduce_scatter<C: Coop, T: Element>(
     if count == 0 {
         return Ok(());
     }
-    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    let (pb, pe) = part_range::<T>(count, part);
     // SAFETY: this function's contract; the part's piece of the blocks.
     unsafe { reduce_range(coop, ctx, part, src, count, pb, pe, dst.wrapping_add(pb), red, None) }
 }
@@ -280,7 +280,7 @@ pub(super) unsafe fn reduce_range<C: Coop, T: Element>(
     let size = size_of::<T>();
     let receives = |r: u32| root.is_none_or(|root| root == r);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
     ctx.stamp(coop, part, CollStage::Ready);
     match src {
         Input::Window(s) => {
@@ -399,9 +399,9 @@ pub unsafe fn all_reduce_pushed<C: Coop, T: Element>(
     if count == 0 {
         return Ok(());
     }
-    let (pb, pe) = piece(count, 16 / size_of::<T>(), part.count as usize, part.index as usize);
+    let (pb, pe) = part_range::<T>(count, part);
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
     ctx.stamp(coop, part, CollStage::Ready);
     // SAFETY: this function's contract; the part's piece of the one block.
     unsafe { pushed_range(coop, ctx, part, &mut bar, src, 0, pb, pe, dst.wrapping_add(pb), red, None) }

@@ -29,11 +29,11 @@
 use super::element::Element;
 use super::op::Reduction;
 use super::pack::reduce_into;
-use super::staging::{area, piece};
+use super::staging::{area, part_barrier, piece};
 use super::{chunk_elems, CollContext, CollError, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
-use crate::lsa::{ops::copy_strided, LsaBarrierSession};
+use crate::lsa::ops::copy_strided;
 use core::mem::size_of;
 
 /// The shape of one relayed collective on a part: its range, its chunks,
@@ -107,7 +107,7 @@ unsafe fn epochs<C: Coop>(
         return Ok(());
     }
     // SAFETY: the contract.
-    let mut bar = unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }?;
+    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
     for i in 0..chunks + 2 {
         step(i, area(ctx, part, bar.epoch()), area(ctx, part, bar.epoch().wrapping_sub(1)));
         if i <= chunks {

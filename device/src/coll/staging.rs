@@ -25,6 +25,7 @@
 //! epochs count on.
 
 use crate::comm::WindowDesc;
+use crate::lsa::LsaBarrierSession;
 
 /// `[begin, end)` of piece `i` of `pieces` of `len` bytes, cut at
 /// multiples of `unit` (the last piece takes the tail).
@@ -36,6 +37,29 @@ pub(crate) fn piece(len: usize, unit: usize, pieces: usize, i: usize) -> (usize,
     let ub = i * base + if i < rem { i } else { rem };
     let ue = ub + base + (i < rem) as usize;
     ((ub * unit).min(len), (ue * unit).min(len))
+}
+
+/// `[begin, end)` of part `part`'s piece of `count` elements of `T`, cut
+/// at whole 16-byte units (see [`piece`]).
+#[inline(always)]
+pub(crate) fn part_range<T>(count: usize, part: super::Part) -> (usize, usize) {
+    piece(count, 16 / core::mem::size_of::<T>(), part.count as usize, part.index as usize)
+}
+
+/// Opens part `part`'s LSA barrier (`barrier_base + part.index` of the
+/// context's device communicator), whose epochs order its staging.
+///
+/// # Safety
+/// As for [`LsaBarrierSession::new`]: `ctx` is live and its barriers are
+/// the collectives', used by this part's coop alone.
+#[inline(always)]
+pub(crate) unsafe fn part_barrier<'a, C: crate::coop::Coop>(
+    coop: &C,
+    ctx: &'a super::CollContext,
+    part: super::Part,
+) -> Result<LsaBarrierSession<'a>, crate::lsa::BarrierError> {
+    // SAFETY: this function's contract.
+    unsafe { LsaBarrierSession::new(coop, ctx.comm(), ctx.barrier_base() + part.index) }
 }
 
 /// The part's slice of each staging area: (offset from the area's start,
