@@ -424,11 +424,7 @@ impl<T: CollType> Bench<'_, T> {
     fn stages_line(&self, bytes: usize) -> Result<String> {
         let parts = self.coll.stage_times(self.stream)?;
         let us = |ns: u64| ns as f64 / 1e3;
-        let median = |mut v: Vec<u64>| -> String {
-            v.sort_unstable();
-            v.get(v.len() / 2).map_or("    -".into(), |&x| format!("{:5.2}", us(x)))
-        };
-        let latest = |v: &[u64]| v.iter().max().map_or("    -".into(), |&x| format!("{:5.2}", us(x)));
+        let show = |x: Option<f64>| x.map_or("    -".into(), |x| format!("{x:5.2}"));
         let mut line = format!(
             "# stages rank {} bytes {bytes}: {} CTAs, starts spread {:.2} us; per stage, median since the CTA's start / latest since the first start (us):",
             self.comm.rank(),
@@ -443,9 +439,10 @@ impl<T: CollType> Bench<'_, T> {
             ("done", |p| Some(p.done_ns)),
         ];
         for (name, f) in stages {
-            let own: Vec<u64> = parts.iter().filter_map(|p| f(p).map(|v| v - p.start_ns)).collect();
-            let abs: Vec<u64> = parts.iter().filter_map(f).collect();
-            line.push_str(&format!(" {name} {} / {}", median(own), latest(&abs)));
+            let own: Vec<f64> = parts.iter().filter_map(|p| f(p).map(|v| us(v - p.start_ns))).collect();
+            let median = (!own.is_empty()).then(|| devcomm_benches::median(own));
+            let latest = parts.iter().filter_map(f).max().map(us);
+            line.push_str(&format!(" {name} {} / {}", show(median), show(latest)));
         }
         Ok(line)
     }
