@@ -20,6 +20,12 @@
 //   ts:   devcomm's pushed two-shot: the peer's shard into its input area,
 //         meet, the own shard's sum into the output and the peer's result
 //         area, meet, the peer's shard copied out; no closing meet;
+//   osc:  os with devcomm's data layout and launch: each CTA a contiguous
+//         range of the vectors, 256 threads, each loading 4 vectors before
+//         storing them (devcomm's `copy_strided`) and, after the meet,
+//         loading 4 of the input and 4 of the staging before adding
+//         (devcomm's `reduce_into`): whether devcomm's 2 MiB gap to `os`
+//         is its layout or its code;
 //   osw:  os with a flag per warp instead of the CTA's meet: each warp
 //         releases its own flag after its stores (`__syncwarp` first) and
 //         sums its own vectors once the peer's same warp flagged them
@@ -38,7 +44,7 @@
 // of its CTAs' starts and each step's time.
 //
 // Build and run on the GPU machine (as `benches/results/raw/2026-11-27-h200x2-moe-stages/call5/run17d.sh` did):
-//   nvcc -O3 -arch=sm_90 -o allreduce_floor allreduce_floor.cu && ./allreduce_floor
+//   nvcc -O3 -arch=sm_90 -o allreduce_floor allreduce_floor.cu && ./allreduce_floor [variant ...]
 #include <cuda_runtime.h>
 
 #include "floor_common.cuh"
@@ -47,6 +53,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 struct Side {
@@ -65,8 +72,11 @@ struct Side {
 };
 
 // The variants (see the header).
-enum Variant { PULL = 0, PUSH = 1, OS = 2, OSR = 3, TS = 4, OSW = 5, VARIANTS = 6 };
-static const char* kVariantName[VARIANTS] = {"pull", "push", "os", "osr", "ts", "osw"};
+enum Variant { PULL = 0, PUSH = 1, OS = 2, OSR = 3, TS = 4, OSW = 5, OSC = 6, VARIANTS = 7 };
+static const char* kVariantName[VARIANTS] = {"pull", "push", "os", "osr", "ts", "osw", "osc"};
+
+// Vectors each thread of `osc` keeps in flight (devcomm's `UNROLL`).
+constexpr int kUnroll = 4;
 
 __device__ __forceinline__ uint64_t globaltimer() {
     uint64_t t;
@@ -165,6 +175,47 @@ __device__ __forceinline__ void one(const Side& s, uint64_t epoch, int iter, int
             int i = t + j * n;
             if (i < s.vecs) s.out[i] = add4(x[j], mine[i]);
         }
+    } else if (V == OSC) {
+        // CTA b's contiguous range [b0, b1) of the vectors, devcomm's
+        // `part_range`; 4 vectors per thread in flight.
+        float4* mine = s.stage + (size_t)par * s.area;
+        float4* theirs = s.peer_stage + (size_t)par * s.area;
+        int per = (s.vecs + gridDim.x - 1) / gridDim.x;
+        int b0 = min(s.vecs, (int)blockIdx.x * per), b1 = min(s.vecs, b0 + per);
+        for (int base = b0 + threadIdx.x; base < b1; base += kUnroll * blockDim.x) {
+            float4 v[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                int i = base + u * blockDim.x;
+                if (i < b1) v[u] = s.in[i];
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                int i = base + u * blockDim.x;
+                if (i < b1) theirs[i] = v[u];
+            }
+        }
+        stamp(s, launch, 1);
+        meet(s, epoch);
+        stamp(s, launch, 2);
+        for (int base = b0 + threadIdx.x; base < b1; base += kUnroll * blockDim.x) {
+            float4 a[kUnroll], b[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                int i = base + u * blockDim.x;
+                if (i < b1) a[u] = s.in[i];
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                int i = base + u * blockDim.x;
+                if (i < b1) b[u] = mine[i];
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                int i = base + u * blockDim.x;
+                if (i < b1) s.out[i] = add4(a[u], b[u]);
+            }
+        }
     } else if (V == OSW) {
         // os with a flag per warp of the grid: warp `gw`'s vectors are its
         // 32 threads' (the same mapping on both GPUs), so the peer's warp
@@ -219,6 +270,7 @@ static void launch_variant(int v, int ctas, cudaStream_t st, const Side& s, uint
         case OS: allreduce<OS><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
         case OSR: allreduce<OSR><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
         case OSW: allreduce<OSW><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
+        case OSC: allreduce<OSC><<<ctas, 256, 0, st>>>(s, epoch, iter0, n); break;
         default: allreduce<TS><<<ctas, 512, 0, st>>>(s, epoch, iter0, n); break;
     }
 }
@@ -228,7 +280,14 @@ static double median(std::vector<double> v) {
     return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-int main() {
+int main(int argc, char** argv) {
+    // Optional arguments: the variants to run (default all).
+    auto wanted = [&](int v) {
+        if (argc < 2) return true;
+        for (int a = 1; a < argc; ++a)
+            if (std::string(argv[a]) == kVariantName[v]) return true;
+        return false;
+    };
     int ndev = 0;
     CK(cudaGetDeviceCount(&ndev));
     if (ndev < 2) {
@@ -248,6 +307,7 @@ int main() {
     printf("# os: devcomm's pushed one-shot (2 ranks): whole input into the peer's staging (parity area), meet, local sum; no closing meet\n");
     printf("# osr: os with the input held in registers across the meet\n");
     printf("# osw: os with a flag per warp instead of the CTA's meet\n");
+    printf("# osc: os with devcomm's layout: a contiguous range per CTA, 256 threads, 4 vectors in flight each\n");
     printf("# ts: devcomm's pushed two-shot: shard to the peer, meet, sum to own output + peer's result area, meet, copy out; no closing meet\n");
     printf("# stamps (GPU 0, a separate graphed replay with %%globaltimer stamps, medians over launches, us):\n");
     printf("#   gap = first CTA start - last CTA end of the previous launch; dur = last end - first start;\n");
@@ -279,6 +339,7 @@ int main() {
     std::vector<uint64_t> hs(stamp_words);
     for (size_t bytes : {512u << 10, 2u << 20, 8u << 20}) {
         for (int v = 0; v < VARIANTS; ++v) {
+            if (!wanted(v)) continue;
             if (v == OSR && bytes / 16 > (size_t)kRegVecs * 64 * 512) continue;  // registers hold it at >= 64 CTAs only
             for (int ctas : {64, 128}) {
                 Side side[2];
