@@ -75,6 +75,104 @@ pub unsafe fn copy_strided_by<const U: usize>(t: usize, n: usize, dst: *mut u8, 
     unsafe { copy_strided(t, n, dst.add(vec_bytes), src.add(vec_bytes), bytes - vec_bytes) };
 }
 
+/// A copy from one source to several destinations, begun: thread `t` of
+/// `n`'s first `U` 16-byte vectors of `src[..bytes]` loaded
+/// ([`CopyAhead::load`]), before the destinations are known; then
+/// [`CopyAhead::store`] copies the thread's share to each destination,
+/// loading each vector once. A caller whose destinations depend on a load
+/// of their own (a barrier epoch choosing a staging area) makes that load
+/// between the two, so the round trips overlap instead of following each
+/// other (the pushed one-shot all-reduce, `coll`).
+pub(crate) struct CopyAhead<const U: usize> {
+    v: [[u32; 4]; U],
+    t: usize,
+    n: usize,
+    src: *const u8,
+    bytes: usize,
+    vectors: usize,
+}
+
+impl<const U: usize> CopyAhead<U> {
+    /// Loads thread `t` of `n`'s first `U` vectors of `src[..bytes]`
+    /// (none unless `src` is 16-byte aligned).
+    ///
+    /// # Safety
+    /// `src` is valid for reads of `bytes` bytes; `t < n`.
+    #[inline(always)]
+    pub(crate) unsafe fn load(t: usize, n: usize, src: *const u8, bytes: usize) -> Self {
+        let n = n.max(1);
+        let vectors = if src as usize % 16 == 0 { bytes / 16 } else { 0 };
+        let mut v = [[0u32; 4]; U];
+        crate::coll::pack::each_lane!(U, |u| {
+            let i = t + u * n;
+            if i < vectors {
+                // SAFETY: `i < vectors`: vector `i` lies in `src[..bytes]`
+                // (the contract), 16-byte aligned.
+                v[u] = unsafe { load16(src.add(i * 16)) };
+            }
+        });
+        CopyAhead { v, t, n, src, bytes, vectors }
+    }
+
+    /// Copies the thread's share of the source to every `dst(j)`, `j < m`,
+    /// that is `Some` ([`copy_strided`] for each when a destination is not
+    /// 16-byte aligned, or the source was not).
+    ///
+    /// # Safety
+    /// As for [`copy_strided`] with this copy's source, for every
+    /// destination `dst(j)` that is `Some` (none overlapping the source or
+    /// another); `dst(j)` returns the same on every call; every thread of
+    /// the `n` calls with the same `m` and destinations.
+    #[inline(always)]
+    pub(crate) unsafe fn store(self, m: usize, dst: impl Fn(usize) -> Option<*mut u8>) {
+        let CopyAhead { mut v, t, n, src, bytes, vectors } = self;
+        if vectors == 0 || (0..m).any(|j| dst(j).is_some_and(|d| d as usize % 16 != 0)) {
+            for j in 0..m {
+                if let Some(d) = dst(j) {
+                    // SAFETY: the contract, destination `j`.
+                    unsafe { copy_strided(t, n, d, src, bytes) };
+                }
+            }
+            return;
+        }
+        let mut base = t;
+        loop {
+            for j in 0..m {
+                if let Some(d) = dst(j) {
+                    crate::coll::pack::each_lane!(U, |u| {
+                        let i = base + u * n;
+                        if i < vectors {
+                            // SAFETY: vector `i < vectors` of destination
+                            // `j`, 16-byte aligned (checked above); vector
+                            // `i` is thread `t`'s alone (`i % n == t`).
+                            unsafe { store16(d.add(i * 16), v[u]) };
+                        }
+                    });
+                }
+            }
+            base += U * n;
+            if base >= vectors {
+                break;
+            }
+            crate::coll::pack::each_lane!(U, |u| {
+                let i = base + u * n;
+                if i < vectors {
+                    // SAFETY: as in `load`.
+                    v[u] = unsafe { load16(src.add(i * 16)) };
+                }
+            });
+        }
+        let done = vectors * 16;
+        for j in 0..m {
+            if let Some(d) = dst(j) {
+                // SAFETY: the bytes after the whole vectors (`done <= bytes`)
+                // of the source and destination `j`.
+                unsafe { copy_strided(t, n, d.add(done), src.add(done), bytes - done) };
+            }
+        }
+    }
+}
+
 /// The work of thread `t` of `n` threads copying `bytes` from `src` to
 /// `dst` together (any set of threads: a coop, or a whole grid with `t` the
 /// global thread index). See [`copy`].
