@@ -14,16 +14,27 @@ use super::{DevComm, WindowDesc};
 ///
 /// * receive slots at `recv_offset`: `L × N × M` slots of `B` bytes, slot
 ///   `(local expert l, source rank s, position p)` at
-///   [`MoeContext::recv_slot_offset`]; dispatch writes them, combine
-///   reuses them as its staging area for GIN;
+///   [`MoeContext::recv_slot_offset`]; a GIN source's dispatch writes
+///   them (per expert), combine reuses them as its staging area for GIN.
+///   An LSA source `s` sends each token once instead (however many of
+///   this rank's experts it names): token `t` into slot `(0, s, t)`
+///   ([`MoeContext::ll_token_slot_offset`]);
 /// * receive counts at `recv_count_offset`: `L × N` `u64` words, word
-///   `(l, s)` = `(seq << 32) | tokens` written by source `s` after its
-///   tokens for `l` (a release store over LSA; a put with a signal over GIN);
+///   `(l, s)` = `(seq << 32) | tokens`: written by a GIN source `s` after
+///   its tokens for `l` (a put with a signal), by this rank itself for an
+///   LSA source once it counted them;
 /// * combine slots at `comb_offset`: `E × M` slots of `B` bytes, slot
 ///   `(global expert e, position p)`: expert `e`'s output for this rank's
 ///   `p`-th token routed to it; dispatch stages GIN sends there;
 /// * combine flags at `comb_flag_offset`: `E` `u64` words, word `e` =
-///   `(seq << 32) | tokens` written by `e`'s rank after its outputs.
+///   `(seq << 32) | tokens` written by `e`'s rank after its outputs;
+/// * token headers at `meta_offset`: `N × M` headers of
+///   [`MoeContext::ll_meta_bytes`], header `(s, t)` at
+///   [`MoeContext::ll_meta_offset`]: a `u64` word `(seq << 32) | 1` (a
+///   token) or `(seq << 32)` (slot `t` unused: `t` at or past the
+///   source's token count), then the token's `K` `i32` expert ids; LSA
+///   source `s` writes the ids, then the word with a release store, after
+///   the token's bytes, for every `t < M` in every dispatch.
 ///
 /// With fp8 dispatch ([`MoeContext::with_fp8_dispatch`]) a receive slot
 /// holds a token as `hidden` fp8 e4m3 bytes followed by `hidden / 128`
@@ -56,7 +67,13 @@ pub struct MoeContext {
 
 impl MoeContext {
     /// Bytes of the window the layout above needs (`None` on overflow).
-    pub const fn window_bytes(nranks: u32, num_experts: u32, max_tokens: u32, slot_bytes: u64) -> Option<u64> {
+    pub const fn window_bytes(
+        nranks: u32,
+        num_experts: u32,
+        top_k: u32,
+        max_tokens: u32,
+        slot_bytes: u64,
+    ) -> Option<u64> {
         let l = (num_experts / if nranks == 0 { 1 } else { nranks }) as u64;
         let (n, e, m) = (nranks as u64, num_experts as u64, max_tokens as u64);
         let recv = match l.checked_mul(n) {
@@ -70,13 +87,45 @@ impl MoeContext {
             Some(x) => x.checked_mul(slot_bytes),
             None => None,
         };
-        match (recv, comb) {
-            (Some(r), Some(c)) => match r.checked_add(c) {
-                Some(rc) => rc.checked_add(8 * (l * n + e)),
+        let meta = match n.checked_mul(m) {
+            Some(nm) => nm.checked_mul(Self::meta_bytes_for(top_k)),
+            None => None,
+        };
+        match (recv, comb, meta) {
+            (Some(r), Some(c), Some(h)) => match r.checked_add(c) {
+                Some(rc) => match rc.checked_add(8 * (l * n + e)) {
+                    Some(words) => words.checked_add(h),
+                    None => None,
+                },
                 None => None,
             },
             _ => None,
         }
+    }
+
+    /// Bytes of a token header (see the layout above) for top-k `top_k`.
+    const fn meta_bytes_for(top_k: u32) -> u64 {
+        (8 + 4 * top_k as u64).next_multiple_of(8)
+    }
+
+    /// Bytes of a token header of the low-latency layout: the word and the
+    /// token's `top_k` expert ids, rounded up to 8.
+    #[inline(always)]
+    pub const fn ll_meta_bytes(&self) -> u64 {
+        Self::meta_bytes_for(self.top_k)
+    }
+
+    /// Offset of LSA source `src`'s token header `t` (low-latency).
+    #[inline(always)]
+    pub const fn ll_meta_offset(&self, src: u32, t: u32) -> u64 {
+        self.meta_offset + (src as u64 * self.max_tokens as u64 + t as u64) * self.ll_meta_bytes()
+    }
+
+    /// Offset of the slot LSA source `src`'s token `t` lands in
+    /// (low-latency): receive slot `(0, src, t)`.
+    #[inline(always)]
+    pub const fn ll_token_slot_offset(&self, src: u32, t: u32) -> u64 {
+        self.recv_slot_offset(0, src, t)
     }
 
     /// A context from its parts; the offsets follow the layout above in
@@ -109,6 +158,7 @@ impl MoeContext {
         let comb_offset = l * n * m * slot_bytes;
         let recv_count_offset = comb_offset + e * m * slot_bytes;
         let comb_flag_offset = recv_count_offset + 8 * l * n;
+        let meta_offset = comb_flag_offset + 8 * e;
         MoeContext {
             comm,
             window,
@@ -125,7 +175,7 @@ impl MoeContext {
             comb_flag_offset,
             channels: 0,
             reserved: 0,
-            meta_offset: 0,
+            meta_offset,
         }
     }
 
@@ -496,7 +546,10 @@ mod tests {
         assert_eq!(c.recv_slot_offset(1, 2, 4) + 16, c.comb_slot_offset(0, 0));
         assert_eq!(c.comb_slot_offset(5, 4) + 16, c.recv_count_offset(0, 0));
         assert_eq!(c.recv_count_offset(1, 2) + 8, c.comb_flag_offset(0));
-        assert_eq!(c.comb_flag_offset(5) + 8, MoeContext::window_bytes(3, 6, 5, 16).unwrap());
+        assert_eq!(c.comb_flag_offset(5) + 8, c.ll_meta_offset(0, 0));
+        assert_eq!(c.ll_meta_bytes(), 16);
+        assert_eq!(c.ll_meta_offset(2, 4) + 16, MoeContext::window_bytes(3, 6, 2, 5, 16).unwrap());
+        assert_eq!(c.ll_token_slot_offset(2, 4), c.recv_slot_offset(0, 2, 4));
         // High throughput, 2 channels.
         // SAFETY: as above.
         let h = unsafe { MoeContext::new_high_throughput(comm, WindowDesc::NONE, 6, 7, 2, 5, 2, 2) };

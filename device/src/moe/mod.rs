@@ -8,16 +8,27 @@
 //! expert `e % L`). Each rank routes up to `M` tokens of `hidden` elements
 //! to `top_k` experts each.
 //!
-//! **Dispatch** sends every token to the experts its top-k names, straight
-//! into per-(local expert, source rank) slots of the expert's rank: by
-//! stores through the LSA mapping when the expert's rank is an LSA peer,
-//! by GIN puts otherwise (from a staging copy in the sender's own window).
-//! After a source's tokens for an expert, one word
-//! `(seq << 32) | tokens` follows: a release store over LSA, a put with a
-//! strong signal over GIN. The receiver waits, per local expert, for the
-//! word of every source ([`dispatch_recv_expert`]: the "hook" that starts
-//! an expert as soon as its tokens are in) and packs them, in (source
-//! rank, source token) order, into `[L][N * M][hidden]`.
+//! **Dispatch** sends every token to the ranks of the experts its top-k
+//! names. To an LSA peer (NVLink stores) a token goes **once**, however
+//! many of the peer's experts it names ([`dispatch_send_token`]): into
+//! slot `t` of the peer's token slots for this source, followed by a
+//! header with the token's expert ids and a word `(seq << 32) | 1`
+//! (released after the bytes; slots past the source's token count get a
+//! word `seq << 32` and no ids): the receiver finds each expert's tokens
+//! by their ids. To a rank outside the LSA team a token goes per expert,
+//! straight into per-(local expert, source rank) slots by GIN puts (from
+//! a staging copy in the sender's own window), followed by one word
+//! `(seq << 32) | tokens` put with a strong signal
+//! ([`dispatch_send_expert`], which also gives every top-k entry its
+//! position among its expert's tokens, for the combine). The receiver
+//! waits, per local expert, for every LSA source's headers and every GIN
+//! source's word ([`dispatch_recv_expert`]: the "hook" that starts an
+//! expert as soon as its tokens are in) and packs the expert's tokens,
+//! in (source rank, source token) order, into `[L][N * M][hidden]`.
+//! (Sending once per peer moves a quarter of the bytes over NVLink when a
+//! token's top-8 names four experts of the peer, as with 256 experts on
+//! two ranks: the per-expert sends of session 17 took 50 of the 66 µs of
+//! a 128-token dispatch on 2 × H200.)
 //!
 //! **Combine** sends each expert's outputs back the same way, into per-
 //! (global expert, position) slots of the token's own rank, with one flag
@@ -26,12 +37,15 @@
 //! outputs of each token's experts in top-k order with f32 arithmetic
 //! ([`combine_reduce`]), rounding once.
 //!
-//! Work split: one coop of whole warps per expert on the sending side
-//! ([`dispatch_send_expert`]; the library's kernels: a CTA); any coop per
-//! local expert on the receiving side. Every expert must be sent by
-//! exactly one coop on every rank (also with no tokens: the receivers wait
-//! for its word). A kernel whose coops wait for other ranks' coops must be
-//! launched co-resident.
+//! Work split: coops of whole warps throughout (a [`Warp`](crate::coop::Warp),
+//! a [`WarpSpan`](crate::coop::WarpSpan), a [`Cta`](crate::coop::Cta) of a
+//! multiple of 32 threads; the library's kernels: CTAs). Every token slot
+//! `t < max_tokens` must be sent by exactly one coop on every rank
+//! ([`dispatch_send_token`], also past the token count: the receivers wait
+//! for every header), and every expert by exactly one coop
+//! ([`dispatch_send_expert`], also with no tokens: GIN receivers wait for
+//! its word); one coop per local expert on the receiving side. A kernel
+//! whose coops wait for other ranks' coops must be launched co-resident.
 //!
 //! Ordering between calls: a dispatch's slots are reused by the next
 //! dispatch, so every dispatch is followed by its combine on every rank
@@ -51,7 +65,7 @@ use crate::coll::{Bf16, Element, Fp8E4M3};
 use crate::coop::{Coop, ThreadCoop};
 use crate::error::{DeviceError, ErrorCode};
 use crate::gin::{Gin, GinError, LocalAction, RemoteAction};
-use crate::lsa::ops::copy_strided;
+use crate::lsa::ops::{copy_strided, copy_strided_by, CopyAhead};
 use crate::wait::{self, Deadline, WaitError};
 
 /// The position a token's top-k entry gets when it names no expert.
@@ -214,16 +228,125 @@ pub unsafe fn dispatch_prepare(
     }
 }
 
-/// Sends this rank's tokens routed to global expert `expert` (every thread
-/// of `coop` calls it; the coop is whole warps: a [`Warp`](crate::coop::Warp), a
+/// 16-byte vectors in flight per thread when a coop copies a token.
+const COPY_UNROLL: usize = 8;
+
+/// Whether the `k` expert ids at `idx` name global expert `e` (plain
+/// loads: the caller's routing, or a received header read after the
+/// wait's acquire).
+///
+/// # Safety
+/// `idx` holds `k` `i32`s, not written while this reads them.
+#[inline(always)]
+unsafe fn names_expert(idx: *const i32, k: usize, e: u32) -> bool {
+    let mut hit = false;
+    for j in 0..k {
+        // SAFETY: `j < k`: the contract.
+        hit |= unsafe { *idx.add(j) } == e as i32;
+    }
+    hit
+}
+
+/// Sends token slot `t` of this rank to every LSA rank (every thread of
+/// `coop` calls it; the coop is whole warps): when `t < num_tokens`, the
+/// token goes once to each LSA rank whose experts its top-k names (fp8
+/// dispatch: quantized), into that rank's slot
+/// [`MoeContext::ll_token_slot_offset`]`(me, t)`; then every LSA rank gets
+/// the slot's header (the token's expert ids, or none past `num_tokens`)
+/// and its word, released after the bytes. Ranks outside the LSA team get
+/// their tokens from [`dispatch_send_expert`].
+///
+/// # Safety
+/// `ctx` live; `x` holds `num_tokens` tokens of
+/// [`MoeContext::token_bytes`], `topk_idx` `num_tokens * top_k` entries;
+/// every thread of the coop calls with the same arguments; no other coop
+/// sends slot `t` in this dispatch; the previous dispatch's combine is
+/// done on every rank (see the [module docs](self)).
+pub unsafe fn dispatch_send_token<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    t: u32,
+    x: *const u8,
+    topk_idx: *const i32,
+    num_tokens: u32,
+    seq: u32,
+) -> Result<(), MoeError> {
+    let (k, m, e_all) = (ctx.top_k() as usize, ctx.max_tokens(), ctx.num_experts());
+    if num_tokens > m || t >= m || coop.size() % WARP_SIZE != 0 {
+        return Err(MoeError::BadArgument);
+    }
+    let comm = ctx.comm();
+    let (me, n, l) = (comm.rank(), comm.nranks(), ctx.local_experts().max(1));
+    let token = t < num_tokens;
+    let idx = topk_idx.wrapping_add(t as usize * k);
+    // Whether the token names an expert of rank `r` (an LSA rank).
+    let bound = |r: u32| -> Option<*mut u8> {
+        let mut hit = false;
+        if token {
+            for j in 0..k {
+                // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
+                let e = unsafe { *idx.add(j) };
+                hit |= e >= 0 && (e as u32) < e_all && e as u32 / l == r;
+            }
+        }
+        let p = peer_ptr(ctx, r, ctx.ll_token_slot_offset(me, t));
+        (hit && !p.is_null()).then_some(p)
+    };
+    let row = ctx.token_bytes() as usize;
+    if token {
+        // SAFETY: token `t < num_tokens` of `x`; each destination is slot
+        // `(0, me, t)` of an LSA rank's window (`slot_bytes >=
+        // dispatch_bytes`), this coop's alone in this dispatch.
+        unsafe {
+            let src = x.add(t as usize * row);
+            if ctx.fp8_dispatch() {
+                let (wi, nw) = (coop.thread_rank() / WARP_SIZE, (coop.size() / WARP_SIZE).max(1));
+                for r in 0..n {
+                    if let Some(d) = bound(r) {
+                        quantize_row(ctx, d, src, wi, nw);
+                    }
+                }
+            } else {
+                let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+                CopyAhead::<COPY_UNROLL>::load(tr, nt, src, row).store(n as usize, |r| bound(r as u32));
+            }
+        }
+    }
+    // The coop's stores, then the leader's release at system scope
+    // (cumulative over the stores the barrier ordered before it).
+    coop.sync();
+    if coop.is_leader() {
+        for r in 0..n {
+            let h = peer_ptr(ctx, r, ctx.ll_meta_offset(me, t));
+            if h.is_null() {
+                continue;
+            }
+            for j in 0..k {
+                // SAFETY: `j < top_k`: the token's ids, inside `topk_idx`
+                // when `token`.
+                let e = if token { unsafe { *idx.add(j) } } else { -1 };
+                // SAFETY: id `j` of header `(me, t)` in LSA rank `r`'s
+                // window, read by `r` only after the word below.
+                unsafe { arch::store_volatile(h.add(8 + 4 * j) as *mut i32, e) };
+            }
+            // SAFETY: the header's word, written only atomically.
+            unsafe { atomic::store_release(h as *mut u64, word(seq, token as u32), Scope::Sys) };
+        }
+    }
+    Ok(())
+}
+
+/// This rank's tokens routed to global expert `expert` (every thread of
+/// `coop` calls it; the coop is whole warps: a [`Warp`](crate::coop::Warp), a
 /// [`WarpSpan`](crate::coop::WarpSpan) or a [`Cta`](crate::coop::Cta) of a
 /// multiple of 32 threads): scans `topk_idx` in token order (each warp
-/// alike), gives the `i`-th token
-/// routed there position `i` (written to `pos` for each of its top-k
-/// entries naming `expert`; a token that names an expert twice goes once),
-/// stores the tokens into the expert rank's receive slots (LSA) or stages
-/// them in this rank's combine slots of `expert` and puts them (GIN), then
-/// publishes the count word. Returns the tokens sent.
+/// alike), gives the `i`-th token routed there position `i` (written to
+/// `pos` for each of its top-k entries naming `expert`; a token that names
+/// an expert twice goes once), and, when the expert's rank is outside the
+/// LSA team, stages the tokens in this rank's combine slots of `expert`,
+/// puts them into the rank's receive slots and publishes the count word
+/// (an LSA rank gets the tokens from [`dispatch_send_token`]). Returns
+/// the expert's token count.
 ///
 /// # Safety
 /// `ctx` live (see [`MoeContext::new`]); `x` holds `num_tokens` tokens of
@@ -284,18 +407,15 @@ pub unsafe fn dispatch_send_expert<C: Coop>(
                 }
             }
         }
-        // Every lane's token, by the whole coop.
-        let mut src_lane = 0;
+        // Every lane's token, by the whole coop (GIN: LSA ranks get theirs
+        // from `dispatch_send_token`).
+        let mut src_lane = if lsa { WARP_SIZE } else { 0 };
         while src_lane < WARP_SIZE {
             let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
             let pj = arch::shfl(u32::MAX, p as u64, src_lane) as u32;
-            if hj != 0 {
+            if hj != 0 && !lsa {
                 let tj = (c0 + src_lane) as usize;
-                let dst = if lsa {
-                    peer_ptr(ctx, dest, ctx.recv_slot_offset(local, me, pj))
-                } else {
-                    local_ptr(ctx, ctx.comb_slot_offset(expert, pj))
-                };
+                let dst = local_ptr(ctx, ctx.comb_slot_offset(expert, pj));
                 // SAFETY: token `tj < num_tokens` of `x`; the slot holds
                 // `slot_bytes >= dispatch_bytes` bytes (`pj < num_tokens <=
                 // max_tokens`); the slot is this coop's alone in this dispatch.
@@ -303,7 +423,7 @@ pub unsafe fn dispatch_send_expert<C: Coop>(
                     if fp8 {
                         quantize_row(ctx, dst, x.add(tj * row), wi, nw);
                     } else {
-                        copy_strided(tr, nt, dst, x.add(tj * row), row)
+                        copy_strided_by::<COPY_UNROLL>(tr, nt, dst, x.add(tj * row), row)
                     }
                 };
             }
@@ -312,20 +432,10 @@ pub unsafe fn dispatch_send_expert<C: Coop>(
         base += arch::shfl(u32::MAX, incl as u64, WARP_SIZE - 1) as u32;
         c0 += WARP_SIZE;
     }
-    let w = word(seq, base);
     if lsa {
-        // The threads' stores, then one release at system scope by the
-        // leader (cumulative over the coop's stores the barrier ordered
-        // before it).
-        coop.sync();
-        if coop.is_leader() {
-            let p = peer_ptr(ctx, dest, ctx.recv_count_offset(local, me)) as *mut u64;
-            // SAFETY: the count word of the destination's window, written
-            // only atomically.
-            unsafe { atomic::store_release(p, w, Scope::Sys) };
-        }
         return Ok(base);
     }
+    let w = word(seq, base);
     let r = (|| -> Result<(), MoeError> {
         let gin = Gin::new(comm, 0)?.with_given_release(Scope::Sys);
         coop.sync();
@@ -400,48 +510,124 @@ unsafe fn quantize_row(ctx: &MoeContext, dst: *mut u8, src: *const u8, wi: u32, 
     }
 }
 
-/// Waits until every source's tokens for local expert `local` of this
-/// dispatch are in (the per-expert receive hook), and returns how many
-/// tokens it got (all sources). Does not pack: the tokens of source `s`
-/// lie in the receive slots `(local, s, 0..)` of the window
-/// ([`MoeContext::recv_slot_offset`]) until the next dispatch.
+/// For each token of LSA source `src` whose header names global expert
+/// `e`, in token order: `f(i, t)` for the `i`-th such token, slot `t`.
+/// Every lane of the calling warp calls it alike (and runs every `f`);
+/// returns the count. Reads the headers with plain loads: after the
+/// dispatch's wait ([`wait_headers`]).
 ///
 /// # Safety
-/// `ctx` live; every thread of `coop` calls with the same arguments.
+/// `ctx` live; `src` an LSA rank whose headers of this dispatch are in.
+#[inline(always)]
+unsafe fn lsa_tokens_of(ctx: &MoeContext, src: u32, e: u32, mut f: impl FnMut(u32, u32)) -> u32 {
+    let (k, m) = (ctx.top_k() as usize, ctx.max_tokens());
+    let lane = lane_id();
+    let mut base = 0u32;
+    let mut c0 = 0u32;
+    while c0 < m {
+        let t = c0 + lane;
+        let ids = local_ptr(ctx, ctx.ll_meta_offset(src, t) + 8) as *const i32;
+        // SAFETY: header `t < max_tokens` of `src` in this rank's window.
+        let hit = t < m && unsafe { names_expert(ids, k, e) };
+        let h = hit as u32;
+        let incl = warp_scan(h);
+        let mut src_lane = 0;
+        while src_lane < WARP_SIZE {
+            let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
+            let ij = arch::shfl(u32::MAX, (incl - h) as u64, src_lane) as u32;
+            if hj != 0 {
+                f(base + ij, c0 + src_lane);
+            }
+            src_lane += 1;
+        }
+        base += arch::shfl(u32::MAX, incl as u64, WARP_SIZE - 1) as u32;
+        c0 += WARP_SIZE;
+    }
+    base
+}
+
+/// Waits until every LSA source's token headers of dispatch `seq` are in
+/// (every thread of `coop` watches some), then joins the coop.
+///
+/// # Safety
+/// `ctx` live; every thread of `coop` calls it.
+unsafe fn wait_headers<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (n, m) = (comm.nranks(), ctx.max_tokens());
+    let r = (|| -> Result<(), MoeError> {
+        let mut deadline = Deadline::new(&comm.abort());
+        let mut i = coop.thread_rank();
+        while i < n.saturating_mul(m) {
+            let (s, t) = (i / m.max(1), i % m.max(1));
+            if is_lsa(ctx, s) {
+                let p = local_ptr(ctx, ctx.ll_meta_offset(s, t)) as *const u64;
+                // SAFETY: this rank's header word, written only atomically.
+                let w = unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+                if (w >> 32) as u32 != seq {
+                    return Err(MoeError::OutOfStep);
+                }
+            }
+            i += coop.size();
+        }
+        Ok(())
+    })();
+    coop.agree(r)
+}
+
+/// Waits until every source's tokens for local expert `local` of this
+/// dispatch are in (the per-expert receive hook: every LSA source's token
+/// headers, and the GIN sources' words for `local`), records each LSA
+/// source's count for `local` in its count word, and returns how many
+/// tokens `local` got (all sources). Does not pack: source `s`'s tokens
+/// for `local` lie in its token slots (LSA, [`MoeContext::ll_token_slot_offset`],
+/// those whose header names the expert) or in the receive slots `(local,
+/// s, 0..)` (GIN) until the next dispatch; [`dispatch_recv_expert`] packs
+/// them. The coop is whole warps.
+///
+/// # Safety
+/// `ctx` live; every thread of `coop` calls with the same arguments; no
+/// other coop waits for `local` in this dispatch.
 pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, seq: u32) -> Result<u32, MoeError> {
     let comm = ctx.comm();
-    let n = comm.nranks();
-    if local >= ctx.local_experts() {
+    let (n, me) = (comm.nranks(), comm.rank());
+    if local >= ctx.local_experts() || coop.size() % WARP_SIZE != 0 {
         return coop.agree(Err(MoeError::BadArgument));
     }
+    // SAFETY: the contract.
+    unsafe { wait_headers(coop, ctx, seq) }?;
     let r = (|| -> Result<(), MoeError> {
-        if !coop.is_leader() {
-            return Ok(());
-        }
-        let mut deadline = Deadline::new(&comm.abort());
-        for s in 0..n {
-            if is_lsa(ctx, s) {
-                let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *const u64;
-                // SAFETY: this rank's count word, written only atomically.
-                unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
-            }
-        }
         let g = gin_ranks(ctx);
-        if g > 0 {
+        if g > 0 && coop.is_leader() {
             Gin::new(comm, 0)?.wait_signal(&ThreadCoop, local, seq as u64 * g as u64)?;
         }
         Ok(())
     })();
     coop.agree(r)?;
+    let e = me * ctx.local_experts() + local;
     let mut total = 0u32;
     let mut r = Ok(());
     for s in 0..n {
-        match recv_count(ctx, local, s, seq) {
-            Ok(c) => total += c,
-            Err(e) => r = Err(e),
+        if is_lsa(ctx, s) {
+            // SAFETY: `s` is an LSA rank whose headers are in (waited above).
+            let c = unsafe { lsa_tokens_of(ctx, s, e, |_, _| {}) };
+            if coop.is_leader() {
+                let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *mut u64;
+                // SAFETY: this rank's count word for (`local`, `s`): an LSA
+                // source's is this rank's own, written only here, atomically.
+                unsafe { atomic::store_relaxed(p, word(seq, c), Scope::Gpu) };
+            }
+            total += c;
+        } else {
+            match recv_count(ctx, local, s, seq) {
+                Ok(c) => total += c,
+                Err(e) => r = Err(e),
+            }
         }
     }
-    coop.agree(r.map(|_| total))
+    let r = coop.agree(r.map(|_| total));
+    // The LSA count words above, before any thread reads them.
+    coop.sync();
+    r
 }
 
 /// Source `s`'s token count for local expert `local` (its word, which
@@ -459,9 +645,10 @@ fn recv_count(ctx: &MoeContext, local: u32, s: u32, seq: u32) -> Result<u32, Moe
 
 /// [`dispatch_wait_expert`], then packs local expert `local`'s tokens into
 /// `out[local][..]` (rows of `hidden` elements, in source rank then source
-/// token order) and stores the total in `out_count[local]`. Returns the
-/// total. With fp8 dispatch, `out` gets rows of `hidden` fp8 bytes and
-/// `scales` the rows' `hidden / 128` f32 scales (same row numbers).
+/// token order; an LSA source's rows a warp each) and stores the total in
+/// `out_count[local]`. Returns the total. With fp8 dispatch, `out` gets
+/// rows of `hidden` fp8 bytes and `scales` the rows' `hidden / 128` f32
+/// scales (same row numbers).
 ///
 /// # Safety
 /// As for [`dispatch_wait_expert`]; `out` holds `local_experts * nranks *
@@ -479,17 +666,44 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
 ) -> Result<u32, MoeError> {
     // SAFETY: the contract.
     let total = unsafe { dispatch_wait_expert(coop, ctx, local, seq) }?;
-    let n = ctx.comm().nranks();
+    let comm = ctx.comm();
+    let (n, me) = (comm.nranks(), comm.rank());
+    let e = me * ctx.local_experts() + local;
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (wi, nw) = (coop.thread_rank() / WARP_SIZE, (coop.size() / WARP_SIZE).max(1));
+    let lane = lane_id() as usize;
     let row = ctx.token_bytes() as usize;
     let slot = ctx.slot_bytes() as usize;
+    let fp8 = ctx.fp8_dispatch();
+    let (h, sc) = (ctx.hidden() as usize, ctx.hidden() as usize / 32);
     let mut at = local as usize * n as usize * ctx.max_tokens() as usize;
     for s in 0..n {
-        // Checked by the wait above (the same words).
+        // Checked (or written) by the wait above.
         let c = recv_count(ctx, local, s, seq).unwrap_or(0) as usize;
+        if is_lsa(ctx, s) {
+            // SAFETY: `s` is an LSA rank whose headers are in; its `c`
+            // tokens naming `e` go to rows `at..at + c` (the contract's
+            // sizes), token `i` by warp `i % nw` alone.
+            unsafe {
+                lsa_tokens_of(ctx, s, e, |i, tok| {
+                    if i % nw != wi {
+                        return;
+                    }
+                    let src = local_ptr(ctx, ctx.ll_token_slot_offset(s, tok));
+                    let r = at + i as usize;
+                    if fp8 {
+                        copy_strided_by::<COPY_UNROLL>(lane, WARP_SIZE as usize, out.add(r * h), src, h);
+                        copy_strided(lane, WARP_SIZE as usize, scales.add(r * sc), src.add(h), sc);
+                    } else {
+                        copy_strided_by::<COPY_UNROLL>(lane, WARP_SIZE as usize, out.add(r * row), src, row);
+                    }
+                })
+            };
+            at += c;
+            continue;
+        }
         let src = local_ptr(ctx, ctx.recv_slot_offset(local, s, 0));
-        if ctx.fp8_dispatch() {
-            let (h, sc) = (ctx.hidden() as usize, ctx.hidden() as usize / 32);
+        if fp8 {
             for i in 0..c {
                 // SAFETY: slot `i` holds `h` data bytes and `sc` bytes of
                 // scales; rows `at + i` of `out` (`h` bytes) and `scales`

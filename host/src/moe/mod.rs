@@ -399,7 +399,7 @@ impl<'c> EpGroup<'c> {
         let slot = (h as u64 * esize).div_ceil(16) * 16;
         let channels = ht::channels(c, comm.device().kind(), n);
         let bytes = match c.mode {
-            EpMode::LowLatency => MoeContext::window_bytes(n as u32, e, m, slot),
+            EpMode::LowLatency => MoeContext::window_bytes(n as u32, e, k, m, slot),
             EpMode::HighThroughput => MoeContext::window_bytes_ht(n as u32, k, m, slot, channels),
         };
         let bytes = bytes

@@ -72,7 +72,7 @@ unsafe fn run_expert(
 kernel! {
     /// One MoE layer on f32 tokens: dispatch (as the library's kernel),
     /// then warp `w` of the grid, for local experts `L - 1 - w, L - 1 - w -
-    /// W, ...` (the last first), waits for that expert's tokens alone,
+    /// W, ...` (the last first), waits for that expert's tokens (its receive hook),
     /// packs them into `args.out`, computes the expert, `y = x * (e + 1) +
     /// 0.5` with `e` the global expert id, into `expert_out` (same layout),
     /// records the expert's count in `order[l]` together with its rank in
@@ -99,6 +99,14 @@ kernel! {
         let warp = Warp::new();
         let per_block = block_dim().x / WARP_SIZE;
         let (w, nw) = (block_idx().x * per_block + warp_id(), grid_dim().x * per_block);
+        let mut t = w;
+        while t < ctx.max_tokens() {
+            let r = moe::dispatch_send_token(&warp, ctx, t, args.x as *const u8, args.topk_idx as *const i32, num_tokens, args.seq);
+            if warp.is_leader() {
+                report(args.errors, r);
+            }
+            t += nw;
+        }
         let mut e = w;
         while e < ctx.num_experts() {
             let r = moe::dispatch_send_expert(&warp, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq);
