@@ -141,10 +141,10 @@ unsafe fn prepare(args: &MoeArgs, ctx: &MoeContext) -> u32 {
 
 kernel! {
     /// A low-latency dispatch: prepare (grid-strided), send (CTA `b` of
-    /// the grid sends token slots `b, b + B, ...` to the LSA ranks, then
-    /// experts `b, b + B, ...`: their positions, and their tokens to the
-    /// ranks outside the LSA team), receive and pack (CTA `b` takes local
-    /// experts `b, b + B, ...`).
+    /// the grid sends token slots `b, b + B, ...` to the LSA ranks; then
+    /// spans of warps take the experts: their positions, and their tokens
+    /// to the ranks outside the LSA team), receive and pack (CTA `b` takes
+    /// local experts `b, b + B, ...`).
     ///
     /// # Safety
     /// `args` made by `devcomm::moe::EpGroup::dispatch`: live context,
@@ -159,9 +159,12 @@ kernel! {
         for_items(&cta, Items::ctas(), ctx.max_tokens(), &args, |t| {
             moe::dispatch_send_token(&cta, ctx, t, args.x as *const u8, args.topk_idx as *const i32, num_tokens, args.seq)
         });
-        for_items(&cta, Items::ctas(), ctx.num_experts(), &args, |e| {
+        // A span of warps per expert (its scan is a warp's work, done by
+        // each warp alike; only GIN ranks' experts copy tokens).
+        let (span, at) = Items::spans(ctx.num_experts());
+        for_items(&span, at, ctx.num_experts(), &args, |e| {
             moe::dispatch_send_expert(
-                &cta, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq,
+                &span, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq,
             )
         });
         stamp(&cta, &args, Stage::Sent);

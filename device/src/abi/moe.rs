@@ -32,9 +32,11 @@ use super::{DevComm, WindowDesc};
 ///   [`MoeContext::ll_meta_bytes`], header `(s, t)` at
 ///   [`MoeContext::ll_meta_offset`]: a `u64` word `(seq << 32) | 1` (a
 ///   token) or `(seq << 32)` (slot `t` unused: `t` at or past the
-///   source's token count), then the token's `K` `i32` expert ids; LSA
-///   source `s` writes the ids, then the word with a release store, after
-///   the token's bytes, for every `t < M` in every dispatch.
+///   source's token count), 8 bytes of padding, then the token's `K`
+///   `i32` expert ids from byte 16, padded with -1 to a multiple of 4
+///   (16-byte vectors); LSA source `s` writes the ids, then the word with
+///   a release store, after the token's bytes, for every `t < M` in every
+///   dispatch.
 ///
 /// With fp8 dispatch ([`MoeContext::with_fp8_dispatch`]) a receive slot
 /// holds a token as `hidden` fp8 e4m3 bytes followed by `hidden / 128`
@@ -94,7 +96,7 @@ impl MoeContext {
         match (recv, comb, meta) {
             (Some(r), Some(c), Some(h)) => match r.checked_add(c) {
                 Some(rc) => match rc.checked_add(8 * (l * n + e)) {
-                    Some(words) => words.checked_add(h),
+                    Some(words) => words.next_multiple_of(16).checked_add(h),
                     None => None,
                 },
                 None => None,
@@ -105,11 +107,18 @@ impl MoeContext {
 
     /// Bytes of a token header (see the layout above) for top-k `top_k`.
     const fn meta_bytes_for(top_k: u32) -> u64 {
-        (8 + 4 * top_k as u64).next_multiple_of(8)
+        16 + 4 * (top_k as u64).next_multiple_of(4)
     }
 
-    /// Bytes of a token header of the low-latency layout: the word and the
-    /// token's `top_k` expert ids, rounded up to 8.
+    /// Expert ids in a token header of the low-latency layout: `top_k`
+    /// rounded up to a multiple of 4 (the rest -1).
+    #[inline(always)]
+    pub const fn ll_header_ids(&self) -> u32 {
+        self.top_k.next_multiple_of(4)
+    }
+
+    /// Bytes of a token header of the low-latency layout: the word, 8
+    /// bytes of padding and [`MoeContext::ll_header_ids`] expert ids.
     #[inline(always)]
     pub const fn ll_meta_bytes(&self) -> u64 {
         Self::meta_bytes_for(self.top_k)
@@ -158,7 +167,8 @@ impl MoeContext {
         let comb_offset = l * n * m * slot_bytes;
         let recv_count_offset = comb_offset + e * m * slot_bytes;
         let comb_flag_offset = recv_count_offset + 8 * l * n;
-        let meta_offset = comb_flag_offset + 8 * e;
+        // 16-byte aligned: the headers' ids are read as 16-byte vectors.
+        let meta_offset = (comb_flag_offset + 8 * e).next_multiple_of(16);
         MoeContext {
             comm,
             window,
@@ -546,9 +556,10 @@ mod tests {
         assert_eq!(c.recv_slot_offset(1, 2, 4) + 16, c.comb_slot_offset(0, 0));
         assert_eq!(c.comb_slot_offset(5, 4) + 16, c.recv_count_offset(0, 0));
         assert_eq!(c.recv_count_offset(1, 2) + 8, c.comb_flag_offset(0));
-        assert_eq!(c.comb_flag_offset(5) + 8, c.ll_meta_offset(0, 0));
-        assert_eq!(c.ll_meta_bytes(), 16);
-        assert_eq!(c.ll_meta_offset(2, 4) + 16, MoeContext::window_bytes(3, 6, 2, 5, 16).unwrap());
+        assert_eq!((c.comb_flag_offset(5) + 8).next_multiple_of(16), c.ll_meta_offset(0, 0));
+        assert_eq!(c.ll_meta_offset(0, 0) % 16, 0);
+        assert_eq!(c.ll_meta_bytes(), 32);
+        assert_eq!(c.ll_meta_offset(2, 4) + 32, MoeContext::window_bytes(3, 6, 2, 5, 16).unwrap());
         assert_eq!(c.ll_token_slot_offset(2, 4), c.recv_slot_offset(0, 2, 4));
         // High throughput, 2 channels.
         // SAFETY: as above.

@@ -63,6 +63,12 @@ pub fn match_any(mask: u32, value: u64) -> u32 {
 }
 
 #[inline]
+pub fn ballot(mask: u32, pred: bool) -> u32 {
+    let v = exchange(mask, pred as u64);
+    (0..32).filter(|&l| mask & (1 << l) != 0 && v[l as usize] != 0).fold(0, |m, l| m | 1 << l)
+}
+
+#[inline]
 pub fn shfl(mask: u32, value: u64, src: u32) -> u64 {
     exchange(mask, value)[(src % 32) as usize]
 }

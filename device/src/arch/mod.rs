@@ -151,6 +151,13 @@ pub fn match_any(mask: u32, value: u64) -> u32 {
     imp::match_any(mask, value)
 }
 
+/// The lanes of `mask` whose `pred` holds (`vote.sync.ballot.b32`). Every
+/// lane of `mask` must call it with the same `mask`, the caller among them.
+#[inline(always)]
+pub fn ballot(mask: u32, pred: bool) -> u32 {
+    imp::ballot(mask, pred)
+}
+
 /// Lane `src`'s `value` (`shfl.sync.idx`, 64 bits). Every lane of `mask`
 /// must call it with the same `mask`; `src` is one of them.
 #[inline(always)]

@@ -89,6 +89,18 @@ pub fn match_any(mask: u32, value: u64) -> u32 {
 }
 
 #[inline(always)]
+pub fn ballot(mask: u32, pred: bool) -> u32 {
+    let b: u32;
+    // SAFETY: `vote.sync` works on registers only (`nomem`); every lane of
+    // `mask` calling it is [`super::ballot`]'s contract (liveness only).
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {v}, 0; vote.sync.ballot.b32 {b}, p, {mask}; }}", b = out(reg32) b,
+             v = in(reg32) pred as u32, mask = in(reg32) mask, options(nomem, nostack));
+    }
+    b
+}
+
+#[inline(always)]
 pub fn shfl(mask: u32, value: u64, src: u32) -> u64 {
     let (lo, hi): (u32, u32);
     // SAFETY: `shfl.sync` works on registers only (`nomem`); every lane of

@@ -8,7 +8,7 @@ use super::staging::{area, part_barrier, part_range, piece, Staged};
 use super::{check_part, chunk_elems, ll, ll_rooted, relay, Algorithm, CollContext, CollError, CollStage, Input, Part};
 use crate::atomic::Order;
 use crate::coop::Coop;
-use crate::lsa::ops::{copy_strided, CopyAhead, UNROLL};
+use crate::lsa::{ops::copy_strided, LsaBarrierSession};
 use core::mem::size_of;
 
 /// Whether `count` elements at `a` and at `b` share a byte.
@@ -279,11 +279,11 @@ pub(super) unsafe fn reduce_range<C: Coop, T: Element>(
     let (me, n) = (ctx.scratch().lsa_rank(), ctx.scratch().lsa_size());
     let size = size_of::<T>();
     let receives = |r: u32| root.is_none_or(|root| root == r);
+    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
+    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
+    ctx.stamp(coop, part, CollStage::Ready);
     match src {
         Input::Window(s) => {
-            // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-            let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
-            ctx.stamp(coop, part, CollStage::Ready);
             let staged = Staged::new(s.window, s.offset, (stride * size) as u64);
             // SAFETY: the contract: the windows hold the input, complete
             // before the barrier; `dst` holds the range; nobody leaves
@@ -298,29 +298,29 @@ pub(super) unsafe fn reduce_range<C: Coop, T: Element>(
                 bar.sync(coop, Order::AcqRel)?;
             }
         }
-        // SAFETY: this function's contract.
-        Input::Local(src) => unsafe { pushed_range(coop, ctx, part, src, stride, b, e, dst, red, root) }?,
+        // SAFETY: this function's contract, the session just made.
+        Input::Local(src) => unsafe { pushed_range(coop, ctx, part, &mut bar, src, stride, b, e, dst, red, root) }?,
     }
     Ok(())
 }
 
-/// [`reduce_range`]'s pushed path (a local input): for each chunk, each
-/// rank stores its block for `p` into slot `me` of receiver `p`'s staging
-/// slice, meets the others at the part's barrier once, and reduces its own
-/// block with its slots. With one block the barrier session (a load of its
-/// epoch, which picks the staging area) is opened after the first chunk's
-/// first input loads were issued, so the two loads overlap. Compiled into its caller:
-/// the host's pushed one-shot kernels run it without a call (see
-/// [`all_reduce_pushed`]).
+/// [`reduce_range`]'s pushed path (a local input), on the part's barrier
+/// session `bar`: for each chunk, each rank stores its block for `p` into
+/// slot `me` of receiver `p`'s staging slice, meets the others at the
+/// barrier once, and reduces its own block with its slots. Compiled into
+/// its caller: the host's pushed one-shot kernels run it without a call
+/// (see [`all_reduce_pushed`]).
 ///
 /// # Safety
-/// As for [`reduce_range`] with a local input.
+/// As for [`reduce_range`] with a local input; `bar` is `part`'s barrier
+/// session of `ctx`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pushed_range<C: Coop, T: Element>(
     coop: &C,
     ctx: &CollContext,
     part: Part,
+    bar: &mut LsaBarrierSession<'_>,
     src: *const T,
     stride: usize,
     b: usize,
@@ -335,46 +335,19 @@ unsafe fn pushed_range<C: Coop, T: Element>(
     let receives = |r: u32| root.is_none_or(|root| root == r);
     // Slot `p` of a receiver's slice: sender `p`'s chunk.
     let chunk = chunk_elems::<T>(ctx, part, n);
-    // With one block (the same chunk for every receiver, loaded once),
-    // the first chunk's first loads go out before the barrier session's
-    // epoch is loaded (it picks the staging area): the two overlap.
-    let mut ahead = (stride == 0 && b < e)
-        // SAFETY: the input holds the range's first chunk.
-        .then(|| unsafe { CopyAhead::<UNROLL>::load(t, nt, src.add(b) as *const u8, chunk.min(e - b) * size) });
-    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
-    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
-    ctx.stamp(coop, part, CollStage::Ready);
     let mut c0 = b;
     while c0 < e {
         let m = chunk.min(e - c0);
         let slots = Staged::new(ctx.scratch(), area(ctx, part, bar.epoch()), (m * size) as u64);
-        if stride == 0 {
-            // SAFETY: the input holds the chunk.
-            let a = ahead
-                .take()
-                .unwrap_or_else(|| unsafe { CopyAhead::<UNROLL>::load(t, nt, src.add(c0) as *const u8, m * size) });
-            let receiver = |j: usize| {
-                let p = (me + 1 + j as u32) % n.max(1);
-                receives(p).then(|| slots.at(p, me, 0))
-            };
-            // SAFETY: receiver `p`'s slot holds `m <= chunk` elements and
-            // was last read before `p` arrived at this epoch (`staging`).
-            unsafe { a.store(n as usize - 1, receiver) };
-        } else {
-            for k in 1..n {
-                let p = (me + k) % n;
-                if receives(p) {
-                    // SAFETY: the input holds block `p`'s chunk; the slot as above.
-                    unsafe {
-                        copy_strided(
-                            t,
-                            nt,
-                            slots.at(p, me, 0),
-                            src.add(p as usize * stride + c0) as *const u8,
-                            m * size,
-                        )
-                    };
-                }
+        for k in 1..n {
+            let p = (me + k) % n;
+            if receives(p) {
+                // SAFETY: the input holds block `p`'s chunk; receiver `p`'s
+                // slot holds `m <= chunk` elements and was last read before
+                // `p` arrived at this epoch (`staging`).
+                unsafe {
+                    copy_strided(t, nt, slots.at(p, me, 0), src.add(p as usize * stride + c0) as *const u8, m * size)
+                };
             }
         }
         ctx.stamp(coop, part, CollStage::Sent);
@@ -427,6 +400,9 @@ pub unsafe fn all_reduce_pushed<C: Coop, T: Element>(
         return Ok(());
     }
     let (pb, pe) = part_range::<T>(count, part);
+    // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
+    let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
+    ctx.stamp(coop, part, CollStage::Ready);
     // SAFETY: this function's contract; the part's piece of the one block.
-    unsafe { pushed_range(coop, ctx, part, src, 0, pb, pe, dst.wrapping_add(pb), red, None) }
+    unsafe { pushed_range(coop, ctx, part, &mut bar, src, 0, pb, pe, dst.wrapping_add(pb), red, None) }
 }

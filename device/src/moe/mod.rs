@@ -247,6 +247,104 @@ unsafe fn names_expert(idx: *const i32, k: usize, e: u32) -> bool {
     hit
 }
 
+/// Groups of 32 tokens a warp scans at once: every expert id of the
+/// groups is loaded before any is compared, so the loads overlap (one
+/// group after another cost a round trip each).
+const SCAN_GROUPS: u32 = 4;
+
+/// Bit `g` for `g < SCAN_GROUPS`: whether the calling lane's token of
+/// group `g0 + g` (token `(g0 + g) * 32 + lane`, below `count`) names
+/// expert `e` among its `k` ids at `idx` (plain loads).
+///
+/// # Safety
+/// `idx` holds `count * k` `i32`s, not written while this reads them.
+#[inline(always)]
+unsafe fn routing_hits(idx: *const i32, k: usize, count: u32, e: u32, g0: u32) -> u32 {
+    let lane = lane_id();
+    let token = |g: usize| (g0 + g as u32) * WARP_SIZE + lane;
+    let mut bits = 0u32;
+    if k <= 8 {
+        let mut v = [[-1i32; 8]; SCAN_GROUPS as usize];
+        each_lane!(SCAN_GROUPS as usize, |g| {
+            let t = token(g);
+            if t < count {
+                each_lane!(8, |j| {
+                    if j < k {
+                        // SAFETY: `t < count`, `j < k`: inside `idx`.
+                        v[g][j] = unsafe { *idx.add(t as usize * k + j) };
+                    }
+                });
+            }
+        });
+        each_lane!(SCAN_GROUPS as usize, |g| {
+            let mut hit = false;
+            each_lane!(8, |j| {
+                hit |= v[g][j] == e as i32;
+            });
+            bits |= (hit as u32) << g;
+        });
+    } else {
+        for g in 0..SCAN_GROUPS as usize {
+            let t = token(g);
+            // SAFETY: `t < count`: token `t`'s `k` ids.
+            if t < count && unsafe { names_expert(idx.add(t as usize * k), k, e) } {
+                bits |= 1 << g;
+            }
+        }
+    }
+    bits
+}
+
+/// [`routing_hits`] over LSA source `src`'s token headers in this rank's
+/// window (ids from byte 16, [`MoeContext::ll_header_ids`] of them, -1
+/// past `top_k`), with 16-byte loads.
+///
+/// # Safety
+/// `ctx` live; the headers of this dispatch are in (after the wait's
+/// acquire), not written while this reads them.
+#[inline(always)]
+unsafe fn header_hits(ctx: &MoeContext, src: u32, e: u32, g0: u32) -> u32 {
+    let (m, ids) = (ctx.max_tokens(), ctx.ll_header_ids() as usize);
+    let lane = lane_id();
+    let token = |g: usize| (g0 + g as u32) * WARP_SIZE + lane;
+    let at = |t: u32| local_ptr(ctx, ctx.ll_meta_offset(src, t) + 16) as *const u8;
+    let mut bits = 0u32;
+    if ids <= 8 {
+        let mut v = [[[u32::MAX; 4]; 2]; SCAN_GROUPS as usize];
+        each_lane!(SCAN_GROUPS as usize, |g| {
+            let t = token(g);
+            if t < m {
+                each_lane!(2, |q| {
+                    if q * 4 < ids {
+                        // SAFETY: vector `q` of header `t < max_tokens`'s
+                        // ids, 16-byte aligned (headers are multiples of 16
+                        // bytes from a 16-byte aligned area).
+                        v[g][q] = unsafe { arch::load16(at(t).add(16 * q)) };
+                    }
+                });
+            }
+        });
+        each_lane!(SCAN_GROUPS as usize, |g| {
+            let mut hit = false;
+            each_lane!(2, |q| {
+                each_lane!(4, |j| {
+                    hit |= v[g][q][j] == e;
+                });
+            });
+            bits |= (hit as u32) << g;
+        });
+    } else {
+        for g in 0..SCAN_GROUPS as usize {
+            let t = token(g);
+            // SAFETY: header `t < max_tokens`'s `ids` ids.
+            if t < m && unsafe { names_expert(at(t) as *const i32, ids, e) } {
+                bits |= 1 << g;
+            }
+        }
+    }
+    bits
+}
+
 /// Sends token slot `t` of this rank to every LSA rank (every thread of
 /// `coop` calls it; the coop is whole warps): when `t < num_tokens`, the
 /// token goes once to each LSA rank whose experts its top-k names (fp8
@@ -321,13 +419,13 @@ pub unsafe fn dispatch_send_token<C: Coop>(
             if h.is_null() {
                 continue;
             }
-            for j in 0..k {
+            for j in 0..ctx.ll_header_ids() as usize {
                 // SAFETY: `j < top_k`: the token's ids, inside `topk_idx`
                 // when `token`.
-                let e = if token { unsafe { *idx.add(j) } } else { -1 };
+                let e = if token && j < k { unsafe { *idx.add(j) } } else { -1 };
                 // SAFETY: id `j` of header `(me, t)` in LSA rank `r`'s
                 // window, read by `r` only after the word below.
-                unsafe { arch::store_volatile(h.add(8 + 4 * j) as *mut i32, e) };
+                unsafe { arch::store_volatile(h.add(16 + 4 * j) as *mut i32, e) };
             }
             // SAFETY: the header's word, written only atomically.
             unsafe { atomic::store_release(h as *mut u64, word(seq, token as u32), Scope::Sys) };
@@ -382,39 +480,38 @@ pub unsafe fn dispatch_send_expert<C: Coop>(
     let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let (wi, nw) = (coop.thread_rank() / WARP_SIZE, (coop.size() / WARP_SIZE).max(1));
     let mut base = 0u32;
-    let mut c0 = 0u32;
-    while c0 < num_tokens {
-        let t = c0 + lane;
-        let mut hit = false;
-        if t < num_tokens {
-            for j in 0..k {
-                // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
-                hit |= unsafe { *topk_idx.add(t as usize * k + j) } == expert as i32;
-            }
-        }
-        let h = hit as u32;
-        let incl = warp_scan(h);
-        let p = base + incl - h;
-        if hit && wi == 0 {
-            for j in 0..k {
-                let i = t as usize * k + j;
-                // SAFETY: as above; entry `i` names `expert`, whose coop this
-                // is alone (its first warp writes).
-                unsafe {
-                    if *topk_idx.add(i) == expert as i32 {
-                        *pos.add(i) = p;
+    let groups = num_tokens.div_ceil(WARP_SIZE);
+    let mut g0 = 0u32;
+    while g0 < groups {
+        // SAFETY: `topk_idx` holds `num_tokens * top_k` entries.
+        let bits = unsafe { routing_hits(topk_idx, k, num_tokens, expert, g0) };
+        let mut gi = 0;
+        while gi < SCAN_GROUPS && g0 + gi < groups {
+            let c0 = (g0 + gi) * WARP_SIZE;
+            let hit = (bits >> gi) & 1 != 0;
+            let mask = arch::ballot(u32::MAX, hit);
+            // The lanes before a lane: `(1 << lane) - 1` (lane < 32).
+            let before = |l: u32| (mask & ((1u32 << l) - 1)).count_ones();
+            if hit && wi == 0 {
+                let (t, p) = (c0 + lane, base + before(lane));
+                for j in 0..k {
+                    let i = t as usize * k + j;
+                    // SAFETY: `t < num_tokens` (a hit), `j < top_k`: inside
+                    // `topk_idx` and `pos`; entry `i` names `expert`, whose
+                    // coop this is alone (its first warp writes).
+                    unsafe {
+                        if *topk_idx.add(i) == expert as i32 {
+                            *pos.add(i) = p;
+                        }
                     }
                 }
             }
-        }
-        // Every lane's token, by the whole coop (GIN: LSA ranks get theirs
-        // from `dispatch_send_token`).
-        let mut src_lane = if lsa { WARP_SIZE } else { 0 };
-        while src_lane < WARP_SIZE {
-            let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
-            let pj = arch::shfl(u32::MAX, p as u64, src_lane) as u32;
-            if hj != 0 && !lsa {
-                let tj = (c0 + src_lane) as usize;
+            // Every hit's token, by the whole coop (GIN; LSA ranks get
+            // theirs from `dispatch_send_token`).
+            let mut rest = if lsa { 0 } else { mask };
+            while rest != 0 {
+                let sl = rest.trailing_zeros();
+                let (tj, pj) = ((c0 + sl) as usize, base + before(sl));
                 let dst = local_ptr(ctx, ctx.comb_slot_offset(expert, pj));
                 // SAFETY: token `tj < num_tokens` of `x`; the slot holds
                 // `slot_bytes >= dispatch_bytes` bytes (`pj < num_tokens <=
@@ -426,11 +523,12 @@ pub unsafe fn dispatch_send_expert<C: Coop>(
                         copy_strided_by::<COPY_UNROLL>(tr, nt, dst, x.add(tj * row), row)
                     }
                 };
+                rest &= rest - 1;
             }
-            src_lane += 1;
+            base += mask.count_ones();
+            gi += 1;
         }
-        base += arch::shfl(u32::MAX, incl as u64, WARP_SIZE - 1) as u32;
-        c0 += WARP_SIZE;
+        g0 += SCAN_GROUPS;
     }
     if lsa {
         return Ok(base);
@@ -520,34 +618,33 @@ unsafe fn quantize_row(ctx: &MoeContext, dst: *mut u8, src: *const u8, wi: u32, 
 /// `ctx` live; `src` an LSA rank whose headers of this dispatch are in.
 #[inline(always)]
 unsafe fn lsa_tokens_of(ctx: &MoeContext, src: u32, e: u32, mut f: impl FnMut(u32, u32)) -> u32 {
-    let (k, m) = (ctx.top_k() as usize, ctx.max_tokens());
-    let lane = lane_id();
+    let groups = ctx.max_tokens().div_ceil(WARP_SIZE);
     let mut base = 0u32;
-    let mut c0 = 0u32;
-    while c0 < m {
-        let t = c0 + lane;
-        let ids = local_ptr(ctx, ctx.ll_meta_offset(src, t) + 8) as *const i32;
-        // SAFETY: header `t < max_tokens` of `src` in this rank's window.
-        let hit = t < m && unsafe { names_expert(ids, k, e) };
-        let h = hit as u32;
-        let incl = warp_scan(h);
-        let mut src_lane = 0;
-        while src_lane < WARP_SIZE {
-            let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
-            let ij = arch::shfl(u32::MAX, (incl - h) as u64, src_lane) as u32;
-            if hj != 0 {
-                f(base + ij, c0 + src_lane);
+    let mut g0 = 0u32;
+    while g0 < groups {
+        // SAFETY: the contract.
+        let bits = unsafe { header_hits(ctx, src, e, g0) };
+        let mut gi = 0;
+        while gi < SCAN_GROUPS && g0 + gi < groups {
+            let mut mask = arch::ballot(u32::MAX, (bits >> gi) & 1 != 0);
+            while mask != 0 {
+                f(base, (g0 + gi) * WARP_SIZE + mask.trailing_zeros());
+                base += 1;
+                mask &= mask - 1;
             }
-            src_lane += 1;
+            gi += 1;
         }
-        base += arch::shfl(u32::MAX, incl as u64, WARP_SIZE - 1) as u32;
-        c0 += WARP_SIZE;
+        g0 += SCAN_GROUPS;
     }
     base
 }
 
 /// Waits until every LSA source's token headers of dispatch `seq` are in
-/// (every thread of `coop` watches some), then joins the coop.
+/// (every thread of `coop` watches some), then joins the coop: with a
+/// barrier that orders memory (`coop.sync`), so every thread may read
+/// every header after it (a warp's agreement, `redux.sync`, does not
+/// order memory; the strict emulator caught the headers read by lanes
+/// that had not acquired them).
 ///
 /// # Safety
 /// `ctx` live; every thread of `coop` calls it.
@@ -571,7 +668,9 @@ unsafe fn wait_headers<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Result<
         }
         Ok(())
     })();
-    coop.agree(r)
+    let r = coop.agree(r);
+    coop.sync();
+    r
 }
 
 /// Waits until every source's tokens for local expert `local` of this
@@ -716,7 +815,7 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
         } else if slot == row {
             // SAFETY: `c <= max_tokens` slots from `src` in the window, `c`
             // rows from row `at` of `out` (`at + c <= (local + 1) * n * m`).
-            unsafe { copy_strided(t, nt, out.add(at * row), src, c * row) };
+            unsafe { copy_strided_by::<COPY_UNROLL>(t, nt, out.add(at * row), src, c * row) };
         } else {
             for i in 0..c {
                 // SAFETY: as above, row by row.
@@ -802,7 +901,7 @@ pub unsafe fn combine_send_expert<C: Coop>(
         let src = unsafe { expert_out.add(row_at * row) };
         if slot == row {
             // SAFETY: as above.
-            unsafe { copy_strided(t, nt, dst, src, c as usize * row) };
+            unsafe { copy_strided_by::<COPY_UNROLL>(t, nt, dst, src, c as usize * row) };
         } else {
             for i in 0..c as usize {
                 // SAFETY: as above, row by row.
