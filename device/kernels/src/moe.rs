@@ -168,6 +168,15 @@ kernel! {
             )
         });
         stamp(&cta, &args, Stage::Sent);
+        // Every LSA source's tokens, once for the CTA's experts (their
+        // receive hooks then wait for the GIN sources alone).
+        let r = moe::dispatch_wait_lsa(&cta, ctx, args.seq);
+        if r.is_err() {
+            if cta.is_leader() {
+                report(&args, r);
+            }
+            return;
+        }
         stamp(&cta, &args, Stage::Waited);
         for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
             moe::dispatch_recv_expert(

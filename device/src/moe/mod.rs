@@ -427,8 +427,16 @@ pub unsafe fn dispatch_send_token<C: Coop>(
                 // window, read by `r` only after the word below.
                 unsafe { arch::store_volatile(h.add(16 + 4 * j) as *mut i32, e) };
             }
-            // SAFETY: the header's word, written only atomically.
-            unsafe { atomic::store_release(h as *mut u64, word(seq, token as u32), Scope::Sys) };
+        }
+        // One fence for every rank's word: a release of each (the fence
+        // then relaxed system-scope stores), not one fence per rank.
+        atomic::fence_acq_rel(Scope::Sys);
+        for r in 0..n {
+            let h = peer_ptr(ctx, r, ctx.ll_meta_offset(me, t));
+            if !h.is_null() {
+                // SAFETY: the header's word, written only atomically.
+                unsafe { atomic::store_relaxed(h as *mut u64, word(seq, token as u32), Scope::Sys) };
+            }
         }
     }
     Ok(())
@@ -673,6 +681,35 @@ unsafe fn wait_headers<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Result<
     r
 }
 
+/// Waits until every LSA source's tokens of dispatch `seq` are in (their
+/// token headers, [`dispatch_send_token`]): a step a kernel may take once
+/// for all its local experts before their receive hooks, whose own waits
+/// then pass at once (the library's kernel does, to time the wait apart).
+///
+/// # Safety
+/// `ctx` live; every thread of `coop` calls it.
+pub unsafe fn dispatch_wait_lsa<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Result<(), MoeError> {
+    // SAFETY: the contract.
+    unsafe { wait_headers(coop, ctx, seq) }
+}
+
+/// Every LSA source's headers and every GIN source's word for `local`.
+///
+/// # Safety
+/// As for [`dispatch_wait_expert`].
+unsafe fn wait_sources<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, seq: u32) -> Result<(), MoeError> {
+    // SAFETY: the contract.
+    unsafe { wait_headers(coop, ctx, seq) }?;
+    let r = (|| -> Result<(), MoeError> {
+        let g = gin_ranks(ctx);
+        if g > 0 && coop.is_leader() {
+            Gin::new(ctx.comm(), 0)?.wait_signal(&ThreadCoop, local, seq as u64 * g as u64)?;
+        }
+        Ok(())
+    })();
+    coop.agree(r)
+}
+
 /// Waits until every source's tokens for local expert `local` of this
 /// dispatch are in (the per-expert receive hook: every LSA source's token
 /// headers, and the GIN sources' words for `local`), records each LSA
@@ -693,15 +730,7 @@ pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u
         return coop.agree(Err(MoeError::BadArgument));
     }
     // SAFETY: the contract.
-    unsafe { wait_headers(coop, ctx, seq) }?;
-    let r = (|| -> Result<(), MoeError> {
-        let g = gin_ranks(ctx);
-        if g > 0 && coop.is_leader() {
-            Gin::new(comm, 0)?.wait_signal(&ThreadCoop, local, seq as u64 * g as u64)?;
-        }
-        Ok(())
-    })();
-    coop.agree(r)?;
+    unsafe { wait_sources(coop, ctx, local, seq) }?;
     let e = me * ctx.local_experts() + local;
     let mut total = 0u32;
     let mut r = Ok(());
@@ -763,33 +792,39 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
     out_count: *mut u32,
     seq: u32,
 ) -> Result<u32, MoeError> {
-    // SAFETY: the contract.
-    let total = unsafe { dispatch_wait_expert(coop, ctx, local, seq) }?;
     let comm = ctx.comm();
     let (n, me) = (comm.nranks(), comm.rank());
+    if local >= ctx.local_experts() || coop.size() % WARP_SIZE != 0 {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    // SAFETY: the contract.
+    unsafe { wait_sources(coop, ctx, local, seq) }?;
     let e = me * ctx.local_experts() + local;
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
-    let (wi, nw) = (coop.thread_rank() / WARP_SIZE, (coop.size() / WARP_SIZE).max(1));
+    let (wi, nw) = ((coop.thread_rank() / WARP_SIZE) as usize, (coop.size() / WARP_SIZE).max(1) as usize);
     let lane = lane_id() as usize;
     let row = ctx.token_bytes() as usize;
     let slot = ctx.slot_bytes() as usize;
     let fp8 = ctx.fp8_dispatch();
     let (h, sc) = (ctx.hidden() as usize, ctx.hidden() as usize / 32);
-    let mut at = local as usize * n as usize * ctx.max_tokens() as usize;
+    let first = local as usize * n as usize * ctx.max_tokens() as usize;
+    let mut at = first;
+    let mut r = Ok(());
     for s in 0..n {
-        // Checked (or written) by the wait above.
-        let c = recv_count(ctx, local, s, seq).unwrap_or(0) as usize;
         if is_lsa(ctx, s) {
-            // SAFETY: `s` is an LSA rank whose headers are in; its `c`
-            // tokens naming `e` go to rows `at..at + c` (the contract's
-            // sizes), token `i` by warp `i % nw` alone.
-            unsafe {
+            // One pass over the headers counts the source's tokens for `e`
+            // and packs them: row `r` by warp `r % nw` (rows of every source
+            // spread over all the warps), a warp a row.
+            // SAFETY: `s` is an LSA rank whose headers are in (waited
+            // above); its tokens naming `e` go to rows `at..` (at most
+            // `max_tokens`: inside `out`, the contract's sizes).
+            let c = unsafe {
                 lsa_tokens_of(ctx, s, e, |i, tok| {
-                    if i % nw != wi {
+                    let r = at + i as usize;
+                    if r % nw != wi {
                         return;
                     }
                     let src = local_ptr(ctx, ctx.ll_token_slot_offset(s, tok));
-                    let r = at + i as usize;
                     if fp8 {
                         copy_strided_by::<COPY_UNROLL>(lane, WARP_SIZE as usize, out.add(r * h), src, h);
                         copy_strided(lane, WARP_SIZE as usize, scales.add(r * sc), src.add(h), sc);
@@ -798,9 +833,23 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
                     }
                 })
             };
-            at += c;
+            if coop.is_leader() {
+                let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *mut u64;
+                // SAFETY: this rank's count word for (`local`, `s`): an LSA
+                // source's is this rank's own, written only here and by
+                // `dispatch_wait_expert`, atomically.
+                unsafe { atomic::store_relaxed(p, word(seq, c), Scope::Gpu) };
+            }
+            at += c as usize;
             continue;
         }
+        let c = match recv_count(ctx, local, s, seq) {
+            Ok(c) => c as usize,
+            Err(e) => {
+                r = Err(e);
+                continue;
+            }
+        };
         let src = local_ptr(ctx, ctx.recv_slot_offset(local, s, 0));
         if fp8 {
             for i in 0..c {
@@ -824,12 +873,16 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
         }
         at += c;
     }
-    if coop.is_leader() {
-        // SAFETY: `local < local_experts` (checked by the wait).
+    let total = (at - first) as u32;
+    let r = coop.agree(r.map(|_| total));
+    if r.is_ok() && coop.is_leader() {
+        // SAFETY: `local < local_experts` (checked above).
         unsafe { *out_count.add(local as usize) = total };
     }
+    // The count words and rows above, before any thread of the coop reads
+    // them (the combine's send).
     coop.sync();
-    Ok(total)
+    r
 }
 
 /// Sends local expert `local`'s outputs back to their tokens' ranks: rows

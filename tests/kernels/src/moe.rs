@@ -72,7 +72,8 @@ unsafe fn run_expert(
 kernel! {
     /// One MoE layer on f32 tokens: dispatch (as the library's kernel),
     /// then warp `w` of the grid, for local experts `L - 1 - w, L - 1 - w -
-    /// W, ...` (the last first), waits for that expert's tokens (its receive hook),
+    /// W, ...` (the last first), waits for that expert's tokens (its receive
+    /// hook, `dispatch_wait_expert`, whose count must match the packing's),
     /// packs them into `args.out`, computes the expert, `y = x * (e + 1) +
     /// 0.5` with `e` the global expert id, into `expert_out` (same layout),
     /// records the expert's count in `order[l]` together with its rank in
@@ -120,7 +121,15 @@ kernel! {
         let mut i = w;
         while i < l_all {
             let l = l_all - 1 - i;
+            // The hook alone first (it counts), then the hook that packs:
+            // both must see the same count.
+            let waited = moe::dispatch_wait_expert(&warp, ctx, l, args.seq);
             let r = moe::dispatch_recv_expert(&warp, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq);
+            let r = match (waited, r) {
+                (Ok(w), Ok(c)) if w != c => Err(MoeError::OutOfStep),
+                (Err(e), _) => Err(e),
+                (_, r) => r,
+            };
             run_expert(&warp, &args, l, r, expert_out, order, k);
             let r = moe::combine_send_expert(&warp, ctx, l, expert_out as *const u8, args.seq);
             if warp.is_leader() {
