@@ -44,9 +44,9 @@
 //!   on each rank: `y[i] = Σ_j w[i][j] · out_{e_ij}(token i)` over the
 //!   token's top-k experts in order, in f32, rounded once.
 //!
-//! Tokens travel by NVLink stores to LSA peers and by GIN puts to the
-//! others (ranks in other LSA teams; `DEVCOMM_LSA_SIZE=1` makes every
-//! peer one). Every dispatch must be followed by its combine before the
+//! Tokens travel by NVLink stores to LSA peers (once per peer, however
+//! many of its experts a token names) and by GIN puts to the others
+//! (ranks in other LSA teams; `DEVCOMM_LSA_SIZE=1` makes every peer one). Every dispatch must be followed by its combine before the
 //! next dispatch (the slots are reused); calls are stream-ordered and
 //! return once queued; a failure on the device (a timeout, a bad expert
 //! id) is kept and returned by the next call and [`EpGroup::synchronize`].
@@ -109,8 +109,11 @@ impl MoeType for half::f16 {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum EpMode {
-    /// DeepEP's low-latency mode: one kernel each way, fixed shapes, tokens
-    /// straight into per-(expert, source rank) slots.
+    /// DeepEP's low-latency mode: one kernel each way, fixed shapes; a
+    /// token goes once to each LSA rank whose experts it names (into a
+    /// token slot, with its expert ids; the receiver packs per local
+    /// expert), and straight into per-(expert, source rank) slots of the
+    /// ranks outside the LSA team.
     #[doc(alias = "low_latency_dispatch")]
     #[default]
     LowLatency,
@@ -149,7 +152,7 @@ pub struct EpConfig {
     #[doc(alias = "use_fp8")]
     pub fp8_dispatch: bool,
     /// CTAs per kernel (0: low-latency, one per expert — each sends whole
-    /// experts and receives whole local experts —; high-throughput, one
+    /// tokens and experts and receives whole local experts —; high-throughput, one
     /// per SM, each item taken by a span of warps; both up to one per SM
     /// and 128 on GPUs; 2 on the emulated runtime). All must fit on the GPU
     /// at once (with the default 256 threads; the kernels' registers do not
