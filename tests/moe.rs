@@ -5,10 +5,12 @@
 //! entries, ranks with no tokens), checked against a host computation:
 //! the packed tokens and counts exactly, the combined outputs exactly for
 //! f32 and within a rounding for bf16/f16; the device API fused into one
-//! kernel (every expert started by its own receive wait); bad input
-//! (more tokens than configured: a typed error before anything is sent).
-//! Both modes: low-latency and high-throughput (the same cases; combine
-//! checked against per-rank partial sums).
+//! kernel (every expert started by its own receive wait, outputs sent back
+//! per expert); bad input (more tokens than configured: a typed error
+//! before anything is sent). Both modes: low-latency and high-throughput
+//! (the same cases); each combine checked against the order in which it
+//! adds (`Sum`: per-rank partial sums over LSA, per expert over GIN, all
+//! per expert in the fused kernel).
 //!
 //! Runs on the runtime `DEVCOMM_RUNTIME` names (default emulated) with 1,
 //! 2, 3, 4 and 8 ranks over LSA, and over GIN (`DEVCOMM_LSA_SIZE=1`: 2 and
@@ -149,34 +151,91 @@ fn expected_recv<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64) ->
     per
 }
 
-/// The combined output rank `me` must get. Low-latency: `sum over j of
-/// w_j * expert(e_j, x)` in f32 in top-k order, rounded once.
-/// High-throughput: per rank `d` (in order) the partial sum over the
-/// entries on `d` (f32, top-k order) rounded to `T`, the partials added in
-/// f32 and rounded once.
-fn expected_y<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64, mode: EpMode) -> Vec<T> {
-    let ht = mode == EpMode::HighThroughput;
+/// How the combine under test adds a token's gate-weighted expert
+/// outputs (`devcomm_device::moe::CombineForm`, and the high-throughput
+/// mode's partials).
+#[derive(Clone, Copy, Debug)]
+enum Sum {
+    /// Every entry in top-k order (a per-expert combine: the fused kernel).
+    TopK,
+    /// The library's low-latency combine (per rank): top-k order, but the
+    /// entries on a rank of this rank's LSA team (teams of `lsa` ranks) add
+    /// that rank's partial sum (rounded to the element type) once, at the
+    /// first of them.
+    PerRank { lsa: usize },
+    /// High-throughput: each rank's partial (rounded), in rank order.
+    Ranks,
+}
+
+impl Sum {
+    /// The low-latency library combine's or the high-throughput one's, on `comm`.
+    fn of(mode: EpMode, comm: &Communicator) -> Sum {
+        match mode {
+            EpMode::HighThroughput => Sum::Ranks,
+            _ => Sum::PerRank { lsa: comm.lsa_size().unwrap() },
+        }
+    }
+
+    /// One token's combined value (f32, before the final rounding) on rank
+    /// `me`: its entries `idx`/`w` (`top_k`), `y(e)` expert `e`'s output,
+    /// `round` a partial's rounding to the element type.
+    fn token(
+        self,
+        s: &Shape,
+        me: usize,
+        idx: &[i32],
+        w: &[f32],
+        y: impl Fn(usize) -> f32,
+        round: impl Fn(f32) -> f32,
+    ) -> f32 {
+        let on = |e: i32, d: usize| e >= 0 && e as usize / s.l() == d;
+        let part = |d: usize| {
+            let mut p = 0.0f32;
+            for j in 0..s.k {
+                if on(idx[j], d) {
+                    p += w[j] * y(idx[j] as usize);
+                }
+            }
+            round(p)
+        };
+        let mut acc = 0.0f32;
+        match self {
+            Sum::TopK => {
+                for j in (0..s.k).filter(|&j| idx[j] >= 0) {
+                    acc += w[j] * y(idx[j] as usize);
+                }
+            }
+            Sum::Ranks => {
+                for d in (0..s.n).filter(|&d| idx.iter().any(|&e| on(e, d))) {
+                    acc += part(d);
+                }
+            }
+            Sum::PerRank { lsa } => {
+                for j in (0..s.k).filter(|&j| idx[j] >= 0) {
+                    let d = idx[j] as usize / s.l();
+                    if d / lsa != me / lsa {
+                        acc += w[j] * y(idx[j] as usize);
+                    } else if !idx[..j].iter().any(|&e| on(e, d)) {
+                        acc += part(d);
+                    }
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// The combined output rank `me` must get, the outputs added as `sum` says
+/// (f32, rounded once).
+fn expected_y<T: CollType>(s: &Shape, me: usize, kind: Routing, seed: u64, sum: Sum) -> Vec<T> {
     let (tokens, idx, w) = routing(kind, seed, me, s);
     let x = tokens_of::<T>(seed, me, tokens, s.h);
     let mut y = Vec::with_capacity(tokens * s.h);
     for t in 0..tokens {
+        let (ti, tw) = (&idx[t * s.k..(t + 1) * s.k], &w[t * s.k..(t + 1) * s.k]);
         for c in 0..s.h {
-            let mut acc = 0.0f32;
-            for d in 0..if ht { s.n } else { 1 } {
-                let mut part = None;
-                for j in 0..s.k {
-                    let e = idx[t * s.k + j];
-                    if e < 0 || (ht && e as usize / s.l() != d) {
-                        continue;
-                    }
-                    *part.get_or_insert(0.0f32) += w[t * s.k + j] * expert(e as usize, x[t * s.h + c]).to_f64() as f32;
-                }
-                match part {
-                    Some(p) if ht => acc += T::from_f64(p as f64).to_f64() as f32,
-                    Some(p) => acc += p,
-                    None => {}
-                }
-            }
+            let out = |e: usize| expert(e, x[t * s.h + c]).to_f64() as f32;
+            let acc = sum.token(s, me, ti, tw, out, |p| T::from_f64(p as f64).to_f64() as f32);
             y.push(T::from_f64(acc as f64));
         }
     }
@@ -263,7 +322,7 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     let y = ep.combine(&out, &d.handle, c.stream).unwrap();
     ep.synchronize(c.stream).unwrap();
     let got = c.stream.read_vec(&y).unwrap();
-    let want = expected_y::<T>(s, me, kind, seed, c.mode);
+    let want = expected_y::<T>(s, me, kind, seed, Sum::of(c.mode, c.comm));
     assert_eq!(got.len(), want.len());
     let mode = c.mode;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -383,17 +442,13 @@ fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
     let y = c.stream.read_vec(&ep.combine(&out, &d.handle, c.stream).unwrap()).unwrap();
     ep.synchronize(c.stream).unwrap();
     let xs = tokens_of::<bf16>(seed, me, tokens, s.h);
+    let sum = Sum::of(EpMode::LowLatency, c.comm);
     for t in 0..tokens {
         let (wq, ws) = quantize(&xs[t * s.h..(t + 1) * s.h]);
+        let (ti, tw) = (&idx[t * s.k..(t + 1) * s.k], &w[t * s.k..(t + 1) * s.k]);
         for i in 0..s.h {
             let deq = bf16::from_f32(Fp8E4M3(wq[i]).to_f32() * ws[i / 128]);
-            let mut acc = 0.0f32;
-            for j in 0..s.k {
-                let e = idx[t * s.k + j];
-                if e >= 0 {
-                    acc += w[t * s.k + j] * expert(e as usize, deq).to_f32();
-                }
-            }
+            let acc = sum.token(s, me, ti, tw, |e| expert(e, deq).to_f32(), |p| bf16::from_f32(p).to_f32());
             let (got, want) = (y[t * s.h + i], bf16::from_f32(acc));
             assert!(close(got, want), "rank {me} fp8 {kind:?}: y[{t}][{i}] = {got}, want {want}");
         }
@@ -627,7 +682,7 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
         };
         check_fused_recv(&c, &d, &f, warps);
         let got = stream.read_vec(y).unwrap();
-        let want = expected_y::<f32>(&s, me, kind, seed, EpMode::LowLatency);
+        let want = expected_y::<f32>(&s, me, kind, seed, Sum::TopK);
         assert_eq!(got, want, "rank {me} {kind:?} seed {seed}: the fused layer's output");
     }
 }
@@ -678,7 +733,7 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
         // just run, `y` of `tokens * h`.
         unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_combine_f32>(cfg, (a,)).unwrap() };
         assert_eq!(stream.read_vec(errors).unwrap()[0], 0, "rank {me} seed {seed}: the combine's error code");
-        let want = expected_y::<f32>(&s, me, kind, seed, EpMode::HighThroughput);
+        let want = expected_y::<f32>(&s, me, kind, seed, Sum::Ranks);
         assert_eq!(stream.read_vec(y).unwrap(), want, "rank {me} {kind:?} seed {seed}: the fused HT layer's output");
     }
 }

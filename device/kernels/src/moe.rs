@@ -11,7 +11,7 @@ use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
 use devcomm_device::coop::{Coop, Cta, WarpSpan};
 use devcomm_device::kernel;
-use devcomm_device::moe::{self, ht, MoeArgs, MoeContext, MoeError, MoeHtArgs, STAGES};
+use devcomm_device::moe::{self, ht, CombineForm, MoeArgs, MoeContext, MoeError, MoeHtArgs, STAGES};
 
 use crate::shared::cta_copy;
 
@@ -142,9 +142,14 @@ unsafe fn prepare(args: &MoeArgs, ctx: &MoeContext) -> u32 {
 kernel! {
     /// A low-latency dispatch: prepare (grid-strided), send (CTA `b` of
     /// the grid sends token slots `b, b + B, ...` to the LSA ranks; then
-    /// spans of warps take the experts: their positions, and their tokens
-    /// to the ranks outside the LSA team), receive and pack (CTA `b` takes
-    /// local experts `b, b + B, ...`).
+    /// spans of warps take the experts of the ranks outside the LSA team:
+    /// their positions and tokens; the combine is per rank, so the LSA
+    /// ranks' experts need no positions), wait for every LSA header (each
+    /// CTA, once), count (CTA `b` takes local experts `b, b + B, ...`:
+    /// their rows, and the GIN sources' tokens), a grid barrier, then the
+    /// LSA tokens' copies (span `s` of the grid's takes token slots `s, s +
+    /// S, ...` of the LSA sources), spread evenly however unevenly the
+    /// experts are loaded.
     ///
     /// # Safety
     /// `args` made by `devcomm::moe::EpGroup::dispatch`: live context,
@@ -156,32 +161,53 @@ kernel! {
         stamp(&cta, &args, Stage::Start);
         let num_tokens = prepare(&args, ctx);
         let pos = args.pos as *mut u32;
+        let (x, idx, w) = (args.x as *const u8, args.topk_idx as *const i32, args.topk_weights as *const f32);
         for_items(&cta, Items::ctas(), ctx.max_tokens(), &args, |t| {
-            moe::dispatch_send_token(&cta, ctx, t, args.x as *const u8, args.topk_idx as *const i32, num_tokens, args.seq)
+            moe::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, args.seq)
         });
-        // A span of warps per expert (its scan is a warp's work, done by
-        // each warp alike; only GIN ranks' experts copy tokens).
-        let (span, at) = Items::spans(ctx.num_experts());
-        for_items(&span, at, ctx.num_experts(), &args, |e| {
-            moe::dispatch_send_expert(
-                &span, ctx, e, args.x as *const u8, args.topk_idx as *const i32, num_tokens, pos, args.seq,
-            )
-        });
+        // A span of warps per expert of a rank outside the LSA team (its
+        // scan is a warp's work, done by each warp alike).
+        if moe::gin_ranks(ctx) > 0 {
+            let (span, at) = Items::spans(ctx.num_experts());
+            let l = ctx.local_experts();
+            for_items(&span, at, ctx.num_experts(), &args, |e| {
+                if moe::is_lsa(ctx, e / l) {
+                    return Ok(0);
+                }
+                moe::dispatch_send_expert(&span, ctx, e, x, idx, num_tokens, pos, args.seq)
+            });
+        }
         stamp(&cta, &args, Stage::Sent);
         // Every LSA source's tokens, once for the CTA's experts (their
-        // receive hooks then wait for the GIN sources alone).
-        let r = moe::dispatch_wait_lsa(&cta, ctx, args.seq);
-        if r.is_err() {
-            if cta.is_leader() {
-                report(&args, r);
-            }
-            return;
+        // receive steps then wait for the GIN sources alone).
+        let waited = moe::dispatch_wait_lsa(&cta, ctx, args.seq);
+        if waited.is_err() && cta.is_leader() {
+            report(&args, waited);
         }
         stamp(&cta, &args, Stage::Waited);
-        for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
-            moe::dispatch_recv_expert(
-                &cta, ctx, l, args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32, args.seq,
-            )
+        let (out, scales) = (args.out as *mut u8, args.scales as *mut u8);
+        if waited.is_ok() {
+            for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
+                moe::dispatch_count_expert(&cta, ctx, l, out, scales, args.counts as *mut u32, args.seq)
+            });
+        }
+        // Every CTA arrives, also after an error (the barrier counts them).
+        let synced = moe::dispatch_grid_sync(&cta, ctx);
+        if synced.is_err() && cta.is_leader() {
+            report(&args, synced);
+        }
+        if waited.is_err() || synced.is_err() {
+            return;
+        }
+        // The LSA sources' tokens, a token per span of warps, each to
+        // every row the counting gave it.
+        let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
+        let (span, at) = Items::spans(n * m);
+        for_items(&span, at, n * m, &args, |i| {
+            if !moe::is_lsa(ctx, i / m) {
+                return Ok(());
+            }
+            moe::dispatch_pack_token(&span, ctx, i / m, i % m, out, scales, args.seq)
         });
         stamp(&cta, &args, Stage::Done);
     }
@@ -233,31 +259,25 @@ impl Items {
     }
 }
 
-/// A combine's steps (both modes): `send(coop, i)` for this coop's items
-/// below `items` (`at`: CTA `b` of `B` takes `b, b + B, ...`, or span `s`
-/// of `S` takes `s, s + S, ...`), then `wait(cta)` (every CTA waits for
-/// every partner's outputs), then, if it succeeded, `reduce(tokens)` over
-/// the grid; failures reported in `args.errors`.
+/// A combine's steps (both modes): `send()` (this CTA's sends, each
+/// reported), then `wait(cta)` (every CTA waits for every partner's
+/// outputs), then, if it succeeded, `reduce(tokens)` over the grid;
+/// failures reported in `args.errors`.
 ///
 /// # Safety
 /// `args.errors` a valid device `u32`; the closures' own contracts.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn combine_steps<C: Coop>(
+unsafe fn combine_steps(
     cta: &Cta,
-    coop: &C,
-    at: Items,
     args: &MoeArgs,
     ctx: &MoeContext,
-    items: u32,
-    send: impl Fn(&C, u32) -> Result<(), MoeError>,
+    send: impl FnOnce(),
     wait: impl Fn(&Cta) -> Result<(), MoeError>,
     reduce: impl Fn(u32),
 ) {
     // SAFETY: (all four) the contract.
     unsafe { stamp(cta, args, Stage::Start) };
-    // SAFETY: the contract.
-    unsafe { for_items(coop, at, items, args, |i| send(coop, i)) };
+    send();
     // SAFETY: as above.
     unsafe { stamp(cta, args, Stage::Sent) };
     let r = wait(cta);
@@ -275,9 +295,12 @@ unsafe fn combine_steps<C: Coop>(
     unsafe { stamp(cta, args, Stage::Done) };
 }
 
-/// A low-latency combine of elements `T`: send (CTA `b` of the grid sends
-/// local experts `b, b + B, ...`), then every CTA waits for every expert's
-/// outputs and the grid reduces.
+/// A low-latency combine of elements `T`, per rank
+/// ([`CombineForm::PerRank`]): spans of warps send the partial sums of
+/// the LSA sources' token slots (span `s` of the grid's `S` takes items
+/// `s, s + S, ...` of (LSA source, slot)); when some ranks are outside the
+/// LSA team, CTA `b` then sends local experts `b, b + B, ...` to them;
+/// then every CTA waits for every partial and output, and the grid reduces.
 ///
 /// # Safety
 /// As for `moe_dispatch`, `args` made by `devcomm::moe::EpGroup::combine`
@@ -287,23 +310,40 @@ unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
     let cta = Cta::new();
     // SAFETY: every thread of the CTA, first; the contract.
     let Some(ctx) = (unsafe { shared_context(&cta, args) }) else { return };
+    let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
+    let x = args.x as *const u8;
+    let (span, at) = Items::spans(n * m);
+    let form = CombineForm::PerRank;
     // SAFETY: (all three steps) the contract: this group's live context,
-    // `x` the experts' outputs, the handle's buffers, `out` of `num_tokens * hidden`.
+    // `x` the experts' outputs of the dispatch this kernel follows (every
+    // local expert packed: an earlier kernel), the handle's buffers, `out`
+    // of `num_tokens * hidden`.
     unsafe {
         combine_steps(
             &cta,
-            &cta,
-            Items::ctas(),
             args,
             ctx,
-            ctx.local_experts(),
-            |cta, l| moe::combine_send_expert(cta, ctx, l, args.x as *const u8, args.seq),
-            |cta| moe::combine_wait(cta, ctx, args.seq),
+            || {
+                for_items(&span, at, n * m, args, |i| {
+                    let (s, t) = (i / m, i % m);
+                    if !moe::is_lsa(ctx, s) {
+                        return Ok(());
+                    }
+                    moe::combine_send_token::<T, _>(&span, ctx, s, t, x, args.seq)
+                });
+                if moe::gin_ranks(ctx) > 0 {
+                    for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
+                        moe::combine_send_expert(&cta, ctx, l, x, form, args.seq)
+                    });
+                }
+            },
+            |cta| moe::combine_wait(cta, ctx, form, args.seq),
             |num_tokens| {
                 moe::combine_reduce::<T>(
                     global_thread_x() as usize,
                     grid_threads_x() as usize,
                     ctx,
+                    form,
                     args.topk_idx as *const i32,
                     args.topk_weights as *const f32,
                     args.pos as *const u32,
@@ -412,14 +452,13 @@ unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
     unsafe {
         combine_steps(
             &cta,
-            &span,
-            at,
             args,
             ctx,
-            n * g,
-            |cta, i| {
-                let (x, rows) = (args.x as *const u8, a.recv_rows as *const u32);
-                ht::combine_send_channel::<T, _>(cta, ctx, (me + 1 + i / g) % n, i % g, x, rows, args.seq)
+            || {
+                for_items(&span, at, n * g, args, |i| {
+                    let (x, rows) = (args.x as *const u8, a.recv_rows as *const u32);
+                    ht::combine_send_channel::<T, _>(&span, ctx, (me + 1 + i / g) % n, i % g, x, rows, args.seq)
+                })
             },
             |cta| ht::combine_wait(cta, ctx, args.seq),
             |num_tokens| {

@@ -25,18 +25,32 @@ use super::{DevComm, WindowDesc};
 ///   LSA source once it counted them;
 /// * combine slots at `comb_offset`: `E × M` slots of `B` bytes, slot
 ///   `(global expert e, position p)`: expert `e`'s output for this rank's
-///   `p`-th token routed to it; dispatch stages GIN sends there;
+///   `p`-th token routed to it (a per-expert combine); dispatch stages GIN
+///   sends there; a per-rank combine puts LSA rank `d`'s partial sum for
+///   token `t` into slot `(d * L, t)`;
 /// * combine flags at `comb_flag_offset`: `E` `u64` words, word `e` =
 ///   `(seq << 32) | tokens` written by `e`'s rank after its outputs;
 /// * token headers at `meta_offset`: `N × M` headers of
 ///   [`MoeContext::ll_meta_bytes`], header `(s, t)` at
-///   [`MoeContext::ll_meta_offset`]: a `u64` word `(seq << 32) | 1` (a
-///   token) or `(seq << 32)` (slot `t` unused: `t` at or past the
-///   source's token count), 8 bytes of padding, then the token's `K`
-///   `i32` expert ids from byte 16, padded with -1 to a multiple of 4
-///   (16-byte vectors); LSA source `s` writes the ids, then the word with
-///   a release store, after the token's bytes, for every `t < M` in every
-///   dispatch.
+///   [`MoeContext::ll_meta_offset`]: a `u64` dispatch word `(seq << 32) |
+///   1` (a token) or `(seq << 32)` (slot `t` unused: `t` at or past the
+///   source's token count); a `u64` combine word (below); then `I` =
+///   [`MoeContext::ll_header_ids`] (`K` rounded up to a multiple of 4:
+///   16-byte vectors) `i32` expert ids from byte 16 (-1 past `K`), `I`
+///   `f32` gate weights, and `I` `u32` rows. LSA source `s` writes the ids
+///   and weights, then the dispatch word with a release, after the
+///   token's bytes, for every `t < M` in every dispatch; this rank writes
+///   the rows while it packs (entry `j`'s row in the packed output, for
+///   the entries naming its experts) and reads them back in the combine.
+///   In the combine the header `(d, t)` of *this* rank's copy is the
+///   other way round: its combine word `(seq << 32) | sent` is written by
+///   LSA rank `d` (with a release) after it stored its partial sum for
+///   this rank's token `t` (`sent` = 1) into the partial slot
+///   [`MoeContext::ll_partial_slot_offset`]`(d, t)`, or found that token
+///   names none of its experts (`sent` = 0);
+/// * the grid word after the headers ([`MoeContext::ll_grid_word_offset`]):
+///   a `u64` the library's dispatch kernel counts its CTAs' arrivals in
+///   (a barrier between its packing steps); nothing else uses it.
 ///
 /// With fp8 dispatch ([`MoeContext::with_fp8_dispatch`]) a receive slot
 /// holds a token as `hidden` fp8 e4m3 bytes followed by `hidden / 128`
@@ -90,7 +104,11 @@ impl MoeContext {
             None => None,
         };
         let meta = match n.checked_mul(m) {
-            Some(nm) => nm.checked_mul(Self::meta_bytes_for(top_k)),
+            // The headers, then the grid word (16 bytes).
+            Some(nm) => match nm.checked_mul(Self::meta_bytes_for(top_k)) {
+                Some(h) => h.checked_add(16),
+                None => None,
+            },
             None => None,
         };
         match (recv, comb, meta) {
@@ -105,9 +123,10 @@ impl MoeContext {
         }
     }
 
-    /// Bytes of a token header (see the layout above) for top-k `top_k`.
+    /// Bytes of a token header (see the layout above) for top-k `top_k`:
+    /// two words, then ids, weights and rows, `top_k` rounded up to 4 each.
     const fn meta_bytes_for(top_k: u32) -> u64 {
-        16 + 4 * (top_k as u64).next_multiple_of(4)
+        16 + 3 * 4 * (top_k as u64).next_multiple_of(4)
     }
 
     /// Expert ids in a token header of the low-latency layout: `top_k`
@@ -117,17 +136,40 @@ impl MoeContext {
         self.top_k.next_multiple_of(4)
     }
 
-    /// Bytes of a token header of the low-latency layout: the word, 8
-    /// bytes of padding and [`MoeContext::ll_header_ids`] expert ids.
+    /// Bytes of a token header of the low-latency layout: the dispatch and
+    /// combine words, then [`MoeContext::ll_header_ids`] expert ids, as
+    /// many weights and as many rows.
     #[inline(always)]
     pub const fn ll_meta_bytes(&self) -> u64 {
         Self::meta_bytes_for(self.top_k)
     }
 
-    /// Offset of LSA source `src`'s token header `t` (low-latency).
+    /// Offset of LSA source `src`'s token header `t` (low-latency): its
+    /// dispatch word.
     #[inline(always)]
     pub const fn ll_meta_offset(&self, src: u32, t: u32) -> u64 {
         self.meta_offset + (src as u64 * self.max_tokens as u64 + t as u64) * self.ll_meta_bytes()
+    }
+
+    /// Offset of header `(rank, t)`'s combine word (low-latency): written
+    /// by LSA rank `rank` after its partial sum for this rank's token `t`.
+    #[inline(always)]
+    pub const fn ll_combine_word_offset(&self, rank: u32, t: u32) -> u64 {
+        self.ll_meta_offset(rank, t) + 8
+    }
+
+    /// Offset of header `(src, t)`'s expert ids (16-byte aligned), followed
+    /// by the weights at `+ 4 * I` and the rows at `+ 8 * I` (`I` =
+    /// [`MoeContext::ll_header_ids`]).
+    #[inline(always)]
+    pub const fn ll_ids_offset(&self, src: u32, t: u32) -> u64 {
+        self.ll_meta_offset(src, t) + 16
+    }
+
+    /// Offset of the grid word (low-latency; see the layout above).
+    #[inline(always)]
+    pub const fn ll_grid_word_offset(&self) -> u64 {
+        self.ll_meta_offset(self.comm.nranks, 0)
     }
 
     /// Offset of the slot LSA source `src`'s token `t` lands in
@@ -135,6 +177,16 @@ impl MoeContext {
     #[inline(always)]
     pub const fn ll_token_slot_offset(&self, src: u32, t: u32) -> u64 {
         self.recv_slot_offset(0, src, t)
+    }
+
+    /// Offset of the slot where LSA rank `rank` puts its partial sum for
+    /// this rank's token `t` in a per-rank combine (low-latency): combine
+    /// slot `(rank * L, t)`, the slot of `rank`'s first expert, which no
+    /// per-expert traffic uses when `rank` is an LSA peer (the dispatch
+    /// stages only GIN ranks' experts there).
+    #[inline(always)]
+    pub const fn ll_partial_slot_offset(&self, rank: u32, t: u32) -> u64 {
+        self.comb_slot_offset(rank * self.local_experts(), t)
     }
 
     /// A context from its parts; the offsets follow the layout above in
@@ -558,9 +610,13 @@ mod tests {
         assert_eq!(c.recv_count_offset(1, 2) + 8, c.comb_flag_offset(0));
         assert_eq!((c.comb_flag_offset(5) + 8).next_multiple_of(16), c.ll_meta_offset(0, 0));
         assert_eq!(c.ll_meta_offset(0, 0) % 16, 0);
-        assert_eq!(c.ll_meta_bytes(), 32);
-        assert_eq!(c.ll_meta_offset(2, 4) + 32, MoeContext::window_bytes(3, 6, 2, 5, 16).unwrap());
+        assert_eq!(c.ll_meta_bytes(), 64);
+        assert_eq!(c.ll_meta_offset(2, 4) + 64, c.ll_grid_word_offset());
+        assert_eq!(c.ll_grid_word_offset() + 16, MoeContext::window_bytes(3, 6, 2, 5, 16).unwrap());
+        assert_eq!(c.ll_combine_word_offset(2, 4), c.ll_meta_offset(2, 4) + 8);
+        assert_eq!(c.ll_ids_offset(2, 4) % 16, 0);
         assert_eq!(c.ll_token_slot_offset(2, 4), c.recv_slot_offset(0, 2, 4));
+        assert_eq!(c.ll_partial_slot_offset(2, 4), c.comb_slot_offset(4, 4));
         // High throughput, 2 channels.
         // SAFETY: as above.
         let h = unsafe { MoeContext::new_high_throughput(comm, WindowDesc::NONE, 6, 7, 2, 5, 2, 2) };

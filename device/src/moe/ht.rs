@@ -38,7 +38,10 @@
 //! [`COMBINE_SIGNAL`] combine words, from ranks outside the LSA team.
 //! Ordering between calls and `seq` as in the [low-latency mode](super).
 
-use super::{gin_ranks, is_lsa, local_ptr, peer_ptr, warp_scan, weighted_rows, word, MoeContext, MoeError, NO_POS};
+use super::{
+    gin_ranks, is_lsa, local_ptr, names, peer_ptr, warp_scan, weighted_rows, word, MoeContext, MoeError, COPY_UNROLL,
+    NO_POS,
+};
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
 use crate::coll::Element;
@@ -56,35 +59,12 @@ pub const COMBINE_SIGNAL: u32 = 1;
 /// the next.
 pub const PUT_BYTES: u64 = 256 * 1024;
 
-/// 16-byte vectors in flight per thread when a coop copies a token
-/// ([`copy_strided_by`]).
-const COPY_UNROLL: usize = 8;
-
 /// Tokens `first..end` of channel `channel` of `channels` over `num_tokens` tokens.
 #[inline(always)]
 pub const fn channel_tokens(num_tokens: u32, channels: u32, channel: u32) -> (u32, u32) {
     let g = if channels == 0 { 1 } else { channels } as u64;
     let n = num_tokens as u64;
     ((n * channel as u64 / g) as u32, (n * (channel as u64 + 1) / g) as u32)
-}
-
-/// Whether the `k` expert ids at `idx` name one of experts `lo..lo + l`.
-/// Plain loads, which the hardware overlaps and L1 keeps for the lanes
-/// that read a routing row's other ids (volatile ones went to L2 one
-/// after another: the pack's scans were most of the dispatch): `idx` is
-/// the caller's routing, or a received row read after the wait's acquire.
-///
-/// # Safety
-/// `idx` holds `k` `i32`s, not written while this reads them.
-#[inline(always)]
-unsafe fn names(idx: *const i32, k: usize, lo: u32, l: u32) -> bool {
-    let mut hit = false;
-    for j in 0..k {
-        // SAFETY: `j < k`: the contract.
-        let e = unsafe { *idx.add(j) };
-        hit |= e >= 0 && (e as u32).wrapping_sub(lo) < l;
-    }
-    hit
 }
 
 /// The channel words of source (or rank) `s`, at `off(s, c)` of this

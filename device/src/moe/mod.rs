@@ -12,7 +12,7 @@
 //! names. To an LSA peer (NVLink stores) a token goes **once**, however
 //! many of the peer's experts it names ([`dispatch_send_token`]): into
 //! slot `t` of the peer's token slots for this source, followed by a
-//! header with the token's expert ids and a word `(seq << 32) | 1`
+//! header with the token's expert ids and gate weights and a word `(seq << 32) | 1`
 //! (released after the bytes; slots past the source's token count get a
 //! word `seq << 32` and no ids): the receiver finds each expert's tokens
 //! by their ids. To a rank outside the LSA team a token goes per expert,
@@ -20,22 +20,33 @@
 //! a staging copy in the sender's own window), followed by one word
 //! `(seq << 32) | tokens` put with a strong signal
 //! ([`dispatch_send_expert`], which also gives every top-k entry its
-//! position among its expert's tokens, for the combine). The receiver
-//! waits, per local expert, for every LSA source's headers and every GIN
-//! source's word ([`dispatch_recv_expert`]: the "hook" that starts an
-//! expert as soon as its tokens are in) and packs the expert's tokens,
-//! in (source rank, source token) order, into `[L][N * M][hidden]`.
-//! (Sending once per peer moves a quarter of the bytes over NVLink when a
-//! token's top-8 names four experts of the peer, as with 256 experts on
-//! two ranks: the per-expert sends of session 17 took 50 of the 66 µs of
-//! a 128-token dispatch on 2 × H200.)
+//! position among its expert's tokens, for a per-expert combine). The
+//! receiver waits, per local expert, for every LSA source's headers and
+//! every GIN source's word ([`dispatch_recv_expert`]: the "hook" that
+//! starts an expert as soon as its tokens are in) and packs the expert's
+//! tokens, in (source rank, source token) order, into `[L][N * M][hidden]`,
+//! recording each LSA token's row in its header. A kernel that takes all
+//! local experts at once can instead wait once ([`dispatch_wait_lsa`]),
+//! count every expert's rows ([`dispatch_count_expert`]), and copy each
+//! LSA token once to all its rows ([`dispatch_pack_token`]) after a grid
+//! barrier: the copies then spread evenly over the grid however unevenly
+//! the experts are loaded (the library's kernel). (Sending once per peer
+//! moves a quarter of the bytes over NVLink when a token's top-8 names
+//! four experts of the peer, as with 256 experts on two ranks: the
+//! per-expert sends of session 17 took 50 of the 66 µs of a 128-token
+//! dispatch on 2 × H200.)
 //!
-//! **Combine** sends each expert's outputs back the same way, into per-
-//! (global expert, position) slots of the token's own rank, with one flag
-//! word per expert ([`combine_send_expert`]); the token's rank waits for
-//! every expert's flag ([`combine_wait`]) and sums the gate-weighted
-//! outputs of each token's experts in top-k order with f32 arithmetic
-//! ([`combine_reduce`]), rounding once.
+//! **Combine** has two forms ([`CombineForm`]). Per expert
+//! ([`combine_send_expert`]): each expert's outputs go back the way its
+//! tokens came, into per-(global expert, position) slots of the token's
+//! own rank, with one flag word per expert; an expert's outputs can leave
+//! as soon as it is done. Per rank (the library's kernels): each LSA rank
+//! sends one gate-weighted partial sum per token over its experts
+//! ([`combine_send_token`], a token crossing NVLink once per rank, with a
+//! word per token), ranks outside the LSA team per expert. The token's
+//! rank waits ([`combine_wait`]) and sums the outputs (or partials) of
+//! each token in top-k order with f32 arithmetic ([`combine_reduce`]),
+//! rounding once.
 //!
 //! Work split: coops of whole warps throughout (a [`Warp`](crate::coop::Warp),
 //! a [`WarpSpan`](crate::coop::WarpSpan), a [`Cta`](crate::coop::Cta) of a
@@ -59,10 +70,10 @@ pub mod ht;
 pub use crate::abi::moe::{MoeArgs, MoeContext, MoeHtArgs, STAGES};
 
 use crate::arch::{self, lane_id, WARP_SIZE};
-use crate::atomic::{self, Scope};
+use crate::atomic::{self, Order, Scope};
 use crate::coll::pack::each_lane;
 use crate::coll::{Bf16, Element, Fp8E4M3};
-use crate::coop::{Coop, ThreadCoop};
+use crate::coop::{Coop, Cta, ThreadCoop};
 use crate::error::{DeviceError, ErrorCode};
 use crate::gin::{Gin, GinError, LocalAction, RemoteAction};
 use crate::lsa::ops::{copy_strided, copy_strided_by, CopyAhead};
@@ -153,15 +164,16 @@ pub(crate) fn local_ptr(ctx: &MoeContext, offset: u64) -> *mut u8 {
     ctx.window().local_ptr::<u8>(offset)
 }
 
-/// Whether world rank `rank` is reached over LSA.
+/// Whether world rank `rank` is reached over LSA (NVLink stores) from
+/// this rank (itself included); the other ranks over GIN.
 #[inline(always)]
-pub(crate) fn is_lsa(ctx: &MoeContext, rank: u32) -> bool {
+pub fn is_lsa(ctx: &MoeContext, rank: u32) -> bool {
     !peer_ptr(ctx, rank, 0).is_null()
 }
 
 /// Ranks of the world outside the caller's LSA team.
 #[inline(always)]
-pub(crate) fn gin_ranks(ctx: &MoeContext) -> u32 {
+pub fn gin_ranks(ctx: &MoeContext) -> u32 {
     ctx.comm().nranks() - ctx.comm().lsa_size()
 }
 
@@ -228,21 +240,26 @@ pub unsafe fn dispatch_prepare(
     }
 }
 
-/// 16-byte vectors in flight per thread when a coop copies a token.
-const COPY_UNROLL: usize = 8;
+/// 16-byte vectors in flight per thread when a coop copies a token
+/// ([`copy_strided_by`], [`CopyAhead`]); both modes.
+pub(crate) const COPY_UNROLL: usize = 8;
 
-/// Whether the `k` expert ids at `idx` name global expert `e` (plain
-/// loads: the caller's routing, or a received header read after the
-/// wait's acquire).
+/// Whether the `k` expert ids at `idx` name one of experts `lo..lo + l`.
+/// Plain loads, which the hardware overlaps and L1 keeps for the lanes
+/// that read a routing row's other ids (volatile ones went to L2 one
+/// after another: the high-throughput pack's scans were most of its
+/// dispatch): `idx` is the caller's routing, or a received row or header
+/// read after the wait's acquire.
 ///
 /// # Safety
 /// `idx` holds `k` `i32`s, not written while this reads them.
 #[inline(always)]
-unsafe fn names_expert(idx: *const i32, k: usize, e: u32) -> bool {
+pub(crate) unsafe fn names(idx: *const i32, k: usize, lo: u32, l: u32) -> bool {
     let mut hit = false;
     for j in 0..k {
         // SAFETY: `j < k`: the contract.
-        hit |= unsafe { *idx.add(j) } == e as i32;
+        let e = unsafe { *idx.add(j) };
+        hit |= e >= 0 && (e as u32).wrapping_sub(lo) < l;
     }
     hit
 }
@@ -287,7 +304,7 @@ unsafe fn routing_hits(idx: *const i32, k: usize, count: u32, e: u32, g0: u32) -
         for g in 0..SCAN_GROUPS as usize {
             let t = token(g);
             // SAFETY: `t < count`: token `t`'s `k` ids.
-            if t < count && unsafe { names_expert(idx.add(t as usize * k), k, e) } {
+            if t < count && unsafe { names(idx.add(t as usize * k), k, e, 1) } {
                 bits |= 1 << g;
             }
         }
@@ -307,7 +324,7 @@ unsafe fn header_hits(ctx: &MoeContext, src: u32, e: u32, g0: u32) -> u32 {
     let (m, ids) = (ctx.max_tokens(), ctx.ll_header_ids() as usize);
     let lane = lane_id();
     let token = |g: usize| (g0 + g as u32) * WARP_SIZE + lane;
-    let at = |t: u32| local_ptr(ctx, ctx.ll_meta_offset(src, t) + 16) as *const u8;
+    let at = |t: u32| local_ptr(ctx, ctx.ll_ids_offset(src, t)) as *const u8;
     let mut bits = 0u32;
     if ids <= 8 {
         let mut v = [[[u32::MAX; 4]; 2]; SCAN_GROUPS as usize];
@@ -337,7 +354,7 @@ unsafe fn header_hits(ctx: &MoeContext, src: u32, e: u32, g0: u32) -> u32 {
         for g in 0..SCAN_GROUPS as usize {
             let t = token(g);
             // SAFETY: header `t < max_tokens`'s `ids` ids.
-            if t < m && unsafe { names_expert(at(t) as *const i32, ids, e) } {
+            if t < m && unsafe { names(at(t) as *const i32, ids, e, 1) } {
                 bits |= 1 << g;
             }
         }
@@ -350,22 +367,24 @@ unsafe fn header_hits(ctx: &MoeContext, src: u32, e: u32, g0: u32) -> u32 {
 /// token goes once to each LSA rank whose experts its top-k names (fp8
 /// dispatch: quantized), into that rank's slot
 /// [`MoeContext::ll_token_slot_offset`]`(me, t)`; then every LSA rank gets
-/// the slot's header (the token's expert ids, or none past `num_tokens`)
-/// and its word, released after the bytes. Ranks outside the LSA team get
-/// their tokens from [`dispatch_send_expert`].
+/// the slot's header (the token's expert ids and gate weights, or none
+/// past `num_tokens`) and its word, released after the bytes. Ranks
+/// outside the LSA team get their tokens from [`dispatch_send_expert`].
 ///
 /// # Safety
 /// `ctx` live; `x` holds `num_tokens` tokens of
-/// [`MoeContext::token_bytes`], `topk_idx` `num_tokens * top_k` entries;
-/// every thread of the coop calls with the same arguments; no other coop
-/// sends slot `t` in this dispatch; the previous dispatch's combine is
-/// done on every rank (see the [module docs](self)).
+/// [`MoeContext::token_bytes`], `topk_idx` and `topk_weights` `num_tokens *
+/// top_k` entries; every thread of the coop calls with the same
+/// arguments; no other coop sends slot `t` in this dispatch; the previous
+/// dispatch's combine is done on every rank (see the [module docs](self)).
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn dispatch_send_token<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
     t: u32,
     x: *const u8,
     topk_idx: *const i32,
+    topk_weights: *const f32,
     num_tokens: u32,
     seq: u32,
 ) -> Result<(), MoeError> {
@@ -410,24 +429,32 @@ pub unsafe fn dispatch_send_token<C: Coop>(
             }
         }
     }
+    // The header's entries, thread `j` entry `j` (id and weight) on every
+    // LSA rank.
+    let (j, ids) = (coop.thread_rank() as usize, ctx.ll_header_ids() as usize);
+    if j < ids {
+        let (e, w) = if token && j < k {
+            // SAFETY: `t < num_tokens`, `j < top_k`: inside the routing.
+            unsafe { (*idx.add(j), *topk_weights.add(t as usize * k + j)) }
+        } else {
+            (-1, 0.0)
+        };
+        for r in 0..n {
+            let h = peer_ptr(ctx, r, ctx.ll_ids_offset(me, t));
+            if !h.is_null() {
+                // SAFETY: id and weight `j < I` of header `(me, t)` in LSA
+                // rank `r`'s window, read by `r` only after the word below.
+                unsafe {
+                    arch::store_volatile((h as *mut i32).add(j), e);
+                    arch::store_volatile((h as *mut f32).add(ids + j), w);
+                }
+            }
+        }
+    }
     // The coop's stores, then the leader's release at system scope
     // (cumulative over the stores the barrier ordered before it).
     coop.sync();
     if coop.is_leader() {
-        for r in 0..n {
-            let h = peer_ptr(ctx, r, ctx.ll_meta_offset(me, t));
-            if h.is_null() {
-                continue;
-            }
-            for j in 0..ctx.ll_header_ids() as usize {
-                // SAFETY: `j < top_k`: the token's ids, inside `topk_idx`
-                // when `token`.
-                let e = if token && j < k { unsafe { *idx.add(j) } } else { -1 };
-                // SAFETY: id `j` of header `(me, t)` in LSA rank `r`'s
-                // window, read by `r` only after the word below.
-                unsafe { arch::store_volatile(h.add(16 + 4 * j) as *mut i32, e) };
-            }
-        }
         // One fence for every rank's word: a release of each (the fence
         // then relaxed system-scope stores), not one fence per rank.
         atomic::fence_acq_rel(Scope::Sys);
@@ -693,13 +720,11 @@ pub unsafe fn dispatch_wait_lsa<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -
     unsafe { wait_headers(coop, ctx, seq) }
 }
 
-/// Every LSA source's headers and every GIN source's word for `local`.
+/// Every GIN source's word for `local` (the leader waits for its signal).
 ///
 /// # Safety
-/// As for [`dispatch_wait_expert`].
-unsafe fn wait_sources<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, seq: u32) -> Result<(), MoeError> {
-    // SAFETY: the contract.
-    unsafe { wait_headers(coop, ctx, seq) }?;
+/// `ctx` live; every thread of `coop` calls it.
+unsafe fn wait_gin<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, seq: u32) -> Result<(), MoeError> {
     let r = (|| -> Result<(), MoeError> {
         let g = gin_ranks(ctx);
         if g > 0 && coop.is_leader() {
@@ -708,6 +733,18 @@ unsafe fn wait_sources<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, seq: u32
         Ok(())
     })();
     coop.agree(r)
+}
+
+/// Records LSA source `s`'s token count `c` for local expert `local` in
+/// its count word (the leader; the combine's per-expert sends read it).
+#[inline(always)]
+fn record_count<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, s: u32, seq: u32, c: u32) {
+    if coop.is_leader() {
+        let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *mut u64;
+        // SAFETY: this rank's count word for (`local`, `s`): an LSA
+        // source's is this rank's own, written only here, atomically.
+        unsafe { atomic::store_relaxed(p, word(seq, c), Scope::Gpu) };
+    }
 }
 
 /// Waits until every source's tokens for local expert `local` of this
@@ -730,7 +767,9 @@ pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u
         return coop.agree(Err(MoeError::BadArgument));
     }
     // SAFETY: the contract.
-    unsafe { wait_sources(coop, ctx, local, seq) }?;
+    unsafe { wait_headers(coop, ctx, seq) }?;
+    // SAFETY: the contract.
+    unsafe { wait_gin(coop, ctx, local, seq) }?;
     let e = me * ctx.local_experts() + local;
     let mut total = 0u32;
     let mut r = Ok(());
@@ -738,12 +777,7 @@ pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u
         if is_lsa(ctx, s) {
             // SAFETY: `s` is an LSA rank whose headers are in (waited above).
             let c = unsafe { lsa_tokens_of(ctx, s, e, |_, _| {}) };
-            if coop.is_leader() {
-                let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *mut u64;
-                // SAFETY: this rank's count word for (`local`, `s`): an LSA
-                // source's is this rank's own, written only here, atomically.
-                unsafe { atomic::store_relaxed(p, word(seq, c), Scope::Gpu) };
-            }
+            record_count(coop, ctx, local, s, seq, c);
             total += c;
         } else {
             match recv_count(ctx, local, s, seq) {
@@ -776,7 +810,8 @@ fn recv_count(ctx: &MoeContext, local: u32, s: u32, seq: u32) -> Result<u32, Moe
 /// token order; an LSA source's rows a warp each) and stores the total in
 /// `out_count[local]`. Returns the total. With fp8 dispatch, `out` gets
 /// rows of `hidden` fp8 bytes and `scales` the rows' `hidden / 128` f32
-/// scales (same row numbers).
+/// scales (same row numbers). Records each LSA token's row in its header
+/// (for [`combine_send_token`]).
 ///
 /// # Safety
 /// As for [`dispatch_wait_expert`]; `out` holds `local_experts * nranks *
@@ -792,13 +827,86 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
     out_count: *mut u32,
     seq: u32,
 ) -> Result<u32, MoeError> {
+    if local >= ctx.local_experts() || coop.size() % WARP_SIZE != 0 {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    // SAFETY: the contract.
+    unsafe { wait_headers(coop, ctx, seq) }?;
+    // SAFETY: the contract; the coop waited for every LSA header just now.
+    unsafe { dispatch_pack_expert(coop, ctx, local, out, scales, out_count, seq) }
+}
+
+/// [`dispatch_recv_expert`] for a coop that already waited for every LSA
+/// source's tokens of this dispatch ([`dispatch_wait_lsa`] returned `Ok`
+/// to it): waits for the GIN sources' words for `local` alone, then packs.
+/// A kernel whose coops each take several local experts waits once
+/// (every LSA header is each expert's wait) instead of once per expert.
+///
+/// # Safety
+/// As for [`dispatch_recv_expert`], and this coop's [`dispatch_wait_lsa`]
+/// for `seq` returned `Ok` (its threads read the headers it acquired).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_pack_expert<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    out: *mut u8,
+    scales: *mut u8,
+    out_count: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    // SAFETY: the contract.
+    unsafe { pack_expert(coop, ctx, local, out, scales, out_count, seq, true) }
+}
+
+/// [`dispatch_pack_expert`] without the LSA sources' token bytes: counts
+/// local expert `local`'s tokens, records each LSA token's row in its
+/// header, packs the GIN sources' tokens, stores the total in
+/// `out_count[local]` and returns it; the LSA tokens are then copied a
+/// token at a time by [`dispatch_pack_token`] (once to every row it
+/// lands in), after every local expert was counted. A kernel whose
+/// experts get uneven token counts spreads the copies over all its coops
+/// this way, where a coop per expert copies that expert's rows alone.
+///
+/// # Safety
+/// As for [`dispatch_pack_expert`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_count_expert<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    out: *mut u8,
+    scales: *mut u8,
+    out_count: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    // SAFETY: the contract.
+    unsafe { pack_expert(coop, ctx, local, out, scales, out_count, seq, false) }
+}
+
+/// [`dispatch_pack_expert`] (`copy_lsa`) or [`dispatch_count_expert`].
+///
+/// # Safety
+/// As for [`dispatch_pack_expert`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn pack_expert<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    out: *mut u8,
+    scales: *mut u8,
+    out_count: *mut u32,
+    seq: u32,
+    copy_lsa: bool,
+) -> Result<u32, MoeError> {
     let comm = ctx.comm();
     let (n, me) = (comm.nranks(), comm.rank());
     if local >= ctx.local_experts() || coop.size() % WARP_SIZE != 0 {
         return coop.agree(Err(MoeError::BadArgument));
     }
     // SAFETY: the contract.
-    unsafe { wait_sources(coop, ctx, local, seq) }?;
+    unsafe { wait_gin(coop, ctx, local, seq) }?;
     let e = me * ctx.local_experts() + local;
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let (wi, nw) = ((coop.thread_rank() / WARP_SIZE) as usize, (coop.size() / WARP_SIZE).max(1) as usize);
@@ -807,6 +915,7 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
     let slot = ctx.slot_bytes() as usize;
     let fp8 = ctx.fp8_dispatch();
     let (h, sc) = (ctx.hidden() as usize, ctx.hidden() as usize / 32);
+    let ids = ctx.ll_header_ids() as usize;
     let first = local as usize * n as usize * ctx.max_tokens() as usize;
     let mut at = first;
     let mut r = Ok(());
@@ -814,14 +923,24 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
         if is_lsa(ctx, s) {
             // One pass over the headers counts the source's tokens for `e`
             // and packs them: row `r` by warp `r % nw` (rows of every source
-            // spread over all the warps), a warp a row.
-            // SAFETY: `s` is an LSA rank whose headers are in (waited
-            // above); its tokens naming `e` go to rows `at..` (at most
-            // `max_tokens`: inside `out`, the contract's sizes).
+            // spread over all the warps), a warp a row; its lanes record
+            // the row in the header's entries naming `e`.
+            // SAFETY: `s` is an LSA rank whose headers are in (the
+            // contract); its tokens naming `e` go to rows `at..` (at most
+            // `max_tokens`: inside `out`, the contract's sizes); header
+            // `(s, tok)`'s rows are this rank's, entry `lane` naming `e`
+            // this coop's alone.
             let c = unsafe {
                 lsa_tokens_of(ctx, s, e, |i, tok| {
                     let r = at + i as usize;
                     if r % nw != wi {
+                        return;
+                    }
+                    let hdr = local_ptr(ctx, ctx.ll_ids_offset(s, tok)) as *mut i32;
+                    if lane < ids && *hdr.add(lane) == e as i32 {
+                        *(hdr as *mut u32).add(2 * ids + lane) = r as u32;
+                    }
+                    if !copy_lsa {
                         return;
                     }
                     let src = local_ptr(ctx, ctx.ll_token_slot_offset(s, tok));
@@ -833,13 +952,7 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
                     }
                 })
             };
-            if coop.is_leader() {
-                let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *mut u64;
-                // SAFETY: this rank's count word for (`local`, `s`): an LSA
-                // source's is this rank's own, written only here and by
-                // `dispatch_wait_expert`, atomically.
-                unsafe { atomic::store_relaxed(p, word(seq, c), Scope::Gpu) };
-            }
+            record_count(coop, ctx, local, s, seq, c);
             at += c as usize;
             continue;
         }
@@ -885,11 +998,137 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
     r
 }
 
+/// Copies LSA source `src`'s token slot `t` (when it holds a token of
+/// this dispatch) into every packed row of a local expert it names, the
+/// rows [`dispatch_count_expert`] recorded in its header: one load of each
+/// vector, a store per row (an expert named twice gets the row once).
+/// The coop is whole warps.
+///
+/// # Safety
+/// `ctx` live; `out` and `scales` as for [`dispatch_pack_expert`];
+/// [`dispatch_count_expert`] of dispatch `seq` returned for every local
+/// expert on this rank and what it wrote is visible to this coop (a grid
+/// barrier: [`dispatch_grid_sync`]); every thread of the coop calls with
+/// the same arguments; no other coop copies (`src`, `t`) in this dispatch.
+pub unsafe fn dispatch_pack_token<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    src: u32,
+    t: u32,
+    out: *mut u8,
+    scales: *mut u8,
+    seq: u32,
+) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (me, l) = (comm.rank(), ctx.local_experts());
+    if src >= comm.nranks() || t >= ctx.max_tokens() || !is_lsa(ctx, src) || coop.size() % WARP_SIZE != 0 {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let hdr = local_ptr(ctx, ctx.ll_meta_offset(src, t));
+    // SAFETY: this rank's header word, written only atomically, acquired by
+    // this rank's wait (the contract).
+    let w = unsafe { atomic::load_relaxed(hdr as *const u64, Scope::Gpu) };
+    if (w >> 32) as u32 != seq {
+        return coop.agree(Err(MoeError::OutOfStep));
+    }
+    if w & 1 == 0 {
+        return Ok(());
+    }
+    let slot = local_ptr(ctx, ctx.ll_token_slot_offset(src, t)) as *const u8;
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let (row, h, sc) = (ctx.token_bytes() as usize, ctx.hidden() as usize, ctx.hidden() as usize / 32);
+    let fp8 = ctx.fp8_dispatch();
+    // The token's first vectors, loaded while the rows are looked up.
+    // SAFETY: the slot holds the token (`row` bytes; fp8: fewer, unused).
+    let ahead = unsafe { CopyAhead::<COPY_UNROLL>::load(tr, nt, slot, if fp8 { 0 } else { row }) };
+    let (ids, rows_all) = (ctx.ll_header_ids() as usize, (l * comm.nranks() * ctx.max_tokens()) as usize);
+    let at = local_ptr(ctx, ctx.ll_ids_offset(src, t)) as *const u32;
+    // Entry `j`'s packed row, when it names a local expert that no entry
+    // before it names.
+    let dst = |j: usize| -> Option<usize> {
+        // SAFETY: ids and rows `j < I` of the header: written before the
+        // word this rank acquired, and by its counting (the contract).
+        let (e, r) = unsafe { (*at.add(j), *at.add(2 * ids + j) as usize) };
+        // SAFETY: as above, ids `i < j`.
+        let first = (0..j).all(|i| unsafe { *at.add(i) } != e);
+        (first && (e as i32) >= 0 && e.wrapping_sub(me * l) < l && r < rows_all).then_some(r)
+    };
+    if fp8 {
+        for j in 0..ids {
+            if let Some(r) = dst(j) {
+                // SAFETY: row `r < L * N * M` of `out` (`h` bytes) and of
+                // `scales` (`sc` bytes); the slot holds both.
+                unsafe {
+                    copy_strided_by::<COPY_UNROLL>(tr, nt, out.add(r * h), slot, h);
+                    copy_strided(tr, nt, scales.add(r * sc), slot.add(h), sc);
+                }
+            }
+        }
+    } else {
+        // SAFETY: rows `r < L * N * M` of `out`, each this token's alone
+        // (one per local expert it names); vector `i` of each this thread's.
+        unsafe { ahead.store(ids, |j| dst(j).map(|r| out.add(r * row))) };
+    }
+    Ok(())
+}
+
+/// The library dispatch kernel's barrier between counting
+/// ([`dispatch_count_expert`]) and copying ([`dispatch_pack_token`]):
+/// the CTA's leader adds 1 to the grid word (a release at GPU scope,
+/// after the CTA's barrier) and waits until the `B` CTAs of this launch
+/// arrived (the count reaches the next multiple of `B`), then the CTA
+/// syncs. Returns a wait's error (timeout, abort) on every thread.
+///
+/// # Safety
+/// `ctx` live; every thread of the CTA calls it; every CTA of the grid
+/// calls it exactly once per launch (also after an error: the count must
+/// stay a multiple of `B` between launches), every launch on the group
+/// with the same grid size, launched co-resident.
+pub unsafe fn dispatch_grid_sync(cta: &Cta, ctx: &MoeContext) -> Result<(), MoeError> {
+    let b = arch::grid_dim().x.max(1) as u64;
+    cta.sync();
+    let r = if cta.is_leader() {
+        let p = local_ptr(ctx, ctx.ll_grid_word_offset()) as *mut u64;
+        // SAFETY: this rank's grid word, only used atomically by this kernel.
+        let old = unsafe { atomic::fetch_add(p, 1, Order::Release, Scope::Gpu) };
+        let mut deadline = Deadline::new(&ctx.comm().abort());
+        // SAFETY: as above.
+        unsafe { wait::wait_ge_u64(p, (old / b + 1) * b, Scope::Gpu, &mut deadline) }
+            .map(|_| ())
+            .map_err(MoeError::from)
+    } else {
+        Ok(())
+    };
+    let r = cta.agree(r);
+    cta.sync();
+    r
+}
+
+/// How a low-latency combine brings the experts' outputs back to an LSA
+/// rank's tokens (ranks outside the LSA team always get them per expert).
+/// Every rank of a combine uses the same form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CombineForm {
+    /// Every (token, expert) output goes back on its own
+    /// ([`combine_send_expert`], one flag per expert): an expert's outputs
+    /// can leave as soon as that expert is done (DeepEP's low-latency
+    /// combine). `K` rows per token cross the link.
+    PerExpert,
+    /// Each LSA rank sends one gate-weighted partial sum per token over its
+    /// experts ([`combine_send_token`], one word per token): a token
+    /// crosses the link once per rank, as in the high-throughput mode, and
+    /// the token's rank adds `N` partials instead of `K` outputs. Needs
+    /// every local expert's outputs before the first send.
+    PerRank,
+}
+
 /// Sends local expert `local`'s outputs back to their tokens' ranks: rows
 /// of `expert_out[local][..]`, laid out as the dispatch packed them, go to
 /// the combine slots of global expert `rank * L + local` on each source
 /// rank (LSA stores, or a staging copy in this rank's receive slots and a
 /// GIN put), followed by the expert's flag word on every source rank.
+/// With [`CombineForm::PerRank`] only the sources outside the LSA team
+/// get them (the LSA ones get [`combine_send_token`]'s partial sums).
 ///
 /// # Safety
 /// `ctx` live; `expert_out` holds `local_experts * nranks * max_tokens`
@@ -901,6 +1140,7 @@ pub unsafe fn combine_send_expert<C: Coop>(
     ctx: &MoeContext,
     local: u32,
     expert_out: *const u8,
+    form: CombineForm,
     seq: u32,
 ) -> Result<(), MoeError> {
     let comm = ctx.comm();
@@ -944,6 +1184,9 @@ pub unsafe fn combine_send_expert<C: Coop>(
         let row_at = at;
         at += c as usize;
         let lsa = is_lsa(ctx, s);
+        if lsa && form == CombineForm::PerRank {
+            continue;
+        }
         let dst = if lsa {
             peer_ptr(ctx, s, ctx.comb_slot_offset(expert, 0))
         } else {
@@ -1000,25 +1243,122 @@ pub unsafe fn combine_send_expert<C: Coop>(
     coop.agree(result)
 }
 
+/// The partial sum of LSA source `src`'s token slot `t` over this rank's
+/// experts ([`CombineForm::PerRank`]): when the slot's header names some of
+/// this rank's experts, `sum over those entries j of w_j * y_j` (`y_j`
+/// the expert's output row, found through the row the dispatch's packing
+/// recorded in the header; f32 in top-k order, rounded once to `T`) goes
+/// into `src`'s partial slot [`MoeContext::ll_partial_slot_offset`]`(me,
+/// t)`; then, in every case, `src` gets the header's combine word
+/// `(seq << 32) | sent` with a release. Every thread of `coop` calls it.
+///
+/// # Safety
+/// `ctx` live, `T` of its element size; `expert_out` holds
+/// `local_experts × nranks × max_tokens` rows laid out as the packing's
+/// output; dispatch `seq` was received and packed on this rank for
+/// **every** local expert ([`dispatch_recv_expert`],
+/// [`dispatch_pack_expert`] or [`dispatch_count_expert`] returned, and
+/// what they and the experts wrote is visible to this coop: a later
+/// kernel, or a grid-wide barrier); every thread of the coop calls with the same
+/// arguments; every (`src`, `t`) with `src` an LSA rank and `t <
+/// max_tokens` is sent by one coop of this rank.
+pub unsafe fn combine_send_token<T: Element<Acc = f32>, C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    src: u32,
+    t: u32,
+    expert_out: *const u8,
+    seq: u32,
+) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (me, l) = (comm.rank(), ctx.local_experts());
+    if src >= comm.nranks() || t >= ctx.max_tokens() || !is_lsa(ctx, src) || size_of::<T>() as u32 != ctx.elem_size() {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let hdr = local_ptr(ctx, ctx.ll_meta_offset(src, t));
+    // SAFETY: this rank's header word `(src, t)`, written only atomically,
+    // acquired by this rank's dispatch wait (the contract).
+    let w = unsafe { atomic::load_relaxed(hdr as *const u64, Scope::Gpu) };
+    if (w >> 32) as u32 != seq {
+        return coop.agree(Err(MoeError::OutOfStep));
+    }
+    let (ids, rows_all) = (ctx.ll_header_ids() as usize, (l * comm.nranks() * ctx.max_tokens()) as usize);
+    let at = local_ptr(ctx, ctx.ll_ids_offset(src, t)) as *const u32;
+    let row = ctx.token_bytes() as usize;
+    // Entry `j` of the header: this rank's expert's output row and weight.
+    let entry = |_: usize, j: usize| -> Option<(*const u8, f32)> {
+        // SAFETY: id, weight and row `j < I` of the header (plain loads:
+        // written before the dispatch word this rank acquired, and by its
+        // own packing; not written until this word reaches `src`).
+        let (e, wt, r) =
+            unsafe { (*at.add(j) as i32, f32::from_bits(*at.add(ids + j)), *at.add(2 * ids + j) as usize) };
+        if e < 0 || (e as u32).wrapping_sub(me * l) >= l || r >= rows_all {
+            return None;
+        }
+        // SAFETY: row `r` of `expert_out` (below `L * N * M`, checked).
+        Some((unsafe { expert_out.add(r * row) }, wt))
+    };
+    let token = w & 1 != 0;
+    let sent = token && (0..ids).any(|j| entry(0, j).is_some());
+    if sent {
+        let dst = peer_ptr(ctx, src, ctx.ll_partial_slot_offset(me, t));
+        let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+        let aligned = (expert_out as usize) % 16 == 0;
+        // SAFETY: the partial slot is a whole slot of `src`'s window
+        // (16-byte aligned), this coop's alone; the rows are `expert_out`'s.
+        unsafe { weighted_rows::<T>(tr, nt, 1, ctx.hidden() as usize, ids, |_| dst, aligned, entry) };
+    }
+    // The coop's stores, then the leader's release at system scope.
+    coop.sync();
+    if coop.is_leader() {
+        let p = peer_ptr(ctx, src, ctx.ll_combine_word_offset(me, t)) as *mut u64;
+        // SAFETY: the combine word of header `(me, t)` in `src`'s window,
+        // written only atomically.
+        unsafe { atomic::store_release(p, word(seq, sent as u32), Scope::Sys) };
+    }
+    Ok(())
+}
+
 /// Waits until every expert's outputs of dispatch `seq` are back on this
-/// rank (every expert's flag word).
+/// rank: with [`CombineForm::PerExpert`] every expert's flag word; with
+/// [`CombineForm::PerRank`] every LSA rank's combine word of every token
+/// slot, and the flags of the experts outside the LSA team. Every thread
+/// of the coop may read every output after it.
 ///
 /// # Safety
 /// `ctx` live; every thread of `coop` calls it.
-pub unsafe fn combine_wait<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Result<(), MoeError> {
+pub unsafe fn combine_wait<C: Coop>(coop: &C, ctx: &MoeContext, form: CombineForm, seq: u32) -> Result<(), MoeError> {
     let comm = ctx.comm();
-    let (e_all, l) = (ctx.num_experts(), ctx.local_experts());
+    let (n, m, e_all, l) = (comm.nranks(), ctx.max_tokens(), ctx.num_experts(), ctx.local_experts());
     let (t, nt) = (coop.thread_rank(), coop.size());
+    let per_rank = form == CombineForm::PerRank;
+    let lsa_of = |e: u32| is_lsa(ctx, e.checked_div(l).unwrap_or(u32::MAX));
     let r = (|| -> Result<(), MoeError> {
         let mut deadline = Deadline::new(&comm.abort());
-        let mut e = t;
-        while e < e_all {
-            if is_lsa(ctx, e.checked_div(l).unwrap_or(u32::MAX)) {
-                let p = local_ptr(ctx, ctx.comb_flag_offset(e)) as *const u64;
-                // SAFETY: this rank's flag word, written only atomically.
-                unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+        if per_rank {
+            let mut i = t;
+            while i < n.saturating_mul(m) {
+                let (d, tok) = (i / m.max(1), i % m.max(1));
+                if is_lsa(ctx, d) {
+                    let p = local_ptr(ctx, ctx.ll_combine_word_offset(d, tok)) as *const u64;
+                    // SAFETY: this rank's combine word, written only atomically.
+                    let w = unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+                    if (w >> 32) as u32 != seq {
+                        return Err(MoeError::OutOfStep);
+                    }
+                }
+                i += nt;
             }
-            e += nt;
+        } else {
+            let mut e = t;
+            while e < e_all {
+                if lsa_of(e) {
+                    let p = local_ptr(ctx, ctx.comb_flag_offset(e)) as *const u64;
+                    // SAFETY: this rank's flag word, written only atomically.
+                    unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+                }
+                e += nt;
+            }
         }
         let g = gin_ranks(ctx);
         if g > 0 && coop.is_leader() {
@@ -1030,24 +1370,34 @@ pub unsafe fn combine_wait<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Res
     let mut r = Ok(());
     let mut e = t;
     while e < e_all {
-        let p = local_ptr(ctx, ctx.comb_flag_offset(e)) as *const u64;
-        // SAFETY: as above.
-        let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
-        if (w >> 32) as u32 != seq || w as u32 > ctx.max_tokens() {
-            r = Err(MoeError::OutOfStep);
+        if !(per_rank && lsa_of(e)) {
+            let p = local_ptr(ctx, ctx.comb_flag_offset(e)) as *const u64;
+            // SAFETY: as above.
+            let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
+            if (w >> 32) as u32 != seq || w as u32 > ctx.max_tokens() {
+                r = Err(MoeError::OutOfStep);
+            }
         }
         e += nt;
     }
-    coop.agree(r)
+    let r = coop.agree(r);
+    // Each thread acquired some words: a barrier that orders memory, so
+    // every thread may read every output.
+    coop.sync();
+    r
 }
 
-/// `out[t][h] = sum over j < top_k of weights[t][j] * y_j[h]`, where
-/// `y_j` is the output of expert `topk_idx[t][j]` for token `t` (entries
-/// with [`NO_POS`] add nothing), accumulated in f32 in top-k order and
-/// rounded once; by any set of threads (`t` of `nt`) over the tokens'
-/// 16-byte vectors (when a token is a whole number of them and `out` is
-/// 16-byte aligned; else over single elements, with the same result). Call
-/// after [`combine_wait`] (by every thread that reads).
+/// `out[t][h] = sum of each token's expert outputs weighted by its gates`,
+/// accumulated in f32 and rounded once, as `form` brought them back:
+/// [`CombineForm::PerExpert`]: `sum over j < top_k of weights[t][j] *
+/// y_j[h]` (`y_j` the output of expert `topk_idx[t][j]` for token `t`;
+/// entries with [`NO_POS`] add nothing), in top-k order;
+/// [`CombineForm::PerRank`]: the same entries in top-k order, except that
+/// the entries on an LSA rank `d` add `d`'s partial sum once, at the first
+/// of them. By any set of threads (`t` of `nt`) over the tokens' 16-byte
+/// vectors (when a token is a whole number of them and `out` is 16-byte
+/// aligned; else over single elements, with the same result). Call after
+/// [`combine_wait`] (by every thread that reads).
 ///
 /// # Safety
 /// `ctx` live; `topk_idx`, `topk_weights` and `pos` are the dispatch's
@@ -1059,19 +1409,36 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     t: usize,
     nt: usize,
     ctx: &MoeContext,
+    form: CombineForm,
     topk_idx: *const i32,
     topk_weights: *const f32,
     pos: *const u32,
     num_tokens: u32,
     out: *mut T,
 ) {
-    let (k, h) = (ctx.top_k() as usize, ctx.hidden() as usize);
+    let (k, h, l) = (ctx.top_k() as usize, ctx.hidden() as usize, ctx.local_experts());
     let size = core::mem::size_of::<T>();
+    let valid = |e: i32| e >= 0 && (e as u32) < ctx.num_experts();
     // The expert and slot of entry `at` (None: it adds nothing).
-    let entry = |at: usize| -> Option<(*const u8, f32)> {
+    let entry = |tok: usize, j: usize| -> Option<(*const u8, f32)> {
+        let at = tok * k + j;
         // SAFETY: `at < num_tokens * top_k` (callers): inside the buffers.
-        let (e, p, w) = unsafe { (*topk_idx.add(at), *pos.add(at), *topk_weights.add(at)) };
-        if p == NO_POS || e < 0 || e as u32 >= ctx.num_experts() || p >= ctx.max_tokens() {
+        let e = unsafe { *topk_idx.add(at) };
+        if !valid(e) {
+            return None;
+        }
+        let d = e as u32 / l.max(1);
+        if form == CombineForm::PerRank && is_lsa(ctx, d) {
+            // The partial at the first entry on `d`.
+            // SAFETY: entries `tok * k + i < at`: inside `topk_idx`.
+            let seen =
+                (0..j).map(|i| unsafe { *topk_idx.add(tok * k + i) }).any(|x| valid(x) && x as u32 / l.max(1) == d);
+            let p = local_ptr(ctx, ctx.ll_partial_slot_offset(d, tok as u32)) as *const u8;
+            return (!seen).then_some((p, 1.0));
+        }
+        // SAFETY: as above.
+        let (p, w) = unsafe { (*pos.add(at), *topk_weights.add(at)) };
+        if p == NO_POS || p >= ctx.max_tokens() {
             return None;
         }
         Some((local_ptr(ctx, ctx.comb_slot_offset(e as u32, p)) as *const u8, w))
@@ -1088,7 +1455,7 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
             k,
             |tok| (out as *mut u8).wrapping_add(tok * row),
             (out as usize) % 16 == 0,
-            |tok, j| entry(tok * k + j),
+            entry,
         )
     }
 }

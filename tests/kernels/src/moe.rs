@@ -9,7 +9,7 @@ use devcomm_device::arch::{block_dim, block_idx, global_thread_x, grid_dim, grid
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coop::{Coop, Cta, Warp};
 use devcomm_device::kernel;
-use devcomm_device::moe::{self, ht, MoeArgs, MoeError, MoeHtArgs};
+use devcomm_device::moe::{self, ht, CombineForm, MoeArgs, MoeError, MoeHtArgs};
 
 /// Records the first error in `errors[0]`.
 ///
@@ -77,9 +77,10 @@ kernel! {
     /// packs them into `args.out`, computes the expert, `y = x * (e + 1) +
     /// 0.5` with `e` the global expert id, into `expert_out` (same layout),
     /// records the expert's count in `order[l]` together with its rank in
-    /// the warp's order (`count | (k << 24)`), and sends the outputs back;
-    /// then every CTA waits for every expert's outputs and the grid
-    /// combines into `y` (`args.topk_idx`/`topk_weights` are the
+    /// the warp's order (`count | (k << 24)`), and sends the outputs back
+    /// per expert (`CombineForm::PerExpert`, where the library's combine
+    /// sends per rank); then every CTA waits for every expert's outputs and
+    /// the grid combines into `y` (`args.topk_idx`/`topk_weights` are the
     /// handle's copies made by the dispatch step).
     ///
     /// # Safety
@@ -102,7 +103,7 @@ kernel! {
         let (w, nw) = (block_idx().x * per_block + warp_id(), grid_dim().x * per_block);
         let mut t = w;
         while t < ctx.max_tokens() {
-            let r = moe::dispatch_send_token(&warp, ctx, t, args.x as *const u8, args.topk_idx as *const i32, num_tokens, args.seq);
+            let r = moe::dispatch_send_token(&warp, ctx, t, args.x as *const u8, args.topk_idx as *const i32, args.topk_weights as *const f32, num_tokens, args.seq);
             if warp.is_leader() {
                 report(args.errors, r);
             }
@@ -131,7 +132,7 @@ kernel! {
                 (_, r) => r,
             };
             run_expert(&warp, &args, l, r, expert_out, order, k);
-            let r = moe::combine_send_expert(&warp, ctx, l, expert_out as *const u8, args.seq);
+            let r = moe::combine_send_expert(&warp, ctx, l, expert_out as *const u8, CombineForm::PerExpert, args.seq);
             if warp.is_leader() {
                 report(args.errors, r);
             }
@@ -139,7 +140,7 @@ kernel! {
             i += nw;
         }
         let cta = Cta::new();
-        let r = moe::combine_wait(&cta, ctx, args.seq);
+        let r = moe::combine_wait(&cta, ctx, CombineForm::PerExpert, args.seq);
         if r.is_err() {
             if cta.is_leader() {
                 report(args.errors, r);
@@ -147,7 +148,7 @@ kernel! {
             return;
         }
         moe::combine_reduce::<f32>(
-            global_thread_x() as usize, grid_threads_x() as usize, ctx, args.handle_idx as *const i32,
+            global_thread_x() as usize, grid_threads_x() as usize, ctx, CombineForm::PerExpert, args.handle_idx as *const i32,
             args.handle_weights as *const f32, pos, num_tokens, y,
         );
     }
