@@ -119,76 +119,40 @@ impl<const U: usize> CopyAhead<U> {
 
     /// Copies the thread's share of the source to every `dst(j)`, `j < m`,
     /// that is `Some` ([`copy_strided`] for each when a destination is not
-    /// 16-byte aligned, or the source was not). `dst` is called once per
-    /// destination, [`STORE_DESTS`] at a time, unrolled: loads it makes
-    /// overlap (GPUs issue in order: a lookup loop whose every iteration
-    /// waits for its own load took microseconds per token in the MoE
-    /// dispatch), and the destinations stay in registers. Past the first
-    /// [`STORE_DESTS`] destinations the source is loaded again per group.
+    /// 16-byte aligned, or the source was not).
     ///
     /// # Safety
     /// As for [`copy_strided`] with this copy's source, for every
     /// destination `dst(j)` that is `Some` (none overlapping the source or
-    /// another); every thread of the `n` calls with the same `m` and
-    /// destinations.
+    /// another); `dst(j)` returns the same on every call; every thread of
+    /// the `n` calls with the same `m` and destinations.
     #[inline(always)]
     pub(crate) unsafe fn store(self, m: usize, dst: impl Fn(usize) -> Option<*mut u8>) {
-        let (t, n, src, bytes) = (self.t, self.n, self.src, self.bytes);
-        let mut ahead = self;
-        let mut j0 = 0;
-        loop {
-            let mut d = [None; STORE_DESTS];
-            crate::coll::pack::each_lane!(STORE_DESTS, |j| {
-                if j0 + j < m {
-                    d[j] = dst(j0 + j);
-                }
-            });
-            // SAFETY: the contract, for destinations `j0..j0 + 8`.
-            unsafe { ahead.store_to(d) };
-            j0 += STORE_DESTS;
-            if j0 >= m {
-                return;
-            }
-            // SAFETY: as for the first load (the contract of `load`).
-            ahead = unsafe { CopyAhead::load(t, n, src, bytes) };
-        }
-    }
-
-    /// [`CopyAhead::store`] to the destinations `d` that are `Some`.
-    ///
-    /// # Safety
-    /// As for [`CopyAhead::store`].
-    #[inline(always)]
-    unsafe fn store_to(self, d: [Option<*mut u8>; STORE_DESTS]) {
         let CopyAhead { mut v, t, n, src, bytes, vectors } = self;
-        let mut misaligned = false;
-        crate::coll::pack::each_lane!(STORE_DESTS, |j| {
-            misaligned |= d[j].is_some_and(|p| p as usize % 16 != 0);
-        });
-        if vectors == 0 || misaligned {
-            crate::coll::pack::each_lane!(STORE_DESTS, |j| {
-                if let Some(p) = d[j] {
+        if vectors == 0 || (0..m).any(|j| dst(j).is_some_and(|d| d as usize % 16 != 0)) {
+            for j in 0..m {
+                if let Some(d) = dst(j) {
                     // SAFETY: the contract, destination `j`.
-                    unsafe { copy_strided(t, n, p, src, bytes) };
+                    unsafe { copy_strided(t, n, d, src, bytes) };
                 }
-            });
+            }
             return;
         }
         let mut base = t;
         loop {
-            crate::coll::pack::each_lane!(STORE_DESTS, |j| {
-                if let Some(p) = d[j] {
+            for j in 0..m {
+                if let Some(d) = dst(j) {
                     crate::coll::pack::each_lane!(U, |u| {
                         let i = base + u * n;
                         if i < vectors {
                             // SAFETY: vector `i < vectors` of destination
                             // `j`, 16-byte aligned (checked above); vector
                             // `i` is thread `t`'s alone (`i % n == t`).
-                            unsafe { store16(p.add(i * 16), v[u]) };
+                            unsafe { store16(d.add(i * 16), v[u]) };
                         }
                     });
                 }
-            });
+            }
             base += U * n;
             if base >= vectors {
                 break;
@@ -202,18 +166,15 @@ impl<const U: usize> CopyAhead<U> {
             });
         }
         let done = vectors * 16;
-        crate::coll::pack::each_lane!(STORE_DESTS, |j| {
-            if let Some(p) = d[j] {
+        for j in 0..m {
+            if let Some(d) = dst(j) {
                 // SAFETY: the bytes after the whole vectors (`done <= bytes`)
                 // of the source and destination `j`.
-                unsafe { copy_strided(t, n, p.add(done), src.add(done), bytes - done) };
+                unsafe { copy_strided(t, n, d.add(done), src.add(done), bytes - done) };
             }
-        });
+        }
     }
 }
-
-/// Destinations [`CopyAhead::store`] looks up and stores to at a time.
-pub(crate) const STORE_DESTS: usize = 8;
 
 /// The work of thread `t` of `n` threads copying `bytes` from `src` to
 /// `dst` together (any set of threads: a coop, or a whole grid with `t` the

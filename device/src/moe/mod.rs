@@ -396,28 +396,11 @@ pub unsafe fn dispatch_send_token<C: Coop>(
     let (me, n, l) = (comm.rank(), comm.nranks(), ctx.local_experts().max(1));
     let token = t < num_tokens;
     let idx = topk_idx.wrapping_add(t as usize * k);
-    // The ranks of the token's first 8 experts (u32::MAX: none), loaded
-    // together (unrolled) before any is compared.
-    let mut ranks = [u32::MAX; 8];
-    if token {
-        each_lane!(8, |j| {
-            if j < k {
-                // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
-                let e = unsafe { *idx.add(j) };
-                if e >= 0 && (e as u32) < e_all {
-                    ranks[j] = e as u32 / l;
-                }
-            }
-        });
-    }
     // Whether the token names an expert of rank `r` (an LSA rank).
     let bound = |r: u32| -> Option<*mut u8> {
         let mut hit = false;
         if token {
-            each_lane!(8, |j| {
-                hit |= ranks[j] == r;
-            });
-            for j in 8..k {
+            for j in 0..k {
                 // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
                 let e = unsafe { *idx.add(j) };
                 hit |= e >= 0 && (e as u32) < e_all && e as u32 / l == r;
@@ -1071,26 +1054,15 @@ pub unsafe fn dispatch_pack_token<C: Coop>(
         (first && (e as i32) >= 0 && e.wrapping_sub(me * l) < l && r < rows_all).then_some(r)
     };
     if fp8 {
-        // The rows looked up 8 at a time, unrolled (their loads overlap).
-        let mut j0 = 0;
-        while j0 < ids {
-            let mut rows = [None; 8];
-            each_lane!(8, |j| {
-                if j0 + j < ids {
-                    rows[j] = dst(j0 + j);
+        for j in 0..ids {
+            if let Some(r) = dst(j) {
+                // SAFETY: row `r < L * N * M` of `out` (`h` bytes) and of
+                // `scales` (`sc` bytes); the slot holds both.
+                unsafe {
+                    copy_strided_by::<COPY_UNROLL>(tr, nt, out.add(r * h), slot, h);
+                    copy_strided(tr, nt, scales.add(r * sc), slot.add(h), sc);
                 }
-            });
-            each_lane!(8, |j| {
-                if let Some(r) = rows[j] {
-                    // SAFETY: row `r < L * N * M` of `out` (`h` bytes) and
-                    // of `scales` (`sc` bytes); the slot holds both.
-                    unsafe {
-                        copy_strided_by::<COPY_UNROLL>(tr, nt, out.add(r * h), slot, h);
-                        copy_strided(tr, nt, scales.add(r * sc), slot.add(h), sc);
-                    }
-                }
-            });
-            j0 += 8;
+            }
         }
     } else {
         // SAFETY: rows `r < L * N * M` of `out`, each this token's alone
@@ -1326,19 +1298,8 @@ pub unsafe fn combine_send_token<T: Element<Acc = f32>, C: Coop>(
         // SAFETY: row `r` of `expert_out` (below `L * N * M`, checked).
         Some((unsafe { expert_out.add(r * row) }, wt))
     };
-    // Whether any entry is this rank's: looked up unrolled (their loads
-    // overlap).
-    let mut sent = false;
-    if w & 1 != 0 {
-        each_lane!(16, |j| {
-            if j < ids {
-                sent |= entry(0, j).is_some();
-            }
-        });
-        for j in 16..ids {
-            sent |= entry(0, j).is_some();
-        }
-    }
+    let token = w & 1 != 0;
+    let sent = token && (0..ids).any(|j| entry(0, j).is_some());
     if sent {
         let dst = peer_ptr(ctx, src, ctx.ll_partial_slot_offset(me, t));
         let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
@@ -1535,22 +1496,13 @@ impl RowEntries {
     ) {
         let cached = k <= ROW_ENTRIES;
         if cached && self.row != r {
-            // Every entry looked up first, unrolled: their loads overlap (a
-            // loop whose every lookup waited for its own loads cost the
-            // low-latency combine microseconds per row on 2 x H200).
-            let mut found = [None; ROW_ENTRIES];
-            each_lane!(ROW_ENTRIES, |j| {
-                if j < k {
-                    found[j] = entry(r, j);
-                }
-            });
             self.len = 0;
-            each_lane!(ROW_ENTRIES, |j| {
-                if let (Some(e), Some(slot)) = (found[j], self.at.get_mut(self.len)) {
+            for e in (0..k).filter_map(|j| entry(r, j)) {
+                if let Some(slot) = self.at.get_mut(self.len) {
                     *slot = e;
                     self.len += 1;
                 }
-            });
+            }
             self.row = r;
         }
         let count = if cached { self.len } else { k };
