@@ -42,11 +42,16 @@
 //!   order), and the [`Handle`] combine needs;
 //! * `combine(expert_out [T; L × N·M × H], &handle)` returns `y [T; t × H]`
 //!   on each rank: `y[i] = Σ_j w[i][j] · out_{e_ij}(token i)` over the
-//!   token's top-k experts in order, in f32, rounded once.
+//!   token's top-k experts, in f32, rounded once to `T` at the end; each
+//!   LSA peer (and this rank) sends one partial sum per token over its
+//!   own experts (f32, rounded to `T`), which the token's rank adds in
+//!   top-k order at the first entry on that rank; outputs from ranks over
+//!   GIN come per expert ([`devcomm_device::moe::CombineForm::PerRank`]).
 //!
 //! Tokens travel by NVLink stores to LSA peers (once per peer, however
 //! many of its experts a token names) and by GIN puts to the others
-//! (ranks in other LSA teams; `DEVCOMM_LSA_SIZE=1` makes every peer one). Every dispatch must be followed by its combine before the
+//! (ranks in other LSA teams; `DEVCOMM_LSA_SIZE=1` makes every peer one).
+//! Every dispatch must be followed by its combine before the
 //! next dispatch (the slots are reused); calls are stream-ordered and
 //! return once queued; a failure on the device (a timeout, a bad expert
 //! id) is kept and returned by the next call and [`EpGroup::synchronize`].
