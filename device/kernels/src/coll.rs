@@ -149,7 +149,7 @@ unsafe fn reduction_over<T: Element>(args: &CollArgs, nranks: u32) -> Result<Red
 }
 
 macro_rules! reducing_kernels {
-    ($($t:ty => $all_reduce:ident, $pushed:ident, $reduce:ident, $reduce_scatter:ident;)*) => {$(
+    ($($t:ty, $dtype:ident => $all_reduce:ident, $pushed:ident, $reduce:ident, $reduce_scatter:ident;)*) => {$(
         kernel! {
             /// `ncclAllReduce` of `args.count` elements (see [`coll::all_reduce`]).
             ///
@@ -250,20 +250,34 @@ macro_rules! reducing_kernels {
     )*};
 }
 
-reducing_kernels! {
-    i8 => all_reduce_i8, all_reduce_pushed_i8, reduce_i8, reduce_scatter_i8;
-    u8 => all_reduce_u8, all_reduce_pushed_u8, reduce_u8, reduce_scatter_u8;
-    i32 => all_reduce_i32, all_reduce_pushed_i32, reduce_i32, reduce_scatter_i32;
-    u32 => all_reduce_u32, all_reduce_pushed_u32, reduce_u32, reduce_scatter_u32;
-    i64 => all_reduce_i64, all_reduce_pushed_i64, reduce_i64, reduce_scatter_i64;
-    u64 => all_reduce_u64, all_reduce_pushed_u64, reduce_u64, reduce_scatter_u64;
-    coll::F16 => all_reduce_f16, all_reduce_pushed_f16, reduce_f16, reduce_scatter_f16;
-    f32 => all_reduce_f32, all_reduce_pushed_f32, reduce_f32, reduce_scatter_f32;
-    f64 => all_reduce_f64, all_reduce_pushed_f64, reduce_f64, reduce_scatter_f64;
-    coll::Bf16 => all_reduce_bf16, all_reduce_pushed_bf16, reduce_bf16, reduce_scatter_bf16;
-    coll::Fp8E4M3 => all_reduce_fp8e4m3, all_reduce_pushed_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
-    coll::Fp8E5M2 => all_reduce_fp8e5m2, all_reduce_pushed_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
+/// The reducing collectives' element types: each type, its
+/// `devcomm::coll::DataType` variant and its four kernels (all-reduce,
+/// pushed all-reduce, reduce, reduce-scatter), handed to the macro `$then`.
+/// One list that this crate's `reducing_kernels!` and the host's launch
+/// (`devcomm::coll`) both expand, so a type is added in one place.
+#[macro_export]
+macro_rules! with_reducing_types {
+    ($then:ident) => {
+        $then! {
+            i8, I8 => all_reduce_i8, all_reduce_pushed_i8, reduce_i8, reduce_scatter_i8;
+            u8, U8 => all_reduce_u8, all_reduce_pushed_u8, reduce_u8, reduce_scatter_u8;
+            i32, I32 => all_reduce_i32, all_reduce_pushed_i32, reduce_i32, reduce_scatter_i32;
+            u32, U32 => all_reduce_u32, all_reduce_pushed_u32, reduce_u32, reduce_scatter_u32;
+            i64, I64 => all_reduce_i64, all_reduce_pushed_i64, reduce_i64, reduce_scatter_i64;
+            u64, U64 => all_reduce_u64, all_reduce_pushed_u64, reduce_u64, reduce_scatter_u64;
+            ::devcomm_device::coll::F16, F16 => all_reduce_f16, all_reduce_pushed_f16, reduce_f16, reduce_scatter_f16;
+            f32, F32 => all_reduce_f32, all_reduce_pushed_f32, reduce_f32, reduce_scatter_f32;
+            f64, F64 => all_reduce_f64, all_reduce_pushed_f64, reduce_f64, reduce_scatter_f64;
+            ::devcomm_device::coll::Bf16, Bf16 => all_reduce_bf16, all_reduce_pushed_bf16, reduce_bf16, reduce_scatter_bf16;
+            ::devcomm_device::coll::Fp8E4M3, Fp8E4M3 =>
+                all_reduce_fp8e4m3, all_reduce_pushed_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
+            ::devcomm_device::coll::Fp8E5M2, Fp8E5M2 =>
+                all_reduce_fp8e5m2, all_reduce_pushed_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
+        }
+    };
 }
+
+with_reducing_types!(reducing_kernels);
 
 macro_rules! local_reduce_kernels {
     ($($t:ty => $name:ident;)*) => {$(

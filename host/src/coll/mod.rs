@@ -1270,7 +1270,7 @@ unsafe fn launch(stream: &Stream, kind: Kind, dtype: DataType, cfg: LaunchConfig
     use devcomm_kernels::coll as k;
     let pushed = args.src.in_window == 0 && Algorithm::from_code(args.algorithm) == Some(Algorithm::OneShot);
     macro_rules! by_type {
-        ($($d:ident => $ar:ident, $arp:ident, $r:ident, $rs:ident;)*) => {
+        ($($t:ty, $d:ident => $ar:ident, $arp:ident, $r:ident, $rs:ident;)*) => {
             match (kind, dtype) {
                 $(
                     // SAFETY: the caller's contract (`args.src` local).
@@ -1295,18 +1295,5 @@ unsafe fn launch(stream: &Stream, kind: Kind, dtype: DataType, cfg: LaunchConfig
             }
         };
     }
-    by_type! {
-        I8 => all_reduce_i8, all_reduce_pushed_i8, reduce_i8, reduce_scatter_i8;
-        U8 => all_reduce_u8, all_reduce_pushed_u8, reduce_u8, reduce_scatter_u8;
-        I32 => all_reduce_i32, all_reduce_pushed_i32, reduce_i32, reduce_scatter_i32;
-        U32 => all_reduce_u32, all_reduce_pushed_u32, reduce_u32, reduce_scatter_u32;
-        I64 => all_reduce_i64, all_reduce_pushed_i64, reduce_i64, reduce_scatter_i64;
-        U64 => all_reduce_u64, all_reduce_pushed_u64, reduce_u64, reduce_scatter_u64;
-        F16 => all_reduce_f16, all_reduce_pushed_f16, reduce_f16, reduce_scatter_f16;
-        F32 => all_reduce_f32, all_reduce_pushed_f32, reduce_f32, reduce_scatter_f32;
-        F64 => all_reduce_f64, all_reduce_pushed_f64, reduce_f64, reduce_scatter_f64;
-        Bf16 => all_reduce_bf16, all_reduce_pushed_bf16, reduce_bf16, reduce_scatter_bf16;
-        Fp8E4M3 => all_reduce_fp8e4m3, all_reduce_pushed_fp8e4m3, reduce_fp8e4m3, reduce_scatter_fp8e4m3;
-        Fp8E5M2 => all_reduce_fp8e5m2, all_reduce_pushed_fp8e5m2, reduce_fp8e5m2, reduce_scatter_fp8e5m2;
-    }
+    devcomm_kernels::with_reducing_types!(by_type)
 }
