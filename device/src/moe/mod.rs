@@ -49,7 +49,7 @@
 //! rounding once.
 //!
 //! Work split: coops of whole warps throughout (a [`Warp`](crate::coop::Warp),
-//! a [`WarpSpan`](crate::coop::WarpSpan), a [`Cta`](crate::coop::Cta) of a
+//! a [`WarpSpan`](crate::coop::WarpSpan), a [`Cta`] of a
 //! multiple of 32 threads; the library's kernels: CTAs). Every token slot
 //! `t < max_tokens` must be sent by exactly one coop on every rank
 //! ([`dispatch_send_token`], also past the token count: the receivers wait
@@ -471,7 +471,7 @@ pub unsafe fn dispatch_send_token<C: Coop>(
 
 /// This rank's tokens routed to global expert `expert` (every thread of
 /// `coop` calls it; the coop is whole warps: a [`Warp`](crate::coop::Warp), a
-/// [`WarpSpan`](crate::coop::WarpSpan) or a [`Cta`](crate::coop::Cta) of a
+/// [`WarpSpan`](crate::coop::WarpSpan) or a [`Cta`] of a
 /// multiple of 32 threads): scans `topk_idx` in token order (each warp
 /// alike), gives the `i`-th token routed there position `i` (written to
 /// `pos` for each of its top-k entries naming `expert`; a token that names
