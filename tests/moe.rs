@@ -21,7 +21,7 @@ mod common;
 use common::is_child;
 use devcomm::coll::{CollType, DataType};
 use devcomm::comm::Communicator;
-use devcomm::moe::{Dispatched, EpConfig, EpGroup, EpMode, MoeType};
+use devcomm::moe::{Dispatched, EpConfig, EpGroup, EpMode, LlCombine, LlPack, MoeType};
 use devcomm::runtime::{DeviceBuffer, LaunchConfig, Stream};
 use devcomm::Error;
 use devcomm_device::coll::Fp8E4M3;
@@ -168,10 +168,11 @@ enum Sum {
 }
 
 impl Sum {
-    /// The low-latency library combine's or the high-throughput one's, on `comm`.
-    fn of(mode: EpMode, comm: &Communicator) -> Sum {
-        match mode {
+    /// The library combine's on a group of `cfg` on `comm`.
+    fn of(cfg: &EpConfig, comm: &Communicator) -> Sum {
+        match cfg.mode {
             EpMode::HighThroughput => Sum::Ranks,
+            _ if cfg.ll_combine == LlCombine::PerExpert => Sum::TopK,
             _ => Sum::PerRank { lsa: comm.lsa_size().unwrap() },
         }
     }
@@ -256,6 +257,8 @@ struct Ctx<'a> {
     stream: &'a Stream,
     shape: Shape,
     mode: EpMode,
+    /// How the group's combine adds (the reference's order).
+    sum: Sum,
 }
 
 /// Checks `d`'s packed tokens and counts against the host.
@@ -322,7 +325,7 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     let y = ep.combine(&out, &d.handle, c.stream).unwrap();
     ep.synchronize(c.stream).unwrap();
     let got = c.stream.read_vec(&y).unwrap();
-    let want = expected_y::<T>(s, me, kind, seed, Sum::of(c.mode, c.comm));
+    let want = expected_y::<T>(s, me, kind, seed, c.sum);
     assert_eq!(got.len(), want.len());
     let mode = c.mode;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -361,7 +364,7 @@ fn battery_of<T: MoeType>(
     kinds: &[Routing],
 ) {
     let ep = EpGroup::new(comm, cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode: cfg.mode };
+    let c = Ctx { comm, stream, shape, mode: cfg.mode, sum: Sum::of(cfg, comm) };
     let mut reused = ep.alloc_output::<T>().unwrap();
     for seed in 0..seeds {
         for (i, kind) in kinds.iter().enumerate() {
@@ -380,12 +383,15 @@ fn stage_stamps(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode
     let mut cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_mode(mode);
     cfg.stage_stamps = true;
     let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode };
+    let c = Ctx { comm, stream, shape, mode, sum: Sum::of(&cfg, comm) };
     round::<f32>(&c, &ep, Routing::Random, 5, None);
     let t = ep.stage_times(stream).unwrap();
     for (what, s) in [("dispatch", t.dispatch), ("combine", t.combine)] {
         assert!(s.ctas > 0, "{mode:?} {what}: no CTA recorded its stages: {s:?}");
-        assert!(s.sent_ns <= s.waited_ns && s.waited_ns <= s.done_ns, "{mode:?} {what}: stages out of order: {s:?}");
+        assert!(
+            s.sent_ns <= s.waited_ns && s.waited_ns <= s.counted_ns && s.counted_ns <= s.done_ns,
+            "{mode:?} {what}: stages out of order: {s:?}"
+        );
     }
     cfg.stage_stamps = false;
     let plain = EpGroup::new(comm, &cfg).unwrap();
@@ -442,7 +448,7 @@ fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
     let y = c.stream.read_vec(&ep.combine(&out, &d.handle, c.stream).unwrap()).unwrap();
     ep.synchronize(c.stream).unwrap();
     let xs = tokens_of::<bf16>(seed, me, tokens, s.h);
-    let sum = Sum::of(EpMode::LowLatency, c.comm);
+    let sum = c.sum;
     for t in 0..tokens {
         let (wq, ws) = quantize(&xs[t * s.h..(t + 1) * s.h]);
         let (ti, tw) = (&idx[t * s.k..(t + 1) * s.k], &w[t * s.k..(t + 1) * s.k]);
@@ -457,8 +463,9 @@ fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
 
 /// Fp8 dispatch over routings `kinds`.
 fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Routing]) {
-    let ep = EpGroup::new(comm, &EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch()).unwrap();
-    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency };
+    let cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch();
+    let ep = EpGroup::new(comm, &cfg).unwrap();
+    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency, sum: Sum::of(&cfg, comm) };
     for (i, kind) in kinds.iter().enumerate() {
         fp8_round(&c, &ep, *kind, 500 + i as u64);
     }
@@ -504,8 +511,9 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode) {
         many.channels = 257;
         bad(many, "257 channels");
     }
-    let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m).with_mode(mode)).unwrap();
-    let c = Ctx { comm, stream, shape, mode };
+    let cfg = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(mode);
+    let ep = EpGroup::new(comm, &cfg).unwrap();
+    let c = Ctx { comm, stream, shape, mode, sum: Sum::of(&cfg, comm) };
     // More tokens than configured: refused before anything is sent.
     let over = s.m + 1;
     let x = dev.alloc_from(&vec![1.0f32; over * s.h]).unwrap();
@@ -657,8 +665,9 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let me = comm.rank();
     let dev = comm.device();
     let kernels = devcomm_tests::test_kernels(dev);
-    let ep = EpGroup::new(comm, &EpConfig::new(s.e, s.h, s.k, s.m)).unwrap();
-    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency };
+    let cfg = EpConfig::new(s.e, s.h, s.k, s.m);
+    let ep = EpGroup::new(comm, &cfg).unwrap();
+    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency, sum: Sum::of(&cfg, comm) };
     let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (8, 128) } else { (2, 64) };
     let warps = (ctas * threads / 32) as usize;
     let d = ep.alloc_output::<f32>().unwrap();
@@ -700,7 +709,7 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let kernels = devcomm_tests::test_kernels(dev);
     let cfg = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(EpMode::HighThroughput);
     let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode: EpMode::HighThroughput };
+    let c = Ctx { comm, stream, shape, mode: EpMode::HighThroughput, sum: Sum::of(&cfg, comm) };
     let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (8, 128) } else { (2, 64) };
     let warps = (ctas * threads / 32) as usize;
     let d = ep.alloc_output::<f32>().unwrap();
@@ -771,6 +780,17 @@ fn child_body(comm: &Communicator) {
         battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, more);
         // Rows of 128 vectors (bf16 hidden 1024): the combine's 4-vector units.
         battery::<bf16>(comm, &stream, Shape { n, e: 2 * n, h: 1024, k: 3, m: 6 }, 1, &[Routing::Random]);
+    }
+    // The library kernels' other low-latency variants (measured against
+    // each other): the token-major pack, combining per expert, both.
+    for (pack, combine) in [
+        (LlPack::TokenMajor, LlCombine::PerRank),
+        (LlPack::PerExpert, LlCombine::PerExpert),
+        (LlPack::TokenMajor, LlCombine::PerExpert),
+    ] {
+        let mut cfg = EpConfig::new(f32_shape.e, f32_shape.h, f32_shape.k, f32_shape.m);
+        (cfg.ll_pack, cfg.ll_combine) = (pack, combine);
+        battery_of::<f32>(comm, &stream, f32_shape, &cfg, 1, few);
     }
     // Fp8 dispatch: two groups of 128 per token.
     fp8_battery(comm, &stream, Shape { n, e: 2 * n, h: 256, k: 3, m: 4 }, few);

@@ -323,6 +323,33 @@ macro_rules! kernel {
     )*};
 }
 
+/// The most registers a thread of each named kernel may use, CUDA's
+/// `__launch_bounds__` / `-maxrregcount` for one kernel (PTX's `.maxnreg`):
+/// a kernel whose threads hold fewer registers fits more warps per SM, which
+/// hides memory latency (a copy or a wait that one warp cannot keep busy);
+/// past what the kernel needs, the compiler spills to local memory instead.
+///
+/// ```ignore
+/// devcomm_device::max_registers!(moe_dispatch = 128, moe_combine_bf16 = 128);
+/// ```
+///
+/// On `nvptx64` it leaves one `u32` global per kernel in the PTX, named
+/// `__devcomm_maxnreg_<kernel>`; `devcomm-build` turns each into the
+/// kernel's `.maxnreg` directive and refuses a name that is no kernel of
+/// the module or a count outside 16..=255. On the host it expands to
+/// nothing.
+#[macro_export]
+macro_rules! max_registers {
+    ($($name:ident = $n:literal),* $(,)?) => {$(
+        #[cfg(target_arch = "nvptx64")]
+        const _: () = {
+            #[used]
+            #[export_name = concat!("__devcomm_maxnreg_", stringify!($name))]
+            static MAX_REGISTERS: u32 = $n;
+        };
+    )*};
+}
+
 /// What a kernel crate needs besides its kernels: the GPU's panic handler
 /// (a panic on the GPU is a `trap`, which ends the kernel and the CUDA
 /// context; the emulated runtime reports it as the launch's error). Call it

@@ -32,7 +32,7 @@
 use clap::Parser;
 use devcomm::coll::DataType;
 use devcomm::comm::Communicator;
-use devcomm::moe::{EpConfig, EpGroup, EpMode, MoeType};
+use devcomm::moe::{EpConfig, EpGroup, EpMode, LlCombine, LlPack, MoeType};
 use devcomm::runtime::Event;
 use devcomm::window::WindowFlags;
 use devcomm::{Error, Result};
@@ -93,6 +93,14 @@ struct Args {
     /// Also the NCCL path (libnccl loaded at run time; CUDA only).
     #[arg(long)]
     nccl: bool,
+    /// Low-latency: the token-major pack (`LlPack::TokenMajor`) instead of
+    /// the default per expert.
+    #[arg(long)]
+    token_major_pack: bool,
+    /// Low-latency: combine per expert (`LlCombine::PerExpert`) instead of
+    /// the default per rank.
+    #[arg(long)]
+    combine_per_expert: bool,
     /// Small shapes (hidden 256, 16 experts, top-4, 32 tokens): a smoke run.
     #[arg(long)]
     quick: bool,
@@ -180,20 +188,21 @@ fn stage_medians(a: &Args, step: &mut dyn FnMut(u32) -> Result<()>, ep: &EpGroup
         return Ok(None);
     }
     let stream = ep.comm().device().stream();
-    let mut all: Vec<[f64; 6]> = Vec::new();
+    let mut all: Vec<[f64; 8]> = Vec::new();
     for _ in 0..a.iters.max(1) {
         step(0)?;
         step(1)?;
         ep.synchronize(stream)?;
         let s = ep.stage_times(stream)?;
         let (d, c) = (s.dispatch, s.combine);
-        all.push([d.sent_ns, d.waited_ns, d.done_ns, c.sent_ns, c.waited_ns, c.done_ns].map(|t| t as f64 / 1e3));
+        let t = [d.sent_ns, d.waited_ns, d.counted_ns, d.done_ns, c.sent_ns, c.waited_ns, c.counted_ns, c.done_ns];
+        all.push(t.map(|t| t as f64 / 1e3));
     }
-    let m: Vec<f64> = (0..6).map(|i| median(all.iter().map(|v| v[i]).collect())).collect();
+    let m: Vec<f64> = (0..8).map(|i| median(all.iter().map(|v| v[i]).collect())).collect();
     Ok(Some(format!(
-        "# rank {} stages (us, slowest CTA, from the first CTA's start): dispatch sent {:.1} waited {:.1} packed {:.1} | combine sent {:.1} waited {:.1} reduced {:.1}",
+        "# rank {} stages (us, slowest CTA, from the first CTA's start): dispatch sent {:.1} waited {:.1} counted {:.1} packed {:.1} | combine sent {:.1} waited {:.1} reduced {:.1}",
         ep.comm().rank(),
-        m[0], m[1], m[2], m[3], m[4], m[5]
+        m[0], m[1], m[2], m[3], m[4], m[5], m[7]
     )))
 }
 
@@ -212,6 +221,8 @@ fn run_tokens<T: MoeType>(
     cfg.threads = a.threads;
     cfg.channels = a.channels;
     cfg.stage_stamps = a.stages;
+    cfg.ll_pack = if a.token_major_pack { LlPack::TokenMajor } else { LlPack::PerExpert };
+    cfg.ll_combine = if a.combine_per_expert { LlCombine::PerExpert } else { LlCombine::PerRank };
     let ht = a.mode == "ht";
     if ht {
         cfg = cfg.with_mode(EpMode::HighThroughput);

@@ -236,6 +236,20 @@ pub enum BuildError {
          extern \"ptx-kernel\" fn` on nvptx64?"
     )]
     NoEntryPoints,
+    /// A `max_registers!` bound names no kernel of the module, or a count
+    /// the hardware cannot give.
+    #[error(
+        "`max_registers!` bound `{name} = {count}`: {why} (name a kernel of this crate, \
+         with a count in 16..=255)"
+    )]
+    BadMaxRegisters {
+        /// The kernel named.
+        name: String,
+        /// The count asked for (as written in the PTX).
+        count: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// The PTX module declares functions it does not define.
     #[error(
         "the PTX module has unresolved external functions: {}; the CUDA driver will refuse to \
@@ -608,6 +622,7 @@ impl PtxBuilder {
             source,
         })?;
         let entries = check_ptx(&ptx)?;
+        let ptx = apply_max_registers(&ptx)?;
         // With `-Clinker=/bin/true` the cdylib cargo expects (`<lib>.ptx`
         // next to the `.s`) is never written, so cargo would consider the
         // crate stale and recompile it on every call. Provide it.
@@ -801,6 +816,74 @@ pub fn check_ptx(text: &str) -> Result<Vec<String>, BuildError> {
     Ok(entries)
 }
 
+/// The prefix of the globals that `devcomm_device::max_registers!` leaves
+/// in the PTX, one per bounded kernel.
+pub const MAX_REGISTERS_PREFIX: &str = "__devcomm_maxnreg_";
+
+/// Turns each `max_registers!` global (`.global .align 4 .b8
+/// __devcomm_maxnreg_<kernel>[4] = {n, ..};`, a little-endian `u32`) into a
+/// `.maxnreg n` directive of the kernel's `.entry`, before its body.
+///
+/// ```
+/// let ptx = "\
+/// .visible .global .align 4 .b8 __devcomm_maxnreg_k[4] = {128};
+/// .visible .entry k(
+///     .param .u64 k_param_0
+/// )
+/// {
+/// ret;
+/// }
+/// ";
+/// let out = devcomm_build::apply_max_registers(ptx).unwrap();
+/// assert!(out.contains(")\n.maxnreg 128\n{"));
+/// ```
+pub fn apply_max_registers(text: &str) -> Result<String, BuildError> {
+    let mut bounds = Vec::new();
+    for line in text.lines() {
+        let line = strip_comment(line).trim();
+        let Some(at) = line.find(MAX_REGISTERS_PREFIX) else { continue };
+        let rest = &line[at + MAX_REGISTERS_PREFIX.len()..];
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let init = rest.split_once('{').and_then(|(_, r)| r.split_once('}')).map(|(v, _)| v.trim()).unwrap_or("");
+        let bad = |why| BuildError::BadMaxRegisters { name: name.clone(), count: init.to_string(), why };
+        let bytes: Vec<u32> = init
+            .split(',')
+            .map(|b| b.trim().parse::<u8>().map(u32::from))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad("not a u32 initializer"))?;
+        if bytes.len() > 4 {
+            return Err(bad("not a u32 initializer"));
+        }
+        let count = bytes.iter().rev().fold(0u32, |v, b| (v << 8) | b);
+        if !(16..=255).contains(&count) {
+            return Err(bad("count outside 16..=255"));
+        }
+        bounds.push((name, count));
+    }
+    if bounds.is_empty() {
+        return Ok(text.to_string());
+    }
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    for (name, count) in bounds {
+        let entry = lines.iter().position(|l| {
+            let t: Vec<&str> = strip_comment(l).split_whitespace().collect();
+            t.iter().position(|t| *t == ".entry").and_then(|i| symbol_after(&t[i + 1..])).as_deref() == Some(&name)
+        });
+        let Some(entry) = entry else {
+            return Err(BuildError::BadMaxRegisters { name, count: count.to_string(), why: "no such kernel" });
+        };
+        let Some(body) = lines[entry..].iter().position(|l| l.trim() == "{").map(|i| entry + i) else {
+            return Err(BuildError::BadMaxRegisters { name, count: count.to_string(), why: "the kernel has no body" });
+        };
+        lines.insert(body, format!(".maxnreg {count}"));
+    }
+    let mut out = lines.join("\n");
+    if text.ends_with('\n') {
+        out.push('\n');
+    }
+    Ok(out)
+}
+
 fn strip_comment(line: &str) -> &str {
     match line.find("//") {
         Some(i) => &line[..i],
@@ -877,6 +960,31 @@ mod tests {
                 assert_eq!(names, vec!["_ZN4core9panicking9panic_fmt17h0E", "foo"])
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn max_registers_become_maxnreg_and_bad_ones_are_refused() {
+        let ptx = |g: &str| {
+            format!(
+                ".version 7.8\n.target sm_90\n{g}\n.visible .entry k(\n.param .u64 k_param_0\n)\n{{\nret;\n}}\n\
+                 .visible .entry k2(\n)\n{{\nret;\n}}\n"
+            )
+        };
+        let out = apply_max_registers(&ptx(".visible .global .align 4 .b8 __devcomm_maxnreg_k2[4] = {96};")).unwrap();
+        assert!(out.contains(".entry k2(\n)\n.maxnreg 96\n{"), "{out}");
+        assert!(!out.contains("k(\n.param .u64 k_param_0\n)\n.maxnreg"), "only k2 is bounded");
+        assert_eq!(apply_max_registers(&ptx("")).unwrap(), ptx(""));
+        for (g, why) in [
+            (".global .align 4 .b8 __devcomm_maxnreg_nope[4] = {64};", "no such kernel"),
+            (".global .align 4 .b8 __devcomm_maxnreg_k[4] = {8};", "count outside 16..=255"),
+            (".global .align 4 .b8 __devcomm_maxnreg_k[4] = {0, 1};", "count outside 16..=255"),
+            (".global .align 4 .b8 __devcomm_maxnreg_k[4] = {x};", "not a u32 initializer"),
+        ] {
+            match apply_max_registers(&ptx(g)) {
+                Err(BuildError::BadMaxRegisters { why: w, .. }) => assert_eq!(w, why, "{g}"),
+                other => panic!("{g}: {other:?}"),
+            }
         }
     }
 

@@ -36,7 +36,8 @@ enum Stage {
     Start = 0,
     Sent = 1,
     Waited = 2,
-    Done = 3,
+    Counted = 3,
+    Done = 4,
 }
 
 const _: () = assert!(Stage::Done as usize + 1 == STAGES);
@@ -166,12 +167,14 @@ kernel! {
             moe::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, args.seq)
         });
         // A span of warps per expert of a rank outside the LSA team (its
-        // scan is a warp's work, done by each warp alike).
-        if moe::gin_ranks(ctx) > 0 {
+        // scan is a warp's work, done by each warp alike); with a
+        // per-expert combine, every expert (its positions).
+        let per_expert_combine = ctx.combine_per_expert();
+        if moe::gin_ranks(ctx) > 0 || per_expert_combine {
             let (span, at) = Items::spans(ctx.num_experts());
             let l = ctx.local_experts();
             for_items(&span, at, ctx.num_experts(), &args, |e| {
-                if moe::is_lsa(ctx, e / l) {
+                if moe::is_lsa(ctx, e / l) && !per_expert_combine {
                     return Ok(0);
                 }
                 moe::dispatch_send_expert(&span, ctx, e, x, idx, num_tokens, pos, args.seq)
@@ -185,10 +188,21 @@ kernel! {
             report(&args, waited);
         }
         stamp(&cta, &args, Stage::Waited);
-        let (out, scales) = (args.out as *mut u8, args.scales as *mut u8);
+        let (out, scales, counts) = (args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32);
+        if ctx.pack_per_expert() {
+            // A CTA per local expert packs its rows (no grid barrier).
+            if waited.is_ok() {
+                for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
+                    moe::dispatch_pack_expert(&cta, ctx, l, out, scales, counts, args.seq)
+                });
+            }
+            stamp(&cta, &args, Stage::Counted);
+            stamp(&cta, &args, Stage::Done);
+            return;
+        }
         if waited.is_ok() {
             for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
-                moe::dispatch_count_expert(&cta, ctx, l, out, scales, args.counts as *mut u32, args.seq)
+                moe::dispatch_count_expert(&cta, ctx, l, out, scales, counts, args.seq)
             });
         }
         // Every CTA arrives, also after an error (the barrier counts them).
@@ -199,6 +213,7 @@ kernel! {
         if waited.is_err() || synced.is_err() {
             return;
         }
+        stamp(&cta, &args, Stage::Counted);
         // The LSA sources' tokens, a token per span of warps, each to
         // every row the counting gave it.
         let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
@@ -290,6 +305,8 @@ unsafe fn combine_steps(
     }
     // SAFETY: as above.
     unsafe { stamp(cta, args, Stage::Waited) };
+    // SAFETY: as above (no counting step: stamped with the last).
+    unsafe { stamp(cta, args, Stage::Counted) };
     reduce(args.num_tokens.min(ctx.max_tokens()));
     // SAFETY: as above.
     unsafe { stamp(cta, args, Stage::Done) };
@@ -301,6 +318,8 @@ unsafe fn combine_steps(
 /// `s, s + S, ...` of (LSA source, slot)); when some ranks are outside the
 /// LSA team, CTA `b` then sends local experts `b, b + B, ...` to them;
 /// then every CTA waits for every partial and output, and the grid reduces.
+/// With [`MoeContext::COMBINE_PER_EXPERT`], per expert to every source
+/// (CTA `b` takes local experts `b, b + B, ...`).
 ///
 /// # Safety
 /// As for `moe_dispatch`, `args` made by `devcomm::moe::EpGroup::combine`
@@ -313,7 +332,7 @@ unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
     let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
     let x = args.x as *const u8;
     let (span, at) = Items::spans(n * m);
-    let form = CombineForm::PerRank;
+    let form = if ctx.combine_per_expert() { CombineForm::PerExpert } else { CombineForm::PerRank };
     // SAFETY: (all three steps) the contract: this group's live context,
     // `x` the experts' outputs of the dispatch this kernel follows (every
     // local expert packed: an earlier kernel), the handle's buffers, `out`
@@ -324,14 +343,16 @@ unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
             args,
             ctx,
             || {
-                for_items(&span, at, n * m, args, |i| {
-                    let (s, t) = (i / m, i % m);
-                    if !moe::is_lsa(ctx, s) {
-                        return Ok(());
-                    }
-                    moe::combine_send_token::<T, _>(&span, ctx, s, t, x, args.seq)
-                });
-                if moe::gin_ranks(ctx) > 0 {
+                if form == CombineForm::PerRank {
+                    for_items(&span, at, n * m, args, |i| {
+                        let (s, t) = (i / m, i % m);
+                        if !moe::is_lsa(ctx, s) {
+                            return Ok(());
+                        }
+                        moe::combine_send_token::<T, _>(&span, ctx, s, t, x, args.seq)
+                    });
+                }
+                if moe::gin_ranks(ctx) > 0 || form == CombineForm::PerExpert {
                     for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
                         moe::combine_send_expert(&cta, ctx, l, x, form, args.seq)
                     });
@@ -421,6 +442,7 @@ kernel! {
             return;
         }
         stamp(&cta, args, Stage::Waited);
+        stamp(&cta, args, Stage::Counted);
         let (span, at) = Items::spans(ctx.local_experts() * n);
         for_items(&span, at, ctx.local_experts() * n, args, |i| {
             ht::dispatch_pack(

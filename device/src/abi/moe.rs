@@ -259,6 +259,36 @@ impl MoeContext {
     /// Flag: the high-throughput layout ([`MoeContext::new_high_throughput`]).
     pub const HIGH_THROUGHPUT: u32 = 2;
 
+    /// Flag (low-latency, the library's kernels): pack per local expert
+    /// (`moe::dispatch_pack_expert`, a coop per expert) instead of a token
+    /// at a time after a grid barrier.
+    pub const PACK_PER_EXPERT: u32 = 4;
+
+    /// Flag (low-latency, the library's kernels): combine per expert
+    /// (`moe::CombineForm::PerExpert`) instead of per rank.
+    pub const COMBINE_PER_EXPERT: u32 = 8;
+
+    /// The same context with the library kernels' low-latency variants
+    /// `flags` ([`MoeContext::PACK_PER_EXPERT`],
+    /// [`MoeContext::COMBINE_PER_EXPERT`]; other bits ignored): a choice
+    /// for measuring them against each other, the same on every rank.
+    pub const fn with_ll_variants(mut self, flags: u32) -> Self {
+        self.flags |= flags & (Self::PACK_PER_EXPERT | Self::COMBINE_PER_EXPERT);
+        self
+    }
+
+    /// Whether the library's low-latency kernels pack per expert.
+    #[inline(always)]
+    pub const fn pack_per_expert(&self) -> bool {
+        self.flags & Self::PACK_PER_EXPERT != 0
+    }
+
+    /// Whether the library's low-latency kernels combine per expert.
+    #[inline(always)]
+    pub const fn combine_per_expert(&self) -> bool {
+        self.flags & Self::COMBINE_PER_EXPERT != 0
+    }
+
     /// Bytes of the window the high-throughput layout needs (`None` on
     /// overflow); see [`MoeContext::new_high_throughput`].
     pub const fn window_bytes_ht(
@@ -505,10 +535,10 @@ impl MoeContext {
 unsafe impl crate::KernelParam for MoeContext {}
 
 /// Stamps per CTA in [`MoeArgs::stamps`]: the kernel's start, then the end
-/// of its send, wait and last (pack or reduce) steps. The low-latency
-/// dispatch waits per local expert inside its receive step: its wait stamp
-/// is taken with its send stamp.
-pub const STAGES: usize = 4;
+/// of its send, wait, counting (the low-latency dispatch's counting and
+/// grid barrier before its token-major pack; other kernels stamp it right
+/// before the last) and last (pack or reduce) steps.
+pub const STAGES: usize = 5;
 
 /// One host-launched dispatch or combine: what the kernels of
 /// `devcomm-kernels`' `moe` module take. Addresses are device memory of

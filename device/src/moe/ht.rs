@@ -39,8 +39,8 @@
 //! Ordering between calls and `seq` as in the [low-latency mode](super).
 
 use super::{
-    gin_ranks, is_lsa, local_ptr, names, peer_ptr, warp_scan, weighted_rows, word, MoeContext, MoeError, COPY_UNROLL,
-    NO_POS,
+    gin_ranks, is_lsa, is_one_of, local_ptr, names, peer_ptr, warp_scan, weighted_rows, word, MoeContext, MoeError,
+    COPY_UNROLL, NO_POS,
 };
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
@@ -577,7 +577,7 @@ pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
             let (e, w) = unsafe {
                 (arch::load_volatile((meta as *const i32).add(j)), arch::load_volatile((meta as *const f32).add(k + j)))
             };
-            if e < 0 || (e as u32).wrapping_sub(lo) >= l {
+            if !is_one_of(e, lo, l) {
                 return None;
             }
             // SAFETY: entry (src, p, j) of `recv_rows`, written by the pack.

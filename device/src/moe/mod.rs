@@ -259,9 +259,16 @@ pub(crate) unsafe fn names(idx: *const i32, k: usize, lo: u32, l: u32) -> bool {
     for j in 0..k {
         // SAFETY: `j < k`: the contract.
         let e = unsafe { *idx.add(j) };
-        hit |= e >= 0 && (e as u32).wrapping_sub(lo) < l;
+        hit |= is_one_of(e, lo, l);
     }
     hit
+}
+
+/// Whether expert id `e` is one of experts `lo..lo + l` (a negative id,
+/// masked, is none).
+#[inline(always)]
+pub(crate) fn is_one_of(e: i32, lo: u32, l: u32) -> bool {
+    e >= 0 && (e as u32).wrapping_sub(lo) < l
 }
 
 /// Groups of 32 tokens a warp scans at once: every expert id of the
@@ -998,6 +1005,24 @@ unsafe fn pack_expert<C: Coop>(
     r
 }
 
+/// This rank's dispatch header word of LSA source `src`'s slot `t`
+/// (`(seq << 32) | has_token`), or `Err(OutOfStep)` when it is not of
+/// dispatch `seq`.
+///
+/// # Safety
+/// `ctx` live, `src` a rank and `t < max_tokens`; the word was acquired
+/// by this rank's dispatch wait.
+unsafe fn header_word(ctx: &MoeContext, src: u32, t: u32, seq: u32) -> Result<u64, MoeError> {
+    let hdr = local_ptr(ctx, ctx.ll_meta_offset(src, t));
+    // SAFETY: this rank's header word `(src, t)`, written only atomically
+    // (the contract).
+    let w = unsafe { atomic::load_relaxed(hdr as *const u64, Scope::Gpu) };
+    if (w >> 32) as u32 != seq {
+        return Err(MoeError::OutOfStep);
+    }
+    Ok(w)
+}
+
 /// Copies LSA source `src`'s token slot `t` (when it holds a token of
 /// this dispatch) into every packed row of a local expert it names, the
 /// rows [`dispatch_count_expert`] recorded in its header: one load of each
@@ -1024,13 +1049,11 @@ pub unsafe fn dispatch_pack_token<C: Coop>(
     if src >= comm.nranks() || t >= ctx.max_tokens() || !is_lsa(ctx, src) || coop.size() % WARP_SIZE != 0 {
         return coop.agree(Err(MoeError::BadArgument));
     }
-    let hdr = local_ptr(ctx, ctx.ll_meta_offset(src, t));
-    // SAFETY: this rank's header word, written only atomically, acquired by
-    // this rank's wait (the contract).
-    let w = unsafe { atomic::load_relaxed(hdr as *const u64, Scope::Gpu) };
-    if (w >> 32) as u32 != seq {
-        return coop.agree(Err(MoeError::OutOfStep));
-    }
+    // SAFETY: the headers of dispatch `seq` are in (the contract).
+    let w = match unsafe { header_word(ctx, src, t, seq) } {
+        Ok(w) => w,
+        Err(e) => return coop.agree(Err(e)),
+    };
     if w & 1 == 0 {
         return Ok(());
     }
@@ -1051,7 +1074,7 @@ pub unsafe fn dispatch_pack_token<C: Coop>(
         let (e, r) = unsafe { (*at.add(j), *at.add(2 * ids + j) as usize) };
         // SAFETY: as above, ids `i < j`.
         let first = (0..j).all(|i| unsafe { *at.add(i) } != e);
-        (first && (e as i32) >= 0 && e.wrapping_sub(me * l) < l && r < rows_all).then_some(r)
+        (first && is_one_of(e as i32, me * l, l) && r < rows_all).then_some(r)
     };
     if fp8 {
         for j in 0..ids {
@@ -1275,13 +1298,11 @@ pub unsafe fn combine_send_token<T: Element<Acc = f32>, C: Coop>(
     if src >= comm.nranks() || t >= ctx.max_tokens() || !is_lsa(ctx, src) || size_of::<T>() as u32 != ctx.elem_size() {
         return coop.agree(Err(MoeError::BadArgument));
     }
-    let hdr = local_ptr(ctx, ctx.ll_meta_offset(src, t));
-    // SAFETY: this rank's header word `(src, t)`, written only atomically,
-    // acquired by this rank's dispatch wait (the contract).
-    let w = unsafe { atomic::load_relaxed(hdr as *const u64, Scope::Gpu) };
-    if (w >> 32) as u32 != seq {
-        return coop.agree(Err(MoeError::OutOfStep));
-    }
+    // SAFETY: the headers of dispatch `seq` are in (the contract).
+    let w = match unsafe { header_word(ctx, src, t, seq) } {
+        Ok(w) => w,
+        Err(e) => return coop.agree(Err(e)),
+    };
     let (ids, rows_all) = (ctx.ll_header_ids() as usize, (l * comm.nranks() * ctx.max_tokens()) as usize);
     let at = local_ptr(ctx, ctx.ll_ids_offset(src, t)) as *const u32;
     let row = ctx.token_bytes() as usize;
@@ -1292,7 +1313,7 @@ pub unsafe fn combine_send_token<T: Element<Acc = f32>, C: Coop>(
         // own packing; not written until this word reaches `src`).
         let (e, wt, r) =
             unsafe { (*at.add(j) as i32, f32::from_bits(*at.add(ids + j)), *at.add(2 * ids + j) as usize) };
-        if e < 0 || (e as u32).wrapping_sub(me * l) >= l || r >= rows_all {
+        if !is_one_of(e, me * l, l) || r >= rows_all {
             return None;
         }
         // SAFETY: row `r` of `expert_out` (below `L * N * M`, checked).

@@ -46,7 +46,9 @@
 //!   LSA peer (and this rank) sends one partial sum per token over its
 //!   own experts (f32, rounded to `T`), which the token's rank adds in
 //!   top-k order at the first entry on that rank; outputs from ranks over
-//!   GIN come per expert ([`devcomm_device::moe::CombineForm::PerRank`]).
+//!   GIN come per expert ([`devcomm_device::moe::CombineForm::PerRank`];
+//!   with [`LlCombine::PerExpert`] every output comes per expert and is
+//!   added in top-k order).
 //!
 //! Tokens travel by NVLink stores to LSA peers (once per peer, however
 //! many of its experts a token names) and by GIN puts to the others
@@ -174,6 +176,53 @@ pub struct EpConfig {
     /// Record each kernel's stage times on the GPU ([`EpGroup::stage_times`]);
     /// off by default (each CTA then syncs at every stage).
     pub stage_stamps: bool,
+    /// Low-latency mode: how the receiver packs its tokens (the same on
+    /// every rank); [`LlPack::PerExpert`] by default, the faster of the two
+    /// measured on 2 × H200.
+    pub ll_pack: LlPack,
+    /// Low-latency mode: what the combine sends back (the same on every
+    /// rank); [`LlCombine::PerRank`] by default, the faster.
+    pub ll_combine: LlCombine,
+}
+
+/// How a low-latency dispatch packs the tokens it received from the LSA
+/// team into per-expert rows ([`EpConfig::ll_pack`]).
+///
+/// Measured on 2 × H200 at 128 tokens × 7168 bf16, top-8 of 256
+/// (`benches/results/2026-11-27-h200x2-moe-variants.md`): per expert 35.5
+/// µs a dispatch, token-major 42.7.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum LlPack {
+    /// A CTA per local expert scans the token headers and copies each of
+    /// its tokens into its rows (`devcomm_device::moe::dispatch_pack_expert`):
+    /// no grid barrier, a token read once per expert it names.
+    #[default]
+    PerExpert,
+    /// Every expert's rows counted first (`dispatch_count_expert`), a grid
+    /// barrier, then each token read once and stored to all its rows
+    /// (`dispatch_pack_token`).
+    TokenMajor,
+}
+
+/// What a low-latency combine sends back to an LSA source
+/// ([`EpConfig::ll_combine`]).
+///
+/// Measured as for [`LlPack`]: per rank 30.4 µs a combine, per expert
+/// 50.2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum LlCombine {
+    /// One partial sum per (token, LSA rank), over that rank's experts
+    /// ([`CombineForm::PerRank`](devcomm_device::moe::CombineForm)): a
+    /// quarter of the bytes at top-8 of 2 ranks; the result is rounded per
+    /// rank (see the [module docs](self)).
+    #[default]
+    PerRank,
+    /// Every (token, expert) output on its own
+    /// ([`CombineForm::PerExpert`](devcomm_device::moe::CombineForm)),
+    /// summed by the source in top-k order.
+    PerExpert,
 }
 
 impl EpConfig {
@@ -192,6 +241,8 @@ impl EpConfig {
             threads: 0,
             channels: 0,
             stage_stamps: false,
+            ll_pack: LlPack::PerExpert,
+            ll_combine: LlCombine::PerRank,
         }
     }
 
@@ -446,6 +497,13 @@ impl<'c> EpGroup<'c> {
         // SAFETY: bf16 tokens of a multiple of 128 elements (checked above),
         // the same config on every rank (the collective contract).
         let ctx = if c.fp8_dispatch { unsafe { ctx.with_fp8_dispatch() } } else { ctx };
+        let ctx = if c.mode == EpMode::HighThroughput {
+            ctx
+        } else {
+            let pack = if c.ll_pack == LlPack::PerExpert { MoeContext::PACK_PER_EXPERT } else { 0 };
+            let comb = if c.ll_combine == LlCombine::PerExpert { MoeContext::COMBINE_PER_EXPERT } else { 0 };
+            ctx.with_ll_variants(pack | comb)
+        };
         // The slots need no zeroing; the count and flag words do (a stale
         // word could carry the next sequence number).
         let words = match c.mode {

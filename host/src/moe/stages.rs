@@ -1,6 +1,6 @@
 //! Per-stage timing of the MoE kernels ([`EpConfig::stage_stamps`]): each
 //! CTA's leader records `%globaltimer` at the kernel's start and after its
-//! send, wait and last steps; [`EpGroup::stage_times`] turns the latest
+//! send, wait, counting and last steps; [`EpGroup::stage_times`] turns the latest
 //! dispatch's and combine's stamps into times since the earliest CTA's start.
 
 use super::{EpConfig, EpGroup};
@@ -16,9 +16,12 @@ use devcomm_device::moe::STAGES;
 pub struct StageTimes {
     /// The send step's end (dispatch: with its prepare step).
     pub sent_ns: u64,
-    /// The wait for every peer's data (low-latency dispatch: no separate
-    /// wait, the same as `sent_ns`).
+    /// The wait for every peer's data.
     pub waited_ns: u64,
+    /// The low-latency dispatch's counting and grid barrier (before its
+    /// token-major pack; with per-expert packing, the pack); other
+    /// kernels stamp it right before their last step.
+    pub counted_ns: u64,
     /// The last step's end (dispatch: the pack; combine: the reduce): the kernel's.
     pub done_ns: u64,
     /// CTAs that recorded every stage of this kernel. The stamps are not
@@ -65,7 +68,7 @@ fn times(stamps: &[u64]) -> StageTimes {
         return StageTimes::default();
     };
     let end = |s: usize| full.iter().map(|c| c[s].saturating_sub(start)).max().unwrap_or(0);
-    StageTimes { sent_ns: end(1), waited_ns: end(2), done_ns: end(3), ctas: full.len() as u32 }
+    StageTimes { sent_ns: end(1), waited_ns: end(2), counted_ns: end(3), done_ns: end(4), ctas: full.len() as u32 }
 }
 
 impl EpGroup<'_> {
@@ -100,11 +103,11 @@ mod tests {
     #[test]
     fn times_from_stamps() {
         // Two CTAs; the second starts later and finishes last; a third never recorded.
-        let s = [100, 150, 180, 300, 120, 200, 220, 260, 0, 0, 0, 0];
-        assert_eq!(times(&s), StageTimes { sent_ns: 100, waited_ns: 120, done_ns: 200, ctas: 2 });
-        assert_eq!(times(&[0; 8]), StageTimes::default());
+        let s = [100, 150, 180, 190, 300, 120, 200, 220, 240, 260, 0, 0, 0, 0, 0];
+        assert_eq!(times(&s), StageTimes { sent_ns: 100, waited_ns: 120, counted_ns: 140, done_ns: 200, ctas: 2 });
+        assert_eq!(times(&[0; 10]), StageTimes::default());
         // A CTA that failed after its start: its later stamps are an earlier launch's.
-        let s = [100, 150, 180, 300, 400, 150, 180, 200];
-        assert_eq!(times(&s), StageTimes { sent_ns: 50, waited_ns: 80, done_ns: 200, ctas: 1 });
+        let s = [100, 150, 180, 190, 300, 400, 150, 180, 190, 200];
+        assert_eq!(times(&s), StageTimes { sent_ns: 50, waited_ns: 80, counted_ns: 90, done_ns: 200, ctas: 1 });
     }
 }

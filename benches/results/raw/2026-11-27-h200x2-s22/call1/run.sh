@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The MoE low-latency variants of the library's kernels, measured against
+# each other in one call (one JIT): `moe_variants.sh BUNDLE DIR`, e.g.
+# `moe_variants.sh b22a.tar.xz a`. The bundle holds bin/{devcomm-run,
+# devcomm_perf, moe_bench, moe} and tests/moe (see docs/gpu.md). Steps:
+# registers and stack of the MoE kernels (`ptxas -v`, seconds), the JIT
+# alone (no job limit, lesson 19), the moe tests and the example, then
+# moe_bench at 128 tokens × 7168 bf16, top-8 of 256, with stages and the
+# NCCL path: the default (token-major pack, per-rank combine), each
+# variant (`--pack-per-expert`, `--combine-per-expert`, both), and two
+# CTAs per SM (`--ctas 256`) for the default; fp8 both packs; the
+# high-throughput mode at 4096 tokens.
+set -uo pipefail
+source benches/gpu/common.sh
+unpack_bundle "$1" "$2"
+D=$B/$2
+exec > >(tee "$OUT/logs/moe_variants.log") 2>&1
+date -u; nvidia-smi -L
+t0=$(date +%s)
+for k in moe_dispatch moe_combine_bf16 moe_ht_combine_bf16; do
+    ptxas -arch=sm_90 -O3 --entry $k -v host/ptx/devcomm_kernels.sm_90.ptx -o /tmp/$k.cubin 2>&1 | grep -E "registers|stack|spill" | sed "s/^/$k: /"
+done
+WARM_TIMEOUT=480 warm_jit "$2"
+wait_jit "$2"
+step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=1 timeout 60 $D/tests/moe --exact moe_1_rank moe_2_ranks moe_gin_2_ranks --test-threads=1
+step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 60 $D/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
+step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 40 $D/tests/moe --exact moe_8_ranks --test-threads=1
+step env DEVCOMM_RUNTIME=cuda timeout 30 $D/bin/moe
+R="$D/bin/devcomm-run -n 2"
+for a in "default" "pack --pack-per-expert" "combine --combine-per-expert" "both --pack-per-expert --combine-per-expert" \
+    "ctas256 --ctas 256" "fp8 --fp8" "fp8pack --fp8 --pack-per-expert" "ht --mode ht --tokens 4096"; do
+    set -- $a; name=$1; shift
+    [ "$name" = ht ] || set -- --tokens 128 "$@"
+    left=$(( 585 - ($(date +%s) - t0) ))
+    [ $left -lt 15 ] && { echo "!! no time left for moe_bench $name"; status=1; continue; }
+    echo; echo "== moe_bench $name"
+    DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $R $D/bin/moe_bench --nccl --stages "$@" 2>&1 | tee $OUT/logs/moe_bench_$name.log || { echo "!! moe_bench $name failed"; status=1; }
+done
+date -u
+echo "moe_variants: overall status $status"
+tar -czf $OUT/logs.tar.gz -C $OUT logs
+exit $status
