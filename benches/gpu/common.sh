@@ -39,3 +39,21 @@ warm_jit() {
     WARM_PID=$!
 }
 wait_jit() { wait "$WARM_PID"; tail -1 "$OUT/logs/warm_$1.log"; save_jitcache; }
+# Every `moe` test on 2 GPUs (1-2 ranks one per GPU, 3-4 two per GPU, 8
+# four per GPU) from the unpacked bundle DIR, after the JIT: `moe_tests DIR`.
+moe_tests() {
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=1 timeout 60 $B/$1/tests/moe --exact moe_1_rank moe_2_ranks moe_gin_2_ranks --test-threads=1
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 60 $B/$1/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 40 $B/$1/tests/moe --exact moe_8_ranks --test-threads=1
+}
+# `moe_bench` on 2 ranks with the NCCL path and stages, from bundle DIR,
+# its log in $OUT/logs/moe_bench_NAME.log, while the call (started at $t0)
+# has time left before 585 s: `moe_bench_run DIR NAME ARGS...`.
+moe_bench_run() {
+    local dir=$1 name=$2; shift 2
+    local left=$(( 585 - ($(date +%s) - t0) ))
+    [ $left -lt 15 ] && { echo "!! no time left for moe_bench $name"; status=1; return; }
+    echo; echo "== moe_bench $name: $*"
+    DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $B/$dir/bin/devcomm-run -n 2 $B/$dir/bin/moe_bench --nccl --stages "$@" 2>&1 \
+        | tee $OUT/logs/moe_bench_$name.log || { echo "!! moe_bench $name failed"; status=1; }
+}

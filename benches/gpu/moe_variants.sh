@@ -12,7 +12,8 @@
 set -uo pipefail
 source benches/gpu/common.sh
 unpack_bundle "$1" "$2"
-D=$B/$2
+W=$2
+D=$B/$W
 exec > >(tee "$OUT/logs/moe_variants.log") 2>&1
 date -u; nvidia-smi -L
 t0=$(date +%s)
@@ -21,19 +22,13 @@ for k in moe_dispatch moe_combine_bf16 moe_ht_combine_bf16; do
 done
 WARM_TIMEOUT=480 warm_jit "$2"
 wait_jit "$2"
-step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=1 timeout 60 $D/tests/moe --exact moe_1_rank moe_2_ranks moe_gin_2_ranks --test-threads=1
-step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 60 $D/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
-step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 40 $D/tests/moe --exact moe_8_ranks --test-threads=1
+moe_tests "$W"
 step env DEVCOMM_RUNTIME=cuda timeout 30 $D/bin/moe
-R="$D/bin/devcomm-run -n 2"
 for a in "default" "tokenmajor --token-major-pack" "combine --combine-per-expert" \
     "both --token-major-pack --combine-per-expert" "fp8 --fp8" "fp8tm --fp8 --token-major-pack" "ht --mode ht --tokens 4096"; do
     set -- $a; name=$1; shift
     [ "$name" = ht ] || set -- --tokens 128 "$@"
-    left=$(( 585 - ($(date +%s) - t0) ))
-    [ $left -lt 15 ] && { echo "!! no time left for moe_bench $name"; status=1; continue; }
-    echo; echo "== moe_bench $name"
-    DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $R $D/bin/moe_bench --nccl --stages "$@" 2>&1 | tee $OUT/logs/moe_bench_$name.log || { echo "!! moe_bench $name failed"; status=1; }
+    moe_bench_run "$W" "$name" "$@"
 done
 date -u
 echo "moe_variants: overall status $status"

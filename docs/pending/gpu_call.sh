@@ -14,7 +14,8 @@
 set -uo pipefail
 source benches/gpu/common.sh
 unpack_bundle "$1" "$2"
-D=$B/$2
+W=$2
+D=$B/$W
 exec > >(tee "$OUT/logs/gpu_call.log") 2>&1
 date -u; nvidia-smi -L
 t0=$(date +%s)
@@ -25,9 +26,7 @@ WARM_TIMEOUT=480 warm_jit "$2"
 step env DEVCOMM_RUNTIME=cuda timeout 150 $D/tests/p2p --test-threads=1
 step env DEVCOMM_RUNTIME=cuda timeout 60 $D/bin/p2p
 wait_jit "$2"
-step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=1 timeout 60 $D/tests/moe --exact moe_1_rank moe_2_ranks moe_gin_2_ranks --test-threads=1
-step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 60 $D/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
-step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 40 $D/tests/moe --exact moe_8_ranks --test-threads=1
+moe_tests "$W"
 step env DEVCOMM_RUNTIME=cuda timeout 30 $D/bin/moe
 step env DEVCOMM_RUNTIME=cuda MOE_MODE=ht timeout 30 $D/bin/moe
 # After the JIT: small messages are sensitive to a busy CPU (session 19).
@@ -38,14 +37,9 @@ for i in 1 2; do
         DEVCOMM_RUNTIME=cuda timeout 90 $D/bin/$b $([ $b = p2p_bench ] && [ $i = 1 ] && echo --nccl) $S 2>&1 | tee $OUT/logs/${b}_$i.log || status=1
     done
 done
-R="$D/bin/devcomm-run -n 2"
-for a in "ht --mode ht --tokens 4096" "ll --tokens 128" "ht2 --mode ht --tokens 4096"; do
-    set -- $a; name=$1; shift
-    left=$(( 585 - ($(date +%s) - t0) ))
-    [ $left -lt 15 ] && { echo "!! no time left for moe_bench $name"; status=1; continue; }
-    echo; echo "== moe_bench $name"
-    DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $R $D/bin/moe_bench --nccl --stages "$@" 2>&1 | tee $OUT/logs/moe_bench_$name.log || { echo "!! moe_bench $name failed"; status=1; }
-done
+moe_bench_run "$W" ht --mode ht --tokens 4096
+moe_bench_run "$W" ll --tokens 128
+moe_bench_run "$W" ht2 --mode ht --tokens 4096
 date -u
 echo "gpu_call: overall status $status"
 tar -czf $OUT/logs.tar.gz -C $OUT logs
