@@ -146,11 +146,14 @@ kernel! {
     /// spans of warps take the experts of the ranks outside the LSA team:
     /// their positions and tokens; the combine is per rank, so the LSA
     /// ranks' experts need no positions), wait for every LSA header (each
-    /// CTA, once), count (CTA `b` takes local experts `b, b + B, ...`:
-    /// their rows, and the GIN sources' tokens), a grid barrier, then the
-    /// LSA tokens' copies (span `s` of the grid's takes token slots `s, s +
-    /// S, ...` of the LSA sources), spread evenly however unevenly the
-    /// experts are loaded.
+    /// CTA, once), then the pack: by default
+    /// ([`MoeContext::PACK_PER_EXPERT`](devcomm_device::moe::MoeContext::PACK_PER_EXPERT),
+    /// `LlPack::PerExpert` on the host)
+    /// CTA `b` packs local experts `b, b + B, ...` (scan, rows, copies);
+    /// otherwise (token-major) it counts them (their rows, and the GIN
+    /// sources' tokens), a grid barrier, then the LSA tokens' copies (span
+    /// `s` of the grid's takes token slots `s, s + S, ...` of the LSA
+    /// sources), spread evenly however unevenly the experts are loaded.
     ///
     /// # Safety
     /// `args` made by `devcomm::moe::EpGroup::dispatch`: live context,
