@@ -261,6 +261,13 @@ struct Ctx<'a> {
     sum: Sum,
 }
 
+impl<'a> Ctx<'a> {
+    /// The checks of a group made with `cfg` (its mode and its combine's order).
+    fn new(comm: &'a Communicator, stream: &'a Stream, shape: Shape, cfg: &EpConfig) -> Self {
+        Ctx { comm, stream, shape, mode: cfg.mode, sum: Sum::of(cfg, comm) }
+    }
+}
+
 /// Checks `d`'s packed tokens and counts against the host.
 fn check_recv<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, seed: u64) {
     let s = &c.shape;
@@ -364,7 +371,7 @@ fn battery_of<T: MoeType>(
     kinds: &[Routing],
 ) {
     let ep = EpGroup::new(comm, cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode: cfg.mode, sum: Sum::of(cfg, comm) };
+    let c = Ctx::new(comm, stream, shape, cfg);
     let mut reused = ep.alloc_output::<T>().unwrap();
     for seed in 0..seeds {
         for (i, kind) in kinds.iter().enumerate() {
@@ -383,7 +390,7 @@ fn stage_stamps(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode
     let mut cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_mode(mode);
     cfg.stage_stamps = true;
     let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode, sum: Sum::of(&cfg, comm) };
+    let c = Ctx::new(comm, stream, shape, &cfg);
     round::<f32>(&c, &ep, Routing::Random, 5, None);
     let t = ep.stage_times(stream).unwrap();
     for (what, s) in [("dispatch", t.dispatch), ("combine", t.combine)] {
@@ -465,7 +472,7 @@ fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
 fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Routing]) {
     let cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch();
     let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency, sum: Sum::of(&cfg, comm) };
+    let c = Ctx::new(comm, stream, shape, &cfg);
     for (i, kind) in kinds.iter().enumerate() {
         fp8_round(&c, &ep, *kind, 500 + i as u64);
     }
@@ -513,7 +520,7 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode) {
     }
     let cfg = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(mode);
     let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode, sum: Sum::of(&cfg, comm) };
+    let c = Ctx::new(comm, stream, shape, &cfg);
     // More tokens than configured: refused before anything is sent.
     let over = s.m + 1;
     let x = dev.alloc_from(&vec![1.0f32; over * s.h]).unwrap();
@@ -667,7 +674,7 @@ fn fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let kernels = devcomm_tests::test_kernels(dev);
     let cfg = EpConfig::new(s.e, s.h, s.k, s.m);
     let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode: EpMode::LowLatency, sum: Sum::of(&cfg, comm) };
+    let c = Ctx::new(comm, stream, shape, &cfg);
     let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (8, 128) } else { (2, 64) };
     let warps = (ctas * threads / 32) as usize;
     let d = ep.alloc_output::<f32>().unwrap();
@@ -709,7 +716,7 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let kernels = devcomm_tests::test_kernels(dev);
     let cfg = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(EpMode::HighThroughput);
     let ep = EpGroup::new(comm, &cfg).unwrap();
-    let c = Ctx { comm, stream, shape, mode: EpMode::HighThroughput, sum: Sum::of(&cfg, comm) };
+    let c = Ctx::new(comm, stream, shape, &cfg);
     let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (8, 128) } else { (2, 64) };
     let warps = (ctas * threads / 32) as usize;
     let d = ep.alloc_output::<f32>().unwrap();
