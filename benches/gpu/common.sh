@@ -57,3 +57,12 @@ moe_bench_run() {
     DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $B/$dir/bin/devcomm-run -n 2 $B/$dir/bin/moe_bench --nccl --stages "$@" 2>&1 \
         | tee $OUT/logs/moe_bench_$name.log || { echo "!! moe_bench $name failed"; status=1; }
 }
+# Registers, stack and spills of library kernels as ptxas compiles them
+# for sm_90 (seconds a kernel, no JIT): `ptxas_report KERNEL...`.
+ptxas_report() {
+    local k
+    for k in "$@"; do
+        echo "$k: $(ptxas -arch=sm_90 -O3 --entry $k -v host/ptx/devcomm_kernels.sm_90.ptx -o /tmp/$k.cubin 2>&1 \
+            | grep -E "Used|spill" | head -2 | tr '\n' ' ')"
+    done
+}

@@ -17,9 +17,7 @@ D=$B/$W
 exec > >(tee "$OUT/logs/moe_variants.log") 2>&1
 date -u; nvidia-smi -L
 t0=$(date +%s)
-for k in moe_dispatch moe_combine_bf16 moe_ht_combine_bf16; do
-    ptxas -arch=sm_90 -O3 --entry $k -v host/ptx/devcomm_kernels.sm_90.ptx -o /tmp/$k.cubin 2>&1 | grep -E "registers|stack|spill" | sed "s/^/$k: /"
-done
+ptxas_report moe_dispatch moe_combine_bf16 moe_ht_combine_bf16
 WARM_TIMEOUT=480 warm_jit "$2"
 wait_jit "$2"
 moe_tests "$W"

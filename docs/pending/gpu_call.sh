@@ -19,9 +19,7 @@ D=$B/$W
 exec > >(tee "$OUT/logs/gpu_call.log") 2>&1
 date -u; nvidia-smi -L
 t0=$(date +%s)
-for k in moe_dispatch moe_ht_dispatch moe_ht_combine_bf16; do
-    ptxas -arch=sm_90 -O3 --entry $k -v host/ptx/devcomm_kernels.sm_90.ptx -o /tmp/$k.cubin 2>&1 | grep -E "Used|spill" | head -2 | tr '\n' ' ' | sed "s/^/$k: /"; echo
-done
+ptxas_report moe_dispatch moe_ht_dispatch moe_ht_combine_bf16
 WARM_TIMEOUT=480 warm_jit "$2"
 step env DEVCOMM_RUNTIME=cuda timeout 150 $D/tests/p2p --test-threads=1
 step env DEVCOMM_RUNTIME=cuda timeout 60 $D/bin/p2p
