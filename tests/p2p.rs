@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{child_job, is_child, run_on_runtime, runtime};
+use common::{child_job, is_child, run_on_runtime_without_kernels, runtime};
 use devcomm::p2p::{ConnMetadata, ControlPath, ControlStats, Endpoint, Mr, P2pConfig, P2pTransport, RemoteRegion};
 use devcomm::runtime::{Device, RuntimeSelection};
 use devcomm::{DeviceBuffer, Error, SymmetricMemory};
@@ -461,7 +461,7 @@ fn child_every_call() {
 
 fn every_call(transport: &str, control: &str) {
     let d = new_dir(&format!("{transport}-{control}"));
-    run_on_runtime(
+    run_on_runtime_without_kernels(
         "child_every_call",
         2,
         &[
@@ -601,7 +601,7 @@ fn child_small_messages() {
 #[test]
 fn many_small_messages_over_the_shared_memory_control_path() {
     let d = new_dir("small");
-    run_on_runtime("child_small_messages", 2, &[(DIR_ENV, d.display().to_string())]);
+    run_on_runtime_without_kernels("child_small_messages", 2, &[(DIR_ENV, d.display().to_string())]);
     let _ = std::fs::remove_dir_all(d);
 }
 

@@ -82,6 +82,18 @@ pub fn run_on_runtime(child: &str, n: usize, env: &[(&str, String)]) {
 /// [`run_on_runtime`] with the ranks killed (and the test failed) after
 /// `limit` instead of 120 s.
 pub fn run_on_runtime_within(child: &str, n: usize, env: &[(&str, String)], limit: Duration) {
+    spawn_ranks(child, n, env, limit, true);
+}
+
+/// [`run_on_runtime`] for ranks that launch no kernel (the point-to-point
+/// engine's: copies and host threads only): no JIT warm-up first, which
+/// costs minutes on a fresh GPU machine (session 22 mistook it for a hang
+/// of these tests under a short limit).
+pub fn run_on_runtime_without_kernels(child: &str, n: usize, env: &[(&str, String)]) {
+    spawn_ranks(child, n, env, Duration::from_secs(120), false);
+}
+
+fn spawn_ranks(child: &str, n: usize, env: &[(&str, String)], limit: Duration, kernels: bool) {
     let rt = runtime();
     if rt == "cuda" {
         let gpus = devcomm::runtime::device_count(RuntimeSelection::Cuda).map(|x| x.1).unwrap_or(0);
@@ -95,7 +107,7 @@ pub fn run_on_runtime_within(child: &str, n: usize, env: &[(&str, String)], limi
             );
         }
     }
-    if rt == "cuda" {
+    if rt == "cuda" && kernels {
         warm_jit_cache();
     }
     let mut opts = child_job(child, n).env("DEVCOMM_RUNTIME", rt).timeout(Some(limit));

@@ -439,6 +439,9 @@ struct Inflight {
     queue: VecDeque<(Event, Copied)>,
     /// Events whose copies finished, for reuse.
     spare: Vec<Event>,
+    /// Copies being handed to the driver, not yet in `queue` (the
+    /// connection is not finished while any is).
+    issuing: usize,
 }
 
 const SPARE_EVENTS: usize = 64;
@@ -1268,7 +1271,10 @@ impl ConnInner {
         };
         self.error().is_some()
             && lock(&shm.queue).is_empty()
-            && shm.copies.as_ref().is_none_or(|c| lock(&c.inflight).queue.is_empty())
+            && shm.copies.as_ref().is_none_or(|c| {
+                let inf = lock(&c.inflight);
+                inf.queue.is_empty() && inf.issuing == 0
+            })
     }
 
     /// Handles up to `max` frames from the peer's ring; returns how many.
@@ -1413,7 +1419,17 @@ impl ConnInner {
                 Error::internal("a copy on a point-to-point connection that does not initiate transfers")
             })?;
         mr.begin()?;
-        let mut inf = lock(&copies.inflight);
+        // The driver calls without the in-flight lock, which the progress
+        // thread takes to find finished copies (held across them, it made
+        // this thread wait for the other's `cuEventQuery` calls and the
+        // other wait for these: 4 KiB messages went at half the rate).
+        // This thread holds the connection's queue, so copies enter the
+        // stream and the in-flight list in the same order.
+        let spare = {
+            let mut inf = lock(&copies.inflight);
+            inf.issuing += 1;
+            inf.spare.pop()
+        };
         let queued = (|| {
             if len > 0 {
                 // SAFETY: as in `queue_copy`: one span lies in a registered
@@ -1424,15 +1440,15 @@ impl ConnInner {
                 // kept mapped by this connection; different allocations.
                 unsafe { copies.stream.memcpy_raw(dst, src, len) }?;
             }
-            let ev = match inf.spare.pop() {
+            let ev = match spare {
                 Some(ev) => ev,
                 None => Event::new_untimed(&self.shared.device)?,
             };
-            match copies.stream.record(&ev) {
-                Ok(()) => Ok(ev),
-                Err(e) => Err(e),
-            }
+            copies.stream.record(&ev)?;
+            Ok(ev)
         })();
+        let mut inf = lock(&copies.inflight);
+        inf.issuing -= 1;
         match queued {
             Ok(ev) => {
                 tracing::trace!(conn = self.id, len, send_seq, in_flight = inf.queue.len(), "p2p: copy queued");
