@@ -1,0 +1,543 @@
+// A floor for issue 15's low-latency dispatch, in plain CUDA C++ (no
+// devcomm): the structure of devcomm's `moe_dispatch` (session 22's
+// default: token sent once per rank, per-expert pack) written as simply as
+// the hardware allows, on the benchmark's shape — 2 GPUs (one process,
+// peer access), 128 tokens per rank of 7168 bf16 (14336 bytes), top-8 of
+// 256 experts (128 local experts per GPU), random distinct experts per
+// token, 128 CTAs of 256 threads, one launch per dispatch.
+//
+// Every variant sends alike (CTA b: token b):
+//   send: the token's bytes once to every GPU whose experts it names
+//         (16-byte vectors, all loaded before any is stored), its 8 expert
+//         ids to every GPU's header, `__syncthreads`, then thread 0: a
+//         system fence and a relaxed system store of the slot's word
+//         `(seq << 32) | 1` on every GPU (devcomm's release of the word);
+//   wait: every CTA waits for every source slot's word (a thread per slot,
+//         acquire polls), `__syncthreads`.
+// and packs, into `out[local expert][row]` in (source GPU, source token)
+// order, recording each row in the header entry naming the expert:
+//   pe:   per expert (devcomm's `LlPack::PerExpert`): CTA b packs local
+//         expert b; each warp scans the headers (32 tokens a round, a
+//         ballot), row r copied by warp r % 8 (8 vectors in flight a lane);
+//   bal:  balanced without a grid barrier: every CTA counts every local
+//         expert's rows itself (shared-memory histogram of all headers),
+//         so every CTA knows the whole layout and copies rows
+//         [b T / B, (b + 1) T / B) of the T rows (scanning only the experts
+//         its range touches), a warp a row: the most loaded expert no
+//         longer sets the time (max rows per CTA ~ T / B = 8 here, against
+//         ~16 for the most loaded expert);
+//   sendonly: no pack (the send and the wait alone);
+//   direct: DeepEP's layout instead of devcomm's: no pack; the send
+//         stores the token into each of its 8 experts' rows on their GPU,
+//         row (source GPU) * 128 + (the token's position among this GPU's
+//         tokens for that expert: counted by the CTA over the tokens before
+//         it), 4 times the NVLink bytes of the others here (the check
+//         reads those rows);
+// and, to find what makes devcomm's pack of the same structure slower,
+// `pe` with one of devcomm's traits each:
+//   pe_gen:  its 16-byte copies and header loads as devcomm writes them
+//            (inline `ld.v4.u32` / `st.v4.u32`, generic addresses);
+//   pe_coop: launched cooperatively (`cudaLaunchCooperativeKernel`);
+//   pe_vmm:  the receive areas (slots, headers, words) in VMM memory
+//            (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess` for both GPUs),
+//            as devcomm's windows are;
+//   pe_idle: each dispatch alone (the stream synchronized and 50 us of
+//            host sleep between them), as `moe_bench --stages` times
+//            devcomm's stages (its µs/dispatch column is not comparable).
+//
+// Reported per variant: the median over 7 reps of 200 back-to-back
+// dispatches (both GPUs, the later GPU's events) per dispatch, #wrong
+// (every expert's rows and counts against the host's layout, byte for
+// byte, both GPUs), and GPU 0's medians over the launches of one more rep
+// with %globaltimer stamps per CTA: spread (last CTA start - first),
+// sent, waited, packed (slowest CTA, from the first CTA's start).
+//
+// Build and run on the GPU machine:
+//   nvcc -O3 -arch=sm_90 -Xcompiler -pthread -o moe_floor benches/gpu/moe_floor.cu -lcuda && ./moe_floor [variant ...]
+// (each GPU's launches come from its own host thread: one thread switching
+// devices would launch slower than the kernels run).
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "floor_common.cuh"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+constexpr int kRanks = 2;
+constexpr int kTokens = 128;           // per rank
+constexpr int kRowBytes = 7168 * 2;    // bf16
+constexpr int kVec = kRowBytes / 16;   // 896 vectors a row
+constexpr int kTopK = 8;
+constexpr int kExperts = 256;
+constexpr int kLocal = kExperts / kRanks;  // 128
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCtas = 128;
+constexpr int kSlots = kRanks * kTokens;  // source slots a GPU receives
+constexpr int kStamps = 4;               // start, sent, waited, packed
+
+struct Side {
+    const uint4* x;           // [kTokens][kVec] this GPU's tokens
+    const int* idx;           // [kTokens][kTopK] its routing
+    uint4* slots;             // [2 parity][kRanks src][kTokens][kVec] (written by the sources)
+    int* hdr;                 // [2][kRanks][kTokens][kTopK] ids (written by the sources)
+    int* rowrec;              // [2][kRanks][kTokens][kTopK] rows recorded by the pack
+    uint64_t* meta;           // [kRanks][kTokens] slot words
+    uint4* out;               // [kLocal][kSlots][kVec]
+    int* counts;              // [kLocal]
+    uint64_t* stamps;         // null or [launch][kCtas][kStamps]
+    uint4* peer_slots[kRanks];
+    int* peer_hdr[kRanks];
+    uint64_t* peer_meta[kRanks];
+    uint4* peer_out[kRanks];
+    int rank;
+};
+
+enum Variant { PE = 0, BAL = 1, SENDONLY = 2, DIRECT = 3, PE_GEN = 4, PE_COOP = 5, PE_VMM = 6, PE_IDLE = 7, VARIANTS = 8 };
+static const char* kVariantName[VARIANTS] = {"pe", "bal", "sendonly", "direct", "pe_gen", "pe_coop", "pe_vmm", "pe_idle"};
+
+__device__ __forceinline__ uint64_t globaltimer() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
+    __syncthreads();
+    if (s.stamps && threadIdx.x == 0) s.stamps[((size_t)launch * gridDim.x + blockIdx.x) * kStamps + k] = globaltimer();
+}
+
+// devcomm's 16-byte accesses: inline PTX on generic addresses.
+__device__ __forceinline__ uint4 ld_gen(const void* p) {
+    uint4 v;
+    asm volatile("ld.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_gen(void* p, uint4 v) {
+    asm volatile("st.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ uint4 ld16(const uint4* p, bool gen) { return gen ? ld_gen(p) : *p; }
+
+// Copies one row (kVec vectors) with the 32 lanes of a warp, 8 vectors in
+// flight a lane.
+__device__ __forceinline__ void warp_copy_row(uint4* dst, const uint4* src, int lane, bool gen) {
+    for (int base = lane; base < kVec; base += 32 * 8) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int i = base + u * 32;
+            if (i < kVec) v[u] = ld16(src + i, gen);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int i = base + u * 32;
+            if (i < kVec) {
+                if (gen)
+                    st_gen(dst + i, v[u]);
+                else
+                    dst[i] = v[u];
+            }
+        }
+    }
+}
+
+// Header (par, src, tok)'s index.
+__device__ __forceinline__ size_t hslot(int par, int src, int tok) { return ((size_t)par * kRanks + src) * kTokens + tok; }
+
+// Whether the lane's token `tok` of source `src` names global expert `e`
+// (its 8 ids: two 16-byte loads).
+__device__ __forceinline__ bool names(const Side& s, int par, int src, int tok, int e, bool gen = false) {
+    const uint4* h = reinterpret_cast<const uint4*>(s.hdr + hslot(par, src, tok) * kTopK);
+    uint4 ua = ld16(h, gen), ub = ld16(h + 1, gen);
+    int4 a = make_int4(ua.x, ua.y, ua.z, ua.w), b = make_int4(ub.x, ub.y, ub.z, ub.w);
+    return a.x == e || a.y == e || a.z == e || a.w == e || b.x == e || b.y == e || b.z == e || b.w == e;
+}
+
+// The warp's part of packing expert `l`'s rows `lo..hi` (numbered within
+// the expert): scans the sources in order, row r copied by warp
+// (f + r) % kWarps (`f`: the expert's first row among all experts', so a
+// CTA's rows of two experts go to different warps) when lo <= r < hi,
+// and recorded in the header entry naming the expert.
+__device__ __forceinline__ void pack_rows(const Side& s, int par, int l, int f, int lo, int hi, bool gen = false) {
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    int e = s.rank * kLocal + l;
+    int at = 0;
+    for (int src = 0; src < kRanks && at < hi; ++src) {
+        for (int g = 0; g < kTokens / 32 && at < hi; ++g) {
+            int tok = g * 32 + lane;
+            unsigned mask = __ballot_sync(0xffffffffu, names(s, par, src, tok, e, gen));
+            while (mask) {
+                int t = g * 32 + __ffs(mask) - 1;
+                mask &= mask - 1;
+                int r = at++;
+                if (r < lo || r >= hi || (f + r) % kWarps != w) continue;
+                size_t row = (size_t)l * kSlots + r;
+                const uint4* from = s.slots + hslot(par, src, t) * kVec;
+                warp_copy_row(s.out + row * kVec, from, lane, gen);
+                if (lane < kTopK) {
+                    size_t h = hslot(par, src, t) * kTopK + lane;
+                    if (s.hdr[h] == e) s.rowrec[h] = r;
+                }
+            }
+        }
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int variant, int launch) {
+    __shared__ int cnt[kLocal];
+    __shared__ int base[kLocal + 1];
+    int b = blockIdx.x, tid = threadIdx.x;
+    int par = seq & 1;
+    stamp(s, launch, 0);
+    // Send: token t to every GPU its experts name, the ids to every GPU.
+    for (int t = b; t < kTokens; t += gridDim.x) {
+        const int* id = s.idx + t * kTopK;
+        bool to[kRanks] = {};
+        for (int j = 0; j < kTopK; ++j) to[id[j] / kLocal] = true;
+        const uint4* src = s.x + (size_t)t * kVec;
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            int i = tid + u * kThreads;
+            if (i < kVec) v[u] = src[i];
+        }
+        if (variant == DIRECT) {
+            // Each expert's row on its GPU: position among this GPU's tokens for it.
+            for (int j = 0; j < kTopK; ++j) {
+                int e = id[j];
+                bool before = false;
+                if (tid < t) {
+                    const int* o = s.idx + tid * kTopK;
+                    for (int q = 0; q < kTopK; ++q) before |= o[q] == e;
+                }
+                int pos = __syncthreads_count(before);
+                uint4* d = s.peer_out[e / kLocal] + ((size_t)(e % kLocal) * kSlots + s.rank * kTokens + pos) * kVec;
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    int i = tid + u * kThreads;
+                    if (i < kVec) d[i] = v[u];
+                }
+            }
+        } else {
+            for (int p = 0; p < kRanks; ++p) {
+                if (!to[p]) continue;
+                uint4* d = s.peer_slots[p] + hslot(par, s.rank, t) * kVec;
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    int i = tid + u * kThreads;
+                    if (i < kVec) d[i] = v[u];
+                }
+            }
+        }
+        if (tid < kTopK)
+            for (int p = 0; p < kRanks; ++p) s.peer_hdr[p][hslot(par, s.rank, t) * kTopK + tid] = id[tid];
+        __syncthreads();
+        if (tid == 0) {
+            __threadfence_system();
+            for (int p = 0; p < kRanks; ++p) st_relaxed_sys(s.peer_meta[p] + s.rank * kTokens + t, ((uint64_t)seq << 32) | 1);
+        }
+    }
+    stamp(s, launch, 1);
+    // Wait: every source slot's word.
+    for (int i = tid; i < kSlots; i += blockDim.x)
+        while (ld_acquire_sys(s.meta + i) < ((uint64_t)seq << 32)) {
+        }
+    stamp(s, launch, 2);
+    if (variant == PE || variant >= PE_GEN) {
+        for (int l = b; l < kLocal; l += gridDim.x) {
+            pack_rows(s, par, l, 0, 0, kSlots, variant == PE_GEN);
+            // The count: a second scan by warp 0 (the first kept no total per warp it could share cheaply).
+            if (tid < 32) {
+                int e = s.rank * kLocal + l, c = 0;
+                for (int src = 0; src < kRanks; ++src)
+                    for (int g = 0; g < kTokens / 32; ++g) c += __popc(__ballot_sync(0xffffffffu, names(s, par, src, g * 32 + tid, e)));
+                if (tid == 0) s.counts[l] = c;
+            }
+        }
+    } else if (variant == BAL) {
+        // Every CTA: each local expert's row count, from every header.
+        for (int l = tid; l < kLocal; l += blockDim.x) cnt[l] = 0;
+        __syncthreads();
+        for (int i = tid; i < kSlots; i += blockDim.x) {
+            const int* h = s.hdr + hslot(par, i / kTokens, i % kTokens) * kTopK;
+            for (int j = 0; j < kTopK; ++j) {
+                int l = h[j] - s.rank * kLocal;
+                if (l >= 0 && l < kLocal) atomicAdd(&cnt[l], 1);
+            }
+        }
+        __syncthreads();
+        if (tid < 32) {  // exclusive prefix over the experts, a warp
+            int carry = 0;
+            for (int l0 = 0; l0 < kLocal; l0 += 32) {
+                int c = cnt[l0 + tid], x = c;
+                for (int o = 1; o < 32; o <<= 1) {
+                    int y = __shfl_up_sync(0xffffffffu, x, o);
+                    if (tid >= o) x += y;
+                }
+                base[l0 + tid] = carry + x - c;
+                carry += __shfl_sync(0xffffffffu, x, 31);
+            }
+            if (tid == 0) base[kLocal] = carry;
+        }
+        __syncthreads();
+        int total = base[kLocal];
+        int lo = (int)((long long)b * total / gridDim.x), hi = (int)((long long)(b + 1) * total / gridDim.x);
+        for (int l = b; l < kLocal; l += gridDim.x)
+            if (tid == 0) s.counts[l] = cnt[l];
+        // The experts whose rows meet [lo, hi).
+        for (int l = 0; l < kLocal; ++l) {
+            int f = base[l], n = cnt[l];
+            if (f + n <= lo || n == 0) continue;
+            if (f >= hi) break;
+            pack_rows(s, par, l, f, max(lo - f, 0), min(hi - f, n));
+        }
+    }
+    stamp(s, launch, 3);
+}
+
+#define CU(x)                                                                  \
+    do {                                                                       \
+        CUresult r_ = (x);                                                     \
+        if (r_ != CUDA_SUCCESS) {                                              \
+            fprintf(stderr, "%s:%d %s: CUresult %d\n", __FILE__, __LINE__, #x, (int)r_); \
+            exit(1);                                                           \
+        }                                                                      \
+    } while (0)
+
+// `bytes` of VMM memory on GPU `d`, readable and writable from both GPUs.
+static void* vmm_alloc(int d, size_t bytes) {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = d;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CU(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    bytes = (bytes + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle h;
+    CU(cuMemCreate(&h, bytes, &prop, 0));
+    CUdeviceptr ptr;
+    CU(cuMemAddressReserve(&ptr, bytes, gran, 0, 0));
+    CU(cuMemMap(ptr, bytes, 0, h, 0));
+    CUmemAccessDesc acc[2] = {};
+    for (int g = 0; g < 2; ++g) {
+        acc[g].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        acc[g].location.id = g;
+        acc[g].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    CU(cuMemSetAccess(ptr, bytes, acc, 2));
+    return (void*)ptr;
+}
+
+int main(int argc, char** argv) {
+    auto wanted = [&](int v) {
+        if (argc < 2) return true;
+        for (int a = 1; a < argc; ++a)
+            if (std::string(argv[a]) == kVariantName[v]) return true;
+        return false;
+    };
+    int ndev = 0;
+    CK(cudaGetDeviceCount(&ndev));
+    if (ndev < 2) {
+        fprintf(stderr, "moe_floor: needs 2 GPUs, found %d\n", ndev);
+        return 1;
+    }
+    for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("# moe_floor: 2 x %s, plain-CUDA low-latency MoE dispatch, %d tokens/rank x %d B, top-%d of %d experts, %d CTAs x %d threads\n",
+           prop.name, kTokens, kRowBytes, kTopK, kExperts, kCtas, kThreads);
+    const int iters = 200, reps = 7;
+    // Routing: distinct random experts per token; random token bytes.
+    std::mt19937 rng(15);
+    std::vector<int> idx[2];
+    std::vector<uint32_t> xs[2];
+    for (int r = 0; r < 2; ++r) {
+        idx[r].resize(kTokens * kTopK);
+        for (int t = 0; t < kTokens; ++t) {
+            std::vector<int> all(kExperts);
+            for (int e = 0; e < kExperts; ++e) all[e] = e;
+            std::shuffle(all.begin(), all.end(), rng);
+            for (int j = 0; j < kTopK; ++j) idx[r][t * kTopK + j] = all[j];
+        }
+        xs[r].resize((size_t)kTokens * kRowBytes / 4);
+        for (auto& w : xs[r]) w = rng();
+    }
+    Side side[2];
+    const size_t slot_bytes = (size_t)2 * kSlots * kRowBytes, hdr_ints = (size_t)2 * kSlots * kTopK;
+    const size_t out_bytes = (size_t)kLocal * kSlots * kRowBytes, stamp_words = (size_t)iters * kCtas * kStamps;
+    cudaStream_t st[2];
+    cudaEvent_t ev0[2], ev1[2];
+    for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        Side& s = side[d];
+        s.rank = d;
+        uint4 *x, *slots, *out;
+        int *id, *hdr, *rowrec, *counts;
+        uint64_t *meta, *stamps;
+        CK(cudaMalloc(&x, (size_t)kTokens * kRowBytes));
+        CK(cudaMalloc(&id, kTokens * kTopK * sizeof(int)));
+        CK(cudaMalloc(&slots, slot_bytes));
+        CK(cudaMalloc(&hdr, hdr_ints * sizeof(int)));
+        CK(cudaMalloc(&rowrec, hdr_ints * sizeof(int)));
+        CK(cudaMalloc(&meta, kSlots * sizeof(uint64_t)));
+        CK(cudaMalloc(&out, out_bytes));
+        CK(cudaMalloc(&counts, kLocal * sizeof(int)));
+        CK(cudaMalloc(&stamps, stamp_words * sizeof(uint64_t)));
+        CK(cudaMemcpy(x, xs[d].data(), (size_t)kTokens * kRowBytes, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(id, idx[d].data(), kTokens * kTopK * sizeof(int), cudaMemcpyHostToDevice));
+        CK(cudaMemset(meta, 0, kSlots * sizeof(uint64_t)));
+        s.x = x, s.idx = id, s.slots = slots, s.hdr = hdr, s.rowrec = rowrec, s.meta = meta, s.out = out, s.counts = counts;
+        s.stamps = stamps;
+        CK(cudaStreamCreateWithFlags(&st[d], cudaStreamNonBlocking));
+        CK(cudaEventCreate(&ev0[d]));
+        CK(cudaEventCreate(&ev1[d]));
+    }
+    for (int d = 0; d < 2; ++d)
+        for (int p = 0; p < 2; ++p) {
+            side[d].peer_slots[p] = side[p].slots;
+            side[d].peer_hdr[p] = side[p].hdr;
+            side[d].peer_meta[p] = side[p].meta;
+            side[d].peer_out[p] = side[p].out;
+        }
+    // pe_vmm's sides: the receive areas in VMM memory.
+    Side vside[2];
+    for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        vside[d] = side[d];
+        vside[d].slots = (uint4*)vmm_alloc(d, slot_bytes);
+        vside[d].hdr = (int*)vmm_alloc(d, hdr_ints * sizeof(int));
+        vside[d].meta = (uint64_t*)vmm_alloc(d, kSlots * sizeof(uint64_t));
+        CK(cudaMemset(vside[d].meta, 0, kSlots * sizeof(uint64_t)));
+    }
+    for (int d = 0; d < 2; ++d)
+        for (int p = 0; p < 2; ++p) {
+            vside[d].peer_slots[p] = vside[p].slots;
+            vside[d].peer_hdr[p] = vside[p].hdr;
+            vside[d].peer_meta[p] = vside[p].meta;
+        }
+    // The host's layout: GPU r's local expert l gets, in (source, token)
+    // order, the tokens naming expert r * kLocal + l.
+    std::vector<std::vector<std::pair<int, int>>> want[2];
+    for (int r = 0; r < 2; ++r) {
+        want[r].resize(kLocal);
+        for (int l = 0; l < kLocal; ++l)
+            for (int src = 0; src < 2; ++src)
+                for (int t = 0; t < kTokens; ++t)
+                    for (int j = 0; j < kTopK; ++j)
+                        if (idx[src][t * kTopK + j] == r * kLocal + l) want[r][l].push_back({src, t});
+    }
+    size_t most = 0;
+    for (int r = 0; r < 2; ++r)
+        for (auto& v : want[r]) most = std::max(most, v.size());
+    printf("# rows: %d per GPU on average per expert, the most loaded expert %zu\n", kSlots * kTopK / kExperts, most);
+    printf("# variant | us/dispatch (200 back to back, median of %d) | #wrong | GPU 0 stamps, us from the first CTA's start (medians): spread sent waited packed\n", reps);
+    uint32_t seq = 0;
+    std::vector<uint64_t> hs(stamp_words);
+    std::vector<uint8_t> hout(out_bytes);
+    std::vector<int> hcounts(kLocal);
+    for (int v = 0; v < VARIANTS; ++v) {
+        if (!wanted(v)) continue;
+        // 200 dispatches on both GPUs, each GPU's from its own thread;
+        // with `timed`, between events: the slower GPU's time.
+        auto launch_all = [&](bool stamped, bool timed) {
+            float ms[2] = {0, 0};
+            uint32_t first = seq + 1;
+            auto run = [&](int d) {
+                CK(cudaSetDevice(d));
+                Side s = v == PE_VMM ? vside[d] : side[d];
+                if (!stamped) s.stamps = nullptr;
+                if (timed) CK(cudaEventRecord(ev0[d], st[d]));
+                for (int it = 0; it < iters; ++it) {
+                    uint32_t q = first + it;
+                    int vv = v, launch = it;
+                    if (v == PE_COOP) {
+                        void* args[] = {&s, &q, &vv, &launch};
+                        CK(cudaLaunchCooperativeKernel((void*)dispatch, kCtas, kThreads, args, 0, st[d]));
+                    } else {
+                        dispatch<<<kCtas, kThreads, 0, st[d]>>>(s, q, vv, launch);
+                    }
+                    if (v == PE_IDLE) {
+                        CK(cudaStreamSynchronize(st[d]));
+                        usleep(50);
+                    }
+                }
+                CK(cudaGetLastError());
+                if (timed) CK(cudaEventRecord(ev1[d], st[d]));
+                CK(cudaStreamSynchronize(st[d]));
+                if (timed) CK(cudaEventElapsedTime(&ms[d], ev0[d], ev1[d]));
+            };
+            std::thread t1(run, 1);
+            run(0);
+            t1.join();
+            seq += iters;
+            return std::max(ms[0], ms[1]);
+        };
+        for (int d = 0; d < 2; ++d) {
+            CK(cudaSetDevice(d));
+            CK(cudaMemset(side[d].out, 0xA5, out_bytes));  // poisoned
+            CK(cudaMemset(side[d].counts, 0xFF, kLocal * sizeof(int)));
+        }
+        launch_all(false, false);  // warm-up
+        std::vector<double> per;
+        for (int rep = 0; rep < reps; ++rep) per.push_back(launch_all(false, true) * 1e3 / iters);
+        std::sort(per.begin(), per.end());
+        launch_all(true, false);
+        long wrong = 0;
+        for (int d = 0; d < 2; ++d) {
+            CK(cudaSetDevice(d));
+            CK(cudaStreamSynchronize(st[d]));
+            if (v == SENDONLY) continue;
+            CK(cudaMemcpy(hout.data(), side[d].out, out_bytes, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hcounts.data(), side[d].counts, kLocal * sizeof(int), cudaMemcpyDeviceToHost));
+            for (int l = 0; l < kLocal; ++l) {
+                if (v != DIRECT) wrong += hcounts[l] != (int)want[d][l].size();
+                int per_src[2] = {0, 0};
+                for (size_t i = 0; i < want[d][l].size(); ++i) {
+                    auto [src, t] = want[d][l][i];
+                    size_t r = v == DIRECT ? (size_t)src * kTokens + per_src[src]++ : i;
+                    const uint8_t* got = hout.data() + ((size_t)l * kSlots + r) * kRowBytes;
+                    const uint8_t* exp = reinterpret_cast<const uint8_t*>(xs[src].data()) + (size_t)t * kRowBytes;
+                    wrong += memcmp(got, exp, kRowBytes) != 0;
+                }
+            }
+        }
+        CK(cudaSetDevice(0));
+        CK(cudaMemcpy(hs.data(), side[0].stamps, stamp_words * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+        std::vector<double> m[4];
+        for (int it = 1; it < iters; ++it) {
+            const uint64_t* c = hs.data() + (size_t)it * kCtas * kStamps;
+            uint64_t first = ~0ull, last_start = 0, mx[4] = {0, 0, 0, 0};
+            for (int b = 0; b < kCtas; ++b) {
+                first = std::min(first, c[b * kStamps]);
+                last_start = std::max(last_start, c[b * kStamps]);
+                for (int k = 1; k < 4; ++k) mx[k] = std::max(mx[k], c[b * kStamps + k]);
+            }
+            m[0].push_back((last_start - first) / 1e3);
+            for (int k = 1; k < 4; ++k) m[k].push_back((mx[k] - first) / 1e3);
+        }
+        auto med = [](std::vector<double> x) {
+            std::sort(x.begin(), x.end());
+            return x[x.size() / 2];
+        };
+        printf("%-9s | %7.2f (min %.2f max %.2f) | %ld | %.2f %.2f %.2f %.2f\n", kVariantName[v], per[reps / 2], per[0], per[reps - 1],
+               wrong, med(m[0]), med(m[1]), med(m[2]), med(m[3]));
+        fflush(stdout);
+    }
+    return 0;
+}
