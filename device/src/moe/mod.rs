@@ -240,6 +240,11 @@ pub unsafe fn dispatch_prepare(
     }
 }
 
+/// Distinct LSA ranks a low-latency dispatch gathers a token's
+/// destinations for before its copy ([`dispatch_send_token`]; a token
+/// naming more goes through the per-rank lookup).
+const MAX_DESTS: usize = 8;
+
 /// 16-byte vectors in flight per thread when a coop copies a token
 /// ([`copy_strided_by`], [`CopyAhead`]); both modes.
 pub(crate) const COPY_UNROLL: usize = 8;
@@ -319,19 +324,66 @@ unsafe fn routing_hits(idx: *const i32, k: usize, count: u32, e: u32, g0: u32) -
     bits
 }
 
-/// [`routing_hits`] over LSA source `src`'s token headers in this rank's
+/// LSA source `src`'s token headers and slots in this rank's window,
+/// as addresses and strides held in registers: the scan and pack loops
+/// below read no context field (the context lives in shared memory, and
+/// every inline-asm store of a copy makes the compiler load its fields
+/// again; with them the per-expert pack ran at twice the time of the same
+/// loop in plain CUDA, `benches/results/2026-11-27-h200x2-moe-ll-floor.md`).
+#[derive(Clone, Copy)]
+struct LsaSource {
+    /// Header 0's expert ids.
+    ids: *mut u8,
+    /// Bytes from one header to the next.
+    header_bytes: usize,
+    /// Token slot 0.
+    slot: *const u8,
+    /// Bytes from one token slot to the next.
+    slot_bytes: usize,
+    /// Ids per header ([`MoeContext::ll_header_ids`]).
+    per_header: usize,
+    /// Token slots ([`MoeContext::max_tokens`]).
+    tokens: u32,
+}
+
+impl LsaSource {
+    #[inline(always)]
+    fn new(ctx: &MoeContext, src: u32) -> Self {
+        LsaSource {
+            ids: local_ptr(ctx, ctx.ll_ids_offset(src, 0)),
+            header_bytes: ctx.ll_meta_bytes() as usize,
+            slot: local_ptr(ctx, ctx.ll_token_slot_offset(src, 0)),
+            slot_bytes: ctx.slot_bytes() as usize,
+            per_header: ctx.ll_header_ids() as usize,
+            tokens: ctx.max_tokens(),
+        }
+    }
+
+    /// Token `t`'s expert ids (then as many weights and rows).
+    #[inline(always)]
+    fn ids_of(&self, t: u32) -> *mut u8 {
+        self.ids.wrapping_add(t as usize * self.header_bytes)
+    }
+
+    /// Token `t`'s slot.
+    #[inline(always)]
+    fn slot_of(&self, t: u32) -> *const u8 {
+        self.slot.wrapping_add(t as usize * self.slot_bytes)
+    }
+}
+
+/// [`routing_hits`] over an LSA source's token headers in this rank's
 /// window (ids from byte 16, [`MoeContext::ll_header_ids`] of them, -1
 /// past `top_k`), with 16-byte loads.
 ///
 /// # Safety
-/// `ctx` live; the headers of this dispatch are in (after the wait's
-/// acquire), not written while this reads them.
+/// `h` is of a live context; the headers of this dispatch are in (after
+/// the wait's acquire), not written while this reads them.
 #[inline(always)]
-unsafe fn header_hits(ctx: &MoeContext, src: u32, e: u32, g0: u32) -> u32 {
-    let (m, ids) = (ctx.max_tokens(), ctx.ll_header_ids() as usize);
+unsafe fn header_hits(h: &LsaSource, e: u32, g0: u32) -> u32 {
+    let (m, ids) = (h.tokens, h.per_header);
     let lane = lane_id();
     let token = |g: usize| (g0 + g as u32) * WARP_SIZE + lane;
-    let at = |t: u32| local_ptr(ctx, ctx.ll_ids_offset(src, t)) as *const u8;
     let mut bits = 0u32;
     if ids <= 8 {
         let mut v = [[[u32::MAX; 4]; 2]; SCAN_GROUPS as usize];
@@ -343,7 +395,7 @@ unsafe fn header_hits(ctx: &MoeContext, src: u32, e: u32, g0: u32) -> u32 {
                         // SAFETY: vector `q` of header `t < max_tokens`'s
                         // ids, 16-byte aligned (headers are multiples of 16
                         // bytes from a 16-byte aligned area).
-                        v[g][q] = unsafe { arch::load16(at(t).add(16 * q)) };
+                        v[g][q] = unsafe { arch::load16(h.ids_of(t).add(16 * q)) };
                     }
                 });
             }
@@ -361,7 +413,7 @@ unsafe fn header_hits(ctx: &MoeContext, src: u32, e: u32, g0: u32) -> u32 {
         for g in 0..SCAN_GROUPS as usize {
             let t = token(g);
             // SAFETY: header `t < max_tokens`'s `ids` ids.
-            if t < m && unsafe { names(at(t) as *const i32, ids, e, 1) } {
+            if t < m && unsafe { names(h.ids_of(t) as *const i32, ids, e, 1) } {
                 bits |= 1 << g;
             }
         }
@@ -416,6 +468,33 @@ pub unsafe fn dispatch_send_token<C: Coop>(
         let p = peer_ptr(ctx, r, ctx.ll_token_slot_offset(me, t));
         (hit && !p.is_null()).then_some(p)
     };
+    // The same destinations gathered once, from the token's ids (up to
+    // `MAX_DESTS` distinct ranks; more fall back to `bound`): the copy's
+    // stores then read no routing entry and no context field per round
+    // (each inline-asm store makes the compiler load them again).
+    let mut dests = [core::ptr::null_mut::<u8>(); MAX_DESTS];
+    let mut found = 0usize;
+    let mut overflow = false;
+    if token {
+        let off = ctx.ll_token_slot_offset(me, t);
+        for j in 0..k {
+            // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
+            let e = unsafe { *idx.add(j) };
+            if e < 0 || e as u32 >= e_all {
+                continue;
+            }
+            let p = peer_ptr(ctx, e as u32 / l, off);
+            if p.is_null() || dests[..found].contains(&p) {
+                continue;
+            }
+            if found == MAX_DESTS {
+                overflow = true;
+            } else {
+                dests[found] = p;
+                found += 1;
+            }
+        }
+    }
     let row = ctx.token_bytes() as usize;
     if token {
         // SAFETY: token `t < num_tokens` of `x`; each destination is slot
@@ -432,7 +511,12 @@ pub unsafe fn dispatch_send_token<C: Coop>(
                 }
             } else {
                 let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
-                CopyAhead::<COPY_UNROLL>::load(tr, nt, src, row).store(n as usize, |r| bound(r as u32));
+                let copy = CopyAhead::<COPY_UNROLL>::load(tr, nt, src, row);
+                if overflow {
+                    copy.store(n as usize, |r| bound(r as u32));
+                } else {
+                    copy.store(found, |j| Some(dests[j]));
+                }
             }
         }
     }
@@ -650,22 +734,22 @@ unsafe fn quantize_row(ctx: &MoeContext, dst: *mut u8, src: *const u8, wi: u32, 
     }
 }
 
-/// For each token of LSA source `src` whose header names global expert
+/// For each token of LSA source `h` whose header names global expert
 /// `e`, in token order: `f(i, t)` for the `i`-th such token, slot `t`.
 /// Every lane of the calling warp calls it alike (and runs every `f`);
 /// returns the count. Reads the headers with plain loads: after the
 /// dispatch's wait ([`wait_headers`]).
 ///
 /// # Safety
-/// `ctx` live; `src` an LSA rank whose headers of this dispatch are in.
+/// `h` an LSA source of a live context whose headers of this dispatch are in.
 #[inline(always)]
-unsafe fn lsa_tokens_of(ctx: &MoeContext, src: u32, e: u32, mut f: impl FnMut(u32, u32)) -> u32 {
-    let groups = ctx.max_tokens().div_ceil(WARP_SIZE);
+unsafe fn lsa_tokens_of(h: &LsaSource, e: u32, mut f: impl FnMut(u32, u32)) -> u32 {
+    let groups = h.tokens.div_ceil(WARP_SIZE);
     let mut base = 0u32;
     let mut g0 = 0u32;
     while g0 < groups {
         // SAFETY: the contract.
-        let bits = unsafe { header_hits(ctx, src, e, g0) };
+        let bits = unsafe { header_hits(h, e, g0) };
         let mut gi = 0;
         while gi < SCAN_GROUPS && g0 + gi < groups {
             let mut mask = arch::ballot(u32::MAX, (bits >> gi) & 1 != 0);
@@ -783,7 +867,7 @@ pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u
     for s in 0..n {
         if is_lsa(ctx, s) {
             // SAFETY: `s` is an LSA rank whose headers are in (waited above).
-            let c = unsafe { lsa_tokens_of(ctx, s, e, |_, _| {}) };
+            let c = unsafe { lsa_tokens_of(&LsaSource::new(ctx, s), e, |_, _| {}) };
             record_count(coop, ctx, local, s, seq, c);
             total += c;
         } else {
@@ -932,25 +1016,30 @@ unsafe fn pack_expert<C: Coop>(
             // and packs them: row `r` by warp `r % nw` (rows of every source
             // spread over all the warps), a warp a row; its lanes record
             // the row in the header's entries naming `e`.
+            let hs = LsaSource::new(ctx, s);
+            // The warp of the next row (`r % nw`, counted on: no division per row).
+            let mut owner = at % nw;
             // SAFETY: `s` is an LSA rank whose headers are in (the
             // contract); its tokens naming `e` go to rows `at..` (at most
             // `max_tokens`: inside `out`, the contract's sizes); header
             // `(s, tok)`'s rows are this rank's, entry `lane` naming `e`
             // this coop's alone.
             let c = unsafe {
-                lsa_tokens_of(ctx, s, e, |i, tok| {
+                lsa_tokens_of(&hs, e, |i, tok| {
                     let r = at + i as usize;
-                    if r % nw != wi {
+                    let mine = owner == wi;
+                    owner = if owner + 1 == nw { 0 } else { owner + 1 };
+                    if !mine {
                         return;
                     }
-                    let hdr = local_ptr(ctx, ctx.ll_ids_offset(s, tok)) as *mut i32;
+                    let hdr = hs.ids_of(tok) as *mut i32;
                     if lane < ids && *hdr.add(lane) == e as i32 {
                         *(hdr as *mut u32).add(2 * ids + lane) = r as u32;
                     }
                     if !copy_lsa {
                         return;
                     }
-                    let src = local_ptr(ctx, ctx.ll_token_slot_offset(s, tok));
+                    let src = hs.slot_of(tok);
                     if fp8 {
                         copy_strided_by::<COPY_UNROLL>(lane, WARP_SIZE as usize, out.add(r * h), src, h);
                         copy_strided(lane, WARP_SIZE as usize, scales.add(r * sc), src.add(h), sc);
