@@ -78,12 +78,6 @@ static const char* kVariantName[VARIANTS] = {"pull", "push", "os", "osr", "ts", 
 // Vectors each thread of `osc` keeps in flight (devcomm's `UNROLL`).
 constexpr int kUnroll = 4;
 
-__device__ __forceinline__ uint64_t globaltimer() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 // CTA b meets CTA b of the peer at `epoch`.
 __device__ __forceinline__ void meet(const Side& s, uint64_t epoch) {
     __syncthreads();
@@ -275,33 +269,12 @@ static void launch_variant(int v, int ctas, cudaStream_t st, const Side& s, uint
     }
 }
 
-static double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 int main(int argc, char** argv) {
     // Optional arguments: the variants to run (default all).
-    auto wanted = [&](int v) {
-        if (argc < 2) return true;
-        for (int a = 1; a < argc; ++a)
-            if (std::string(argv[a]) == kVariantName[v]) return true;
-        return false;
-    };
-    int ndev = 0;
-    CK(cudaGetDeviceCount(&ndev));
-    if (ndev < 2) {
-        fprintf(stderr, "allreduce_floor: needs 2 GPUs, found %d\n", ndev);
-        return 1;
-    }
-    for (int d = 0; d < 2; ++d) {
-        CK(cudaSetDevice(d));
-        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
-    }
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    auto wanted = [&](int v) { return variant_wanted(argc, argv, kVariantName[v]); };
+    std::string gpu = open_two_gpus("allreduce_floor");
     printf("# allreduce_floor: 2 x %s, plain CUDA all-reduce of floats (sum) on two GPUs, one process, peer access\n",
-           prop.name);
+           gpu.c_str());
     printf("# pull: meet, read the peer's shard, store the sum to both outputs, meet\n");
     printf("# push: meet, store the peer's shard into its staging, meet, sum, store to both, meet\n");
     printf("# os: devcomm's pushed one-shot (2 ranks): whole input into the peer's staging (parity area), meet, local sum; no closing meet\n");

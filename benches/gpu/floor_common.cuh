@@ -1,12 +1,21 @@
 // Shared by the plain-CUDA floor programs here (proxy_floor.cu,
-// allreduce_floor.cu): a CUDA runtime call checker and the .sys-scope
-// acquire / relaxed / release accesses their waits use.
+// allreduce_floor.cu, moe_floor.cu, moe_combine_floor.cu): a CUDA runtime
+// call checker, the .sys-scope acquire / relaxed / release accesses their
+// waits use, %globaltimer, and the host side's common steps (two GPUs with
+// peer access, the variants named on the command line, random top-k
+// routing, per-launch stage stamps reduced to medians).
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
 
 #define CK(x)                                                                          \
     do {                                                                               \
@@ -29,4 +38,109 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
 }
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t globaltimer() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// GPUs 0 and 1 with peer access both ways; exits with a message naming
+// `prog` when there are fewer. Returns GPU 0's name.
+static inline std::string open_two_gpus(const char* prog) {
+    int ndev = 0;
+    CK(cudaGetDeviceCount(&ndev));
+    if (ndev < 2) {
+        fprintf(stderr, "%s: needs 2 GPUs, found %d\n", prog, ndev);
+        exit(1);
+    }
+    for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    return prop.name;
+}
+
+// Whether variant `name` runs: every one when the command line names none.
+static inline bool variant_wanted(int argc, char** argv, const char* name) {
+    if (argc < 2) return true;
+    for (int a = 1; a < argc; ++a)
+        if (std::string(argv[a]) == name) return true;
+    return false;
+}
+
+// `tokens` tokens' `topk` distinct experts of `experts`, uniformly random.
+static inline std::vector<int> random_topk(std::mt19937& rng, int tokens, int topk, int experts) {
+    std::vector<int> idx(tokens * topk), all(experts);
+    for (int t = 0; t < tokens; ++t) {
+        for (int e = 0; e < experts; ++e) all[e] = e;
+        std::shuffle(all.begin(), all.end(), rng);
+        for (int j = 0; j < topk; ++j) idx[t * topk + j] = all[j];
+    }
+    return idx;
+}
+
+// The median (the upper one of an even count); 0 of none.
+static inline double median(std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x.empty() ? 0.0 : x[x.size() / 2];
+}
+
+// Stamps `[launch][ctas][stamps]` (%globaltimer, stamp 0 a CTA's start) of
+// launches 1..launches-1 reduced to medians over the launches: element 0
+// the spread of the CTAs' starts (last - first), element k >= 1 the
+// slowest CTA's stamp k from the first CTA's start; in microseconds.
+static inline std::vector<double> stage_medians(const std::vector<uint64_t>& hs, int launches, int ctas, int stamps) {
+    std::vector<std::vector<double>> m(stamps);
+    for (int it = 1; it < launches; ++it) {
+        const uint64_t* c = hs.data() + (size_t)it * ctas * stamps;
+        uint64_t first = ~0ull, last_start = 0;
+        std::vector<uint64_t> mx(stamps, 0);
+        for (int b = 0; b < ctas; ++b) {
+            first = std::min(first, c[b * stamps]);
+            last_start = std::max(last_start, c[b * stamps]);
+            for (int k = 1; k < stamps; ++k) mx[k] = std::max(mx[k], c[b * stamps + k]);
+        }
+        m[0].push_back((last_start - first) / 1e3);
+        for (int k = 1; k < stamps; ++k) m[k].push_back((mx[k] - first) / 1e3);
+    }
+    std::vector<double> out(stamps);
+    for (int k = 0; k < stamps; ++k) out[k] = median(m[k]);
+    return out;
+}
+
+// `launches(d)` enqueues a batch on GPU d's stream `st[d]`, for both GPUs
+// at once, each from its own host thread (one thread switching devices
+// launches slower than short kernels run); waits for both. With `timed`,
+// events around each batch: returns the slower GPU's milliseconds.
+static inline float on_both_gpus(cudaStream_t* st, cudaEvent_t* ev0, cudaEvent_t* ev1, bool timed,
+                                 const std::function<void(int)>& launches) {
+    float ms[2] = {0, 0};
+    auto run = [&](int d) {
+        CK(cudaSetDevice(d));
+        if (timed) CK(cudaEventRecord(ev0[d], st[d]));
+        launches(d);
+        CK(cudaGetLastError());
+        if (timed) CK(cudaEventRecord(ev1[d], st[d]));
+        CK(cudaStreamSynchronize(st[d]));
+        if (timed) CK(cudaEventElapsedTime(&ms[d], ev0[d], ev1[d]));
+    };
+    std::thread t1(run, 1);
+    run(0);
+    t1.join();
+    return std::max(ms[0], ms[1]);
+}
+
+// Microseconds per launch of `reps` timed batches of `iters` launches
+// (`batch()` returns a batch's milliseconds), sorted.
+static inline std::vector<double> per_launch_us(int reps, int iters, const std::function<float()>& batch) {
+    std::vector<double> per;
+    for (int rep = 0; rep < reps; ++rep) per.push_back(batch() * 1e3 / iters);
+    std::sort(per.begin(), per.end());
+    return per;
 }

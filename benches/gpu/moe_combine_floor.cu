@@ -77,14 +77,6 @@ struct Side {
 enum Variant { PR = 0, PRL = 1, VARIANTS = 2 };
 static const char* kVariantName[VARIANTS] = {"pr", "prl"};
 
-__device__ __forceinline__ uint64_t globaltimer() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
-    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 __device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
     __syncthreads();
     if (s.stamps && threadIdx.x == 0) s.stamps[((size_t)launch * gridDim.x + blockIdx.x) * kStamps + k] = globaltimer();
@@ -213,40 +205,19 @@ __global__ void __launch_bounds__(kThreads) combine(Side s, uint32_t seq, int va
 }
 
 int main(int argc, char** argv) {
-    auto wanted = [&](int v) {
-        if (argc < 2) return true;
-        for (int a = 1; a < argc; ++a)
-            if (std::string(argv[a]) == kVariantName[v]) return true;
-        return false;
-    };
-    int ndev = 0;
-    CK(cudaGetDeviceCount(&ndev));
-    if (ndev < 2) {
-        fprintf(stderr, "moe_combine_floor: needs 2 GPUs, found %d\n", ndev);
-        return 1;
-    }
-    for (int d = 0; d < 2; ++d) {
-        CK(cudaSetDevice(d));
-        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
-    }
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    auto wanted = [&](int v) { return variant_wanted(argc, argv, kVariantName[v]); };
+    std::string gpu = open_two_gpus("moe_combine_floor");
     printf("# moe_combine_floor: 2 x %s, plain-CUDA low-latency MoE combine (per-rank partials), %d tokens/GPU x %d bf16, top-%d of %d, %d CTAs x %d threads\n",
-           prop.name, kTokens, kHidden, kTopK, kExperts, kCtas, kThreads);
+           gpu.c_str(), kTokens, kHidden, kTopK, kExperts, kCtas, kThreads);
     const int iters = 200, reps = 7;
     std::mt19937 rng(16);
     std::uniform_real_distribution<float> unit(-1.f, 1.f), gate(0.05f, 1.f);
     std::vector<int> idx[2];
     std::vector<float> wts[2];
     for (int r = 0; r < 2; ++r) {
-        idx[r].resize(kTokens * kTopK);
+        idx[r] = random_topk(rng, kTokens, kTopK, kExperts);
         wts[r].resize(kTokens * kTopK);
-        for (int t = 0; t < kTokens; ++t) {
-            std::vector<int> all(kExperts);
-            for (int e = 0; e < kExperts; ++e) all[e] = e;
-            std::shuffle(all.begin(), all.end(), rng);
-            for (int j = 0; j < kTopK; ++j) idx[r][t * kTopK + j] = all[j], wts[r][t * kTopK + j] = gate(rng);
-        }
+        for (auto& w : wts[r]) w = gate(rng);
     }
     // Rows as the dispatch packs them: expert e's tokens in (source, token) order.
     std::vector<int> hrow[2];  // per holder GPU: [src][tok][j]
@@ -335,33 +306,21 @@ int main(int argc, char** argv) {
     for (int v = 0; v < VARIANTS; ++v) {
         if (!wanted(v)) continue;
         auto launch_all = [&](bool stamped, bool timed) {
-            float ms[2] = {0, 0};
             uint32_t first = seq + 1;
-            auto run = [&](int d) {
-                CK(cudaSetDevice(d));
+            float ms = on_both_gpus(st, ev0, ev1, timed, [&](int d) {
                 Side s = side[d];
                 if (!stamped) s.stamps = nullptr;
-                if (timed) CK(cudaEventRecord(ev0[d], st[d]));
                 for (int it = 0; it < iters; ++it) combine<<<kCtas, kThreads, 0, st[d]>>>(s, first + it, v, it);
-                CK(cudaGetLastError());
-                if (timed) CK(cudaEventRecord(ev1[d], st[d]));
-                CK(cudaStreamSynchronize(st[d]));
-                if (timed) CK(cudaEventElapsedTime(&ms[d], ev0[d], ev1[d]));
-            };
-            std::thread t1(run, 1);
-            run(0);
-            t1.join();
+            });
             seq += iters;
-            return std::max(ms[0], ms[1]);
+            return ms;
         };
         for (int d = 0; d < 2; ++d) {
             CK(cudaSetDevice(d));
             CK(cudaMemset(side[d].out, 0xA5, out_bytes));  // poisoned
         }
-        launch_all(false, false);
-        std::vector<double> per;
-        for (int rep = 0; rep < reps; ++rep) per.push_back(launch_all(false, true) * 1e3 / iters);
-        std::sort(per.begin(), per.end());
+        launch_all(false, false);  // warm-up
+        std::vector<double> per = per_launch_us(reps, iters, [&] { return launch_all(false, true); });
         launch_all(true, false);
         long wrong = 0;
         double worst = 0;
@@ -379,22 +338,9 @@ int main(int argc, char** argv) {
         }
         CK(cudaSetDevice(0));
         CK(cudaMemcpy(hs.data(), side[0].stamps, stamp_words * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-        std::vector<double> m[4];
-        for (int it = 1; it < iters; ++it) {
-            const uint64_t* c = hs.data() + (size_t)it * kCtas * kStamps;
-            uint64_t first = ~0ull, mx[4] = {0, 0, 0, 0};
-            for (int b = 0; b < kCtas; ++b) {
-                first = std::min(first, c[b * kStamps]);
-                for (int k = 1; k < 4; ++k) mx[k] = std::max(mx[k], c[b * kStamps + k]);
-            }
-            for (int k = 1; k < 4; ++k) m[k].push_back((mx[k] - first) / 1e3);
-        }
-        auto med = [](std::vector<double> x) {
-            std::sort(x.begin(), x.end());
-            return x[x.size() / 2];
-        };
+        std::vector<double> m = stage_medians(hs, iters, kCtas, kStamps);
         printf("%-4s | %7.2f (min %.2f max %.2f) | %ld (worst relative error %.2e) | %.2f %.2f %.2f\n", kVariantName[v], per[reps / 2], per[0],
-               per[reps - 1], wrong, worst, med(m[1]), med(m[2]), med(m[3]));
+               per[reps - 1], wrong, worst, m[1], m[2], m[3]);
         fflush(stdout);
     }
     return 0;

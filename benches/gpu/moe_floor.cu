@@ -54,8 +54,7 @@
 //
 // Build and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -Xcompiler -pthread -o moe_floor benches/gpu/moe_floor.cu -lcuda && ./moe_floor [variant ...]
-// (each GPU's launches come from its own host thread: one thread switching
-// devices would launch slower than the kernels run).
+// (each GPU's launches come from its own host thread: `on_both_gpus`).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -106,14 +105,6 @@ struct Side {
 enum Variant { PE = 0, BAL = 1, SENDONLY = 2, DIRECT = 3, PE_GEN = 4, PE_COOP = 5, PE_VMM = 6, PE_IDLE = 7, VARIANTS = 8 };
 static const char* kVariantName[VARIANTS] = {"pe", "bal", "sendonly", "direct", "pe_gen", "pe_coop", "pe_vmm", "pe_idle"};
 
-__device__ __forceinline__ uint64_t globaltimer() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
-    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 __device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
     __syncthreads();
     if (s.stamps && threadIdx.x == 0) s.stamps[((size_t)launch * gridDim.x + blockIdx.x) * kStamps + k] = globaltimer();
@@ -342,39 +333,17 @@ static void* vmm_alloc(int d, size_t bytes) {
 }
 
 int main(int argc, char** argv) {
-    auto wanted = [&](int v) {
-        if (argc < 2) return true;
-        for (int a = 1; a < argc; ++a)
-            if (std::string(argv[a]) == kVariantName[v]) return true;
-        return false;
-    };
-    int ndev = 0;
-    CK(cudaGetDeviceCount(&ndev));
-    if (ndev < 2) {
-        fprintf(stderr, "moe_floor: needs 2 GPUs, found %d\n", ndev);
-        return 1;
-    }
-    for (int d = 0; d < 2; ++d) {
-        CK(cudaSetDevice(d));
-        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
-    }
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    auto wanted = [&](int v) { return variant_wanted(argc, argv, kVariantName[v]); };
+    std::string gpu = open_two_gpus("moe_floor");
     printf("# moe_floor: 2 x %s, plain-CUDA low-latency MoE dispatch, %d tokens/rank x %d B, top-%d of %d experts, %d CTAs x %d threads\n",
-           prop.name, kTokens, kRowBytes, kTopK, kExperts, kCtas, kThreads);
+           gpu.c_str(), kTokens, kRowBytes, kTopK, kExperts, kCtas, kThreads);
     const int iters = 200, reps = 7;
     // Routing: distinct random experts per token; random token bytes.
     std::mt19937 rng(15);
     std::vector<int> idx[2];
     std::vector<uint32_t> xs[2];
     for (int r = 0; r < 2; ++r) {
-        idx[r].resize(kTokens * kTopK);
-        for (int t = 0; t < kTokens; ++t) {
-            std::vector<int> all(kExperts);
-            for (int e = 0; e < kExperts; ++e) all[e] = e;
-            std::shuffle(all.begin(), all.end(), rng);
-            for (int j = 0; j < kTopK; ++j) idx[r][t * kTopK + j] = all[j];
-        }
+        idx[r] = random_topk(rng, kTokens, kTopK, kExperts);
         xs[r].resize((size_t)kTokens * kRowBytes / 4);
         for (auto& w : xs[r]) w = rng();
     }
@@ -456,13 +425,10 @@ int main(int argc, char** argv) {
         // 200 dispatches on both GPUs, each GPU's from its own thread;
         // with `timed`, between events: the slower GPU's time.
         auto launch_all = [&](bool stamped, bool timed) {
-            float ms[2] = {0, 0};
             uint32_t first = seq + 1;
-            auto run = [&](int d) {
-                CK(cudaSetDevice(d));
+            float ms = on_both_gpus(st, ev0, ev1, timed, [&](int d) {
                 Side s = v == PE_VMM ? vside[d] : side[d];
                 if (!stamped) s.stamps = nullptr;
-                if (timed) CK(cudaEventRecord(ev0[d], st[d]));
                 for (int it = 0; it < iters; ++it) {
                     uint32_t q = first + it;
                     int vv = v, launch = it;
@@ -477,16 +443,9 @@ int main(int argc, char** argv) {
                         usleep(50);
                     }
                 }
-                CK(cudaGetLastError());
-                if (timed) CK(cudaEventRecord(ev1[d], st[d]));
-                CK(cudaStreamSynchronize(st[d]));
-                if (timed) CK(cudaEventElapsedTime(&ms[d], ev0[d], ev1[d]));
-            };
-            std::thread t1(run, 1);
-            run(0);
-            t1.join();
+            });
             seq += iters;
-            return std::max(ms[0], ms[1]);
+            return ms;
         };
         for (int d = 0; d < 2; ++d) {
             CK(cudaSetDevice(d));
@@ -494,9 +453,7 @@ int main(int argc, char** argv) {
             CK(cudaMemset(side[d].counts, 0xFF, kLocal * sizeof(int)));
         }
         launch_all(false, false);  // warm-up
-        std::vector<double> per;
-        for (int rep = 0; rep < reps; ++rep) per.push_back(launch_all(false, true) * 1e3 / iters);
-        std::sort(per.begin(), per.end());
+        std::vector<double> per = per_launch_us(reps, iters, [&] { return launch_all(false, true); });
         launch_all(true, false);
         long wrong = 0;
         for (int d = 0; d < 2; ++d) {
@@ -519,24 +476,9 @@ int main(int argc, char** argv) {
         }
         CK(cudaSetDevice(0));
         CK(cudaMemcpy(hs.data(), side[0].stamps, stamp_words * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-        std::vector<double> m[4];
-        for (int it = 1; it < iters; ++it) {
-            const uint64_t* c = hs.data() + (size_t)it * kCtas * kStamps;
-            uint64_t first = ~0ull, last_start = 0, mx[4] = {0, 0, 0, 0};
-            for (int b = 0; b < kCtas; ++b) {
-                first = std::min(first, c[b * kStamps]);
-                last_start = std::max(last_start, c[b * kStamps]);
-                for (int k = 1; k < 4; ++k) mx[k] = std::max(mx[k], c[b * kStamps + k]);
-            }
-            m[0].push_back((last_start - first) / 1e3);
-            for (int k = 1; k < 4; ++k) m[k].push_back((mx[k] - first) / 1e3);
-        }
-        auto med = [](std::vector<double> x) {
-            std::sort(x.begin(), x.end());
-            return x[x.size() / 2];
-        };
+        std::vector<double> m = stage_medians(hs, iters, kCtas, kStamps);
         printf("%-9s | %7.2f (min %.2f max %.2f) | %ld | %.2f %.2f %.2f %.2f\n", kVariantName[v], per[reps / 2], per[0], per[reps - 1],
-               wrong, med(m[0]), med(m[1]), med(m[2]), med(m[3]));
+               wrong, m[0], m[1], m[2], m[3]);
         fflush(stdout);
     }
     return 0;
