@@ -330,6 +330,10 @@ unsafe fn routing_hits(idx: *const i32, k: usize, count: u32, e: u32, g0: u32) -
 /// every inline-asm store of a copy makes the compiler load its fields
 /// again; with them the per-expert pack ran at twice the time of the same
 /// loop in plain CUDA, `benches/results/2026-11-27-h200x2-moe-ll-floor.md`).
+/// Header and slot `t < max_tokens` lie at `t` strides from the first:
+/// the layout's offsets are linear in `t`, and a live context's window
+/// holds the whole layout ([`MoeContext::new`]'s contract), so these
+/// addresses are the ones `local_ptr` would give, without its range check.
 #[derive(Clone, Copy)]
 struct LsaSource {
     /// Header 0's expert ids.
