@@ -48,13 +48,14 @@ moe_tests() {
 }
 # `moe_bench` on 2 ranks with the NCCL path and stages, from bundle DIR,
 # its log in $OUT/logs/moe_bench_NAME.log, while the call (started at $t0)
-# has time left before 585 s: `moe_bench_run DIR NAME ARGS...`.
+# has time left before 585 s: `moe_bench_run DIR NAME ARGS...`; another
+# build's binary of the bundle with `MOE_BENCH=moe_bench_old moe_bench_run ...`.
 moe_bench_run() {
-    local dir=$1 name=$2; shift 2
+    local dir=$1 name=$2 bin=${MOE_BENCH:-moe_bench}; shift 2
     local left=$(( 585 - ($(date +%s) - t0) ))
-    [ $left -lt 15 ] && { echo "!! no time left for moe_bench $name"; status=1; return; }
-    echo; echo "== moe_bench $name: $*"
-    DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $B/$dir/bin/devcomm-run -n 2 $B/$dir/bin/moe_bench --nccl --stages "$@" 2>&1 \
+    [ $left -lt 15 ] && { echo "!! no time left for $bin $name"; status=1; return; }
+    echo; echo "== $bin $name: $*"
+    DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $B/$dir/bin/devcomm-run -n 2 $B/$dir/bin/$bin --nccl --stages "$@" 2>&1 \
         | tee $OUT/logs/moe_bench_$name.log || { echo "!! moe_bench $name failed"; status=1; }
 }
 # Registers, stack and spills of library kernels as ptxas compiles them

@@ -13,25 +13,18 @@ exec > >(tee "$OUT/logs/moe_ab_call.log") 2>&1
 date -u; nvidia-smi -L
 t0=$(date +%s)
 D=$B/c
-# moe_bench from bundle c: `bench LOGNAME BINARY ARGS...` (NCCL path, stages).
-bench() {
-    local name=$1 bin=$2; shift 2
-    echo; echo "== $bin $name: $*"
-    DEVCOMM_RUNTIME=cuda timeout 60 $D/bin/devcomm-run -n 2 $D/bin/$bin --nccl --stages "$@" 2>&1 \
-        | tee $OUT/logs/bench_$name.log || { echo "!! $name failed"; status=1; }
-}
 ptxas_report moe_dispatch moe_combine_bf16
-bench old1 moe_bench_old --tokens 128
+MOE_BENCH=moe_bench_old moe_bench_run c old1 --tokens 128
 WARM_TIMEOUT=420 warm_jit c
 wait_jit c
 moe_tests c
 step env DEVCOMM_RUNTIME=cuda timeout 60 $D/bin/moe
 step env DEVCOMM_RUNTIME=cuda MOE_MODE=ht timeout 60 $D/bin/moe
-bench new1 moe_bench --tokens 128
-bench old2 moe_bench_old --tokens 128
-bench new2 moe_bench --tokens 128
-bench newfp8 moe_bench --tokens 128 --fp8
-bench newtm moe_bench --tokens 128 --token-major-pack
+moe_bench_run c new1 --tokens 128
+MOE_BENCH=moe_bench_old moe_bench_run c old2 --tokens 128
+moe_bench_run c new2 --tokens 128
+moe_bench_run c newfp8 --tokens 128 --fp8
+moe_bench_run c newtm --tokens 128 --token-major-pack
 date -u
 echo "moe_ab_call: overall status $status"
 tar -czf $OUT/logs.tar.gz -C $OUT logs

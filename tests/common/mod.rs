@@ -76,11 +76,15 @@ pub fn runtime() -> String {
 /// `DEVCOMM_TEST_RANKS_PER_GPU=k` caps the ranks per GPU: a case that needs
 /// more fails saying so.
 pub fn run_on_runtime(child: &str, n: usize, env: &[(&str, String)]) {
-    run_on_runtime_within(child, n, env, Duration::from_secs(120));
+    run_on_runtime_within(child, n, env, RANKS_LIMIT);
 }
 
+/// How long [`run_on_runtime`]'s ranks may run before they are killed and
+/// the test fails.
+const RANKS_LIMIT: Duration = Duration::from_secs(120);
+
 /// [`run_on_runtime`] with the ranks killed (and the test failed) after
-/// `limit` instead of 120 s.
+/// `limit` instead of [`RANKS_LIMIT`].
 pub fn run_on_runtime_within(child: &str, n: usize, env: &[(&str, String)], limit: Duration) {
     spawn_ranks(child, n, env, limit, true);
 }
@@ -90,7 +94,7 @@ pub fn run_on_runtime_within(child: &str, n: usize, env: &[(&str, String)], limi
 /// costs minutes on a fresh GPU machine (session 22 mistook it for a hang
 /// of these tests under a short limit).
 pub fn run_on_runtime_without_kernels(child: &str, n: usize, env: &[(&str, String)]) {
-    spawn_ranks(child, n, env, Duration::from_secs(120), false);
+    spawn_ranks(child, n, env, RANKS_LIMIT, false);
 }
 
 fn spawn_ranks(child: &str, n: usize, env: &[(&str, String)], limit: Duration, kernels: bool) {
