@@ -68,7 +68,82 @@
 //!   on either side: **TCP**, striped over `threads` sockets: a transfer is
 //!   cut into `chunk_bytes` pieces sent round-robin, each socket with a
 //!   writer and a reader thread that copy device memory through a pinned
-//!   bounce buffer. An RDMA transport (the `verbs` feature) is not there yet.
+//!   bounce buffer.
+//! * **RDMA** ([`P2pTransport::Verbs`]), with the cargo feature `verbs`,
+//!   when the endpoint is made with [`P2pConfig::verbs`]
+//!   (`DEVCOMM_P2P_TRANSPORT=verbs`): then *every* connection of the
+//!   endpoint uses it, same-host ones too (as `tcp` does). **Built and
+//!   tested against a software model NIC only; no RDMA device on the
+//!   project's machines** (see `devcomm-gin`'s `transport::verbs` docs for
+//!   why not even soft-RoCE can run there). Details below.
+//!
+//! # The RDMA (verbs) transport
+//!
+//! * **Opt-in, both sides, no silent fallback.** An endpoint with
+//!   [`P2pConfig::verbs`] opens its RDMA device when it is created
+//!   (`devcomm-gin`'s `rc` layer over libibverbs loaded at run time; the
+//!   device, port, GID index, traffic class and timeouts come from the
+//!   GIN transport's `DEVCOMM_GIN_IB_*` variables). Without the feature,
+//!   libibverbs, a device or an active port, [`Endpoint::with_config`]
+//!   fails with [`Error::InvalidUsage`] naming what is missing. Both
+//!   endpoints of a connection must use it: the hello says so
+//!   (`FLAG_VERBS`), and a connection between an RDMA endpoint and one
+//!   without fails on both sides with [`Error::InvalidUsage`] saying so
+//!   (the acceptor records it in [`Endpoint::rejections`]). A silent TCP
+//!   fallback would hide a misconfiguration that costs an order of
+//!   magnitude in bandwidth.
+//! * **Setup.** One protection domain and one completion queue per
+//!   endpoint, one RC queue pair per connection. The connector sends its
+//!   queue pair record (QP number, first PSN, LID, GID, port, MTU) on the
+//!   control socket right after the hello answer; the acceptor, once the
+//!   connection's one (idle) data socket is in, creates its queue pair,
+//!   moves it to RTS toward the connector's and answers with its record;
+//!   the connector does the same, then the usual "ready" frame follows.
+//! * **Memory.** Every [`Mr`] of an RDMA endpoint is registered with the
+//!   NIC when it is made (local write, remote write and read) and
+//!   deregistered when it is dropped, after the transfers using it: device
+//!   memory through a dmabuf of its pages where the runtime exports one
+//!   (`ibv_reg_dmabuf_mr`, GPUDirect RDMA without nvidia-peermem), else by
+//!   address (`ibv_reg_mr`: host memory, the emulated runtime's device
+//!   memory, CUDA memory with nvidia-peermem). A remote key grants its
+//!   whole region, as any RDMA key does.
+//! * **Two-sided.** The receiver-driven protocol is unchanged except that
+//!   the clear-to-send frame carries the receive region's remote key
+//!   (`C_CTS_RDMA`). The sender RDMA WRITEs the message into the posted
+//!   receive (work requests of at most the port's largest message), then
+//!   an RDMA READ of its last (up to) 8 bytes — a read does not pass the
+//!   writes before it on a queue pair, so its response means they are in
+//!   the receiver's memory, also GPU memory behind PCIe (NCCL's "GDR
+//!   flush") — signaled. On that completion the endpoint's poller thread
+//!   tells the receiver (`C_SEND`, already landed) on the control socket,
+//!   which completes the `recv`, and completes the `send`.
+//! * **One-sided.** [`Endpoint::advertise`] puts the region's remote key
+//!   into the [`RemoteRegion`]; its serialised form is versioned: 48 bytes
+//!   (version 0, no key: what endpoints without RDMA write, and what
+//!   older builds read) or 56 (version 2, the key and flags);
+//!   [`RemoteRegion::from_bytes`] reads both and refuses other versions,
+//!   lengths and flags. `write` is RDMA WRITEs plus the flush read, `read`
+//!   RDMA READs; each completes when its last request does. A region
+//!   without a key cannot be written or read over RDMA
+//!   ([`Error::InvalidArgument`]). The target's endpoint is not involved:
+//!   the NIC checks the key and range.
+//! * **Flow control and completion.** Each queue pair's send queue has
+//!   `DEVCOMM_GIN_IB_*`'s depth (512 by default, capped by the device);
+//!   only each transfer's last request and every depth/4-th are signaled.
+//!   A transfer waits for room up to [`P2pConfig::op_timeout`]; async
+//!   transfers stay in flight together, completed in order by the poller.
+//! * **Failures.** A completion with an error (retry count exceeded: the
+//!   peer is gone; remote access error: a region deregistered or a bad
+//!   key) fails the connection with [`Error::RemoteError`] naming the
+//!   status; every transfer in flight gets it, the queue pair goes to the
+//!   error state (the NIC starts nothing more from it). A transfer that
+//!   does not complete within the op timeout fails its connection with
+//!   [`Error::Timeout`]. Nothing waits forever.
+//! * **What is not done.** No write-with-immediate (the completion notice
+//!   takes the control socket: one more hop than UCCL's immediate data),
+//!   no striping over several queue pairs or NICs, no inline sends, no
+//!   automatic choice of RDMA for other hosts (the default stays TCP until
+//!   the transport has run on a NIC).
 //!
 //! # Protocol
 //!
@@ -144,8 +219,9 @@
 //!
 //! # Completion
 //!
-//! `send` completes once its bytes are copied to the peer (IPC) or handed
-//! to the sockets (TCP); the matching `recv` completes once they all landed.
+//! `send` completes once its bytes are copied to the peer (IPC), handed
+//! to the sockets (TCP) or known in the peer's memory (RDMA); the matching
+//! `recv` completes once they all landed.
 //! `write` completes once the bytes are in the peer's memory; `read` once
 //! they are in this side's.
 //!
