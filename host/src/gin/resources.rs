@@ -27,12 +27,18 @@ use crate::dev_comm::DevCommRequirements;
 
 /// Maps the proxy's errors onto devcomm's.
 pub(crate) fn from_gin(e: GinHostError) -> Error {
+    from_gin_as(e, "GIN")
+}
+
+/// [`from_gin`] with the messages prefixed by `who` (another user of
+/// `devcomm-gin`'s layers: the point-to-point engine's verbs transport).
+pub(crate) fn from_gin_as(e: GinHostError, who: &str) -> Error {
     match e {
-        GinHostError::Invalid(m) => Error::InvalidArgument(format!("GIN: {m}")),
-        GinHostError::Remote(m) => Error::RemoteError(format!("GIN: {m}")),
-        GinHostError::System(m) => Error::SystemError(format!("GIN: {m}")),
-        GinHostError::Timeout(m) => Error::Timeout(format!("GIN: {m}")),
-        GinHostError::Unavailable(m) => Error::InvalidUsage(format!("GIN: {m}")),
+        GinHostError::Invalid(m) => Error::InvalidArgument(format!("{who}: {m}")),
+        GinHostError::Remote(m) => Error::RemoteError(format!("{who}: {m}")),
+        GinHostError::System(m) => Error::SystemError(format!("{who}: {m}")),
+        GinHostError::Timeout(m) => Error::Timeout(format!("{who}: {m}")),
+        GinHostError::Unavailable(m) => Error::InvalidUsage(format!("{who}: {m}")),
     }
 }
 

@@ -17,6 +17,7 @@
 //! caller's promise); the others own their memory.
 
 use super::shm::{self, Outbox, RingRx, RingTx, ShmPage};
+use super::verbs;
 use super::wire::{self, Control, DataHeader};
 use super::{ControlPath, ControlStats, P2pConfig, RemoteRegion};
 use crate::error::{Error, Result};
@@ -60,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown: Arc<AtomicBool>,
     /// The connections the progress thread serves (shared-memory control).
     pub(crate) progress: Progress,
+    /// The RDMA device, when the endpoint uses the verbs transport.
+    pub(crate) rdma: Option<Arc<verbs::Rdma>>,
 }
 
 /// What the endpoint's progress thread polls, and how to wake it.
@@ -213,7 +216,9 @@ pub(crate) struct MrInner {
     pub(crate) advertised: AtomicBool,
     /// Posted as a receive: the sending peer may map it.
     pub(crate) posted: AtomicBool,
-    /// Copies on the copy engine in flight from or to the region.
+    /// The RDMA registration's (lkey, rkey) (endpoints using the verbs transport).
+    pub(crate) rdma_keys: Option<(u32, u32)>,
+    /// Copies on the copy engine (or RDMA transfers) in flight from or to the region.
     pub(crate) busy: Mutex<usize>,
     pub(crate) idle: Condvar,
 }
@@ -225,13 +230,13 @@ impl MrInner {
 
     /// Counts a copy in flight (the region must be registered);
     /// [`MrInner::end`] ends it.
-    fn begin(&self) -> Result<()> {
+    pub(crate) fn begin(&self) -> Result<()> {
         let _g = self.hold()?;
         *lock(&self.busy) += 1;
         Ok(())
     }
 
-    fn end(&self) {
+    pub(crate) fn end(&self) {
         let mut b = lock(&self.busy);
         *b = b.saturating_sub(1);
         self.idle.notify_all();
@@ -335,6 +340,8 @@ struct Cts {
     mr: u64,
     addr: u64,
     max_len: u64,
+    /// The region's remote key (RDMA connections).
+    rkey: Option<u32>,
 }
 
 /// A receive this side posted.
@@ -525,6 +532,8 @@ pub(crate) struct ConnInner {
     this: Weak<ConnInner>,
     /// Descriptor requests being served (shared-memory control path).
     fd_serving: AtomicUsize,
+    /// The queue pair of an RDMA (verbs) connection.
+    pub(crate) rdma: Option<Arc<verbs::RcConn>>,
 }
 
 /// Parameters of a connection whose sockets are open and whose handshake is done.
@@ -540,6 +549,8 @@ pub(crate) struct ConnParts {
     pub(crate) data: Vec<TcpStream>,
     /// The shared control page, when both sides agreed on it.
     pub(crate) shm: Option<ShmPage>,
+    /// The connected queue pair of an RDMA (verbs) connection.
+    pub(crate) rdma: Option<Arc<verbs::RcConn>>,
 }
 
 fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
@@ -626,7 +637,11 @@ impl ConnInner {
             counters: Counters::default(),
             this: this.clone(),
             fd_serving: AtomicUsize::new(0),
+            rdma: p.rdma,
         });
+        if let Some(r) = &conn.rdma {
+            r.attach(&conn);
+        }
         let mut handles = Vec::new();
         let tag = format!("p2p{}{}", if p.initiator { 'i' } else { 't' }, p.id);
         {
@@ -711,8 +726,12 @@ impl ConnInner {
         true
     }
 
-    /// Shuts the sockets and ends the channels, so every thread ends.
+    /// Shuts the sockets and ends the channels, so every thread ends (and
+    /// an RDMA queue pair goes to the error state, failing its transfers).
     fn teardown(&self) {
+        if let Some(r) = &self.rdma {
+            r.shut(&self.error().unwrap_or_else(|| Error::invalid_usage("point-to-point connection closed")));
+        }
         for s in &self.sockets {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -872,7 +891,11 @@ impl ConnInner {
                 },
             );
         }
-        self.send_control(&Control::new(wire::C_CTS, seq, mr.id, addr, max_len as u64))?;
+        let cts = match (&self.rdma, mr.rdma_keys) {
+            (Some(_), Some((_, rkey))) => Control::new(wire::C_CTS_RDMA, seq, u64::from(rkey), addr, max_len as u64),
+            _ => Control::new(wire::C_CTS, seq, mr.id, addr, max_len as u64),
+        };
+        self.send_control(&cts)?;
         if self.shm.is_some() {
             self.shared.progress.kick();
         }
@@ -1049,6 +1072,11 @@ impl ConnInner {
         if len as u64 > cts.max_len {
             return Err(self.too_large(&cts, len));
         }
+        if let Some(rc) = &self.rdma {
+            let rkey = cts.rkey.ok_or_else(|| Error::remote("the peer posted a receive without an RDMA key"))?;
+            let to = self.shared.config.op_timeout;
+            return rc.transfer(op, mr, addr, len, cts.addr, rkey, verbs::Kind::Send(cts.seq), to);
+        }
         if let Some(dst) = self.ipc_local(mr, cts.mr, cts.addr, len as u64)? {
             return self.queue_copy(stream, dst, addr, len, mr, op, Some(cts.seq));
         }
@@ -1087,6 +1115,10 @@ impl ConnInner {
         raddr: u64,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(rc) = &self.rdma {
+            let to = self.shared.config.op_timeout;
+            return rc.transfer(op, mr, addr, len, raddr, remote.rdma_key()?, verbs::Kind::Write, to);
+        }
         if let Some(dst) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
             return self.queue_copy(stream, dst, addr, len, mr, op, None);
         }
@@ -1126,6 +1158,10 @@ impl ConnInner {
         raddr: u64,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(rc) = &self.rdma {
+            let to = self.shared.config.op_timeout;
+            return rc.transfer(op, mr, addr, len, raddr, remote.rdma_key()?, verbs::Kind::Read, to);
+        }
         if let Some(src) = self.ipc_local(mr, remote.mr_id, raddr, len as u64)? {
             return self.queue_copy(stream, addr, src, len, mr, op, None);
         }
@@ -1571,7 +1607,13 @@ impl ConnInner {
         match c.kind {
             wire::C_CTS => {
                 tracing::trace!(conn = self.id, seq = c.a, "p2p: clear-to-send in");
-                lock(&self.st).cts.push_back(Cts { seq: c.a, mr: c.b, addr: c.c, max_len: c.d });
+                lock(&self.st).cts.push_back(Cts { seq: c.a, mr: c.b, addr: c.c, max_len: c.d, rkey: None });
+                self.cv.notify_all();
+            }
+            wire::C_CTS_RDMA if self.rdma.is_some() => {
+                let rkey = u32::try_from(c.b).map_err(|_| Error::remote("malformed RDMA key in a posted receive"))?;
+                let cts = Cts { seq: c.a, mr: 0, addr: c.c, max_len: c.d, rkey: Some(rkey) };
+                lock(&self.st).cts.push_back(cts);
                 self.cv.notify_all();
             }
             wire::C_SEND => {

@@ -68,7 +68,82 @@
 //!   on either side: **TCP**, striped over `threads` sockets: a transfer is
 //!   cut into `chunk_bytes` pieces sent round-robin, each socket with a
 //!   writer and a reader thread that copy device memory through a pinned
-//!   bounce buffer. An RDMA transport (the `verbs` feature) is not there yet.
+//!   bounce buffer.
+//! * **RDMA** ([`P2pTransport::Verbs`]), with the cargo feature `verbs`,
+//!   when the endpoint is made with [`P2pConfig::verbs`]
+//!   (`DEVCOMM_P2P_TRANSPORT=verbs`): then *every* connection of the
+//!   endpoint uses it, same-host ones too (as `tcp` does). **Built and
+//!   tested against a software model NIC only; no RDMA device on the
+//!   project's machines** (see `devcomm-gin`'s `transport::verbs` docs for
+//!   why not even soft-RoCE can run there). Details below.
+//!
+//! # The RDMA (verbs) transport
+//!
+//! * **Opt-in, both sides, no silent fallback.** An endpoint with
+//!   [`P2pConfig::verbs`] opens its RDMA device when it is created
+//!   (`devcomm-gin`'s `rc` layer over libibverbs loaded at run time; the
+//!   device, port, GID index, traffic class and timeouts come from the
+//!   GIN transport's `DEVCOMM_GIN_IB_*` variables). Without the feature,
+//!   libibverbs, a device or an active port, [`Endpoint::with_config`]
+//!   fails with [`Error::InvalidUsage`] naming what is missing. Both
+//!   endpoints of a connection must use it: the hello says so
+//!   (`FLAG_VERBS`), and a connection between an RDMA endpoint and one
+//!   without fails on both sides with [`Error::InvalidUsage`] saying so
+//!   (the acceptor records it in [`Endpoint::rejections`]). A silent TCP
+//!   fallback would hide a misconfiguration that costs an order of
+//!   magnitude in bandwidth.
+//! * **Setup.** One protection domain and one completion queue per
+//!   endpoint, one RC queue pair per connection. The connector sends its
+//!   queue pair record (QP number, first PSN, LID, GID, port, MTU) on the
+//!   control socket right after the hello answer; the acceptor, once the
+//!   connection's one (idle) data socket is in, creates its queue pair,
+//!   moves it to RTS toward the connector's and answers with its record;
+//!   the connector does the same, then the usual "ready" frame follows.
+//! * **Memory.** Every [`Mr`] of an RDMA endpoint is registered with the
+//!   NIC when it is made (local write, remote write and read) and
+//!   deregistered when it is dropped, after the transfers using it: device
+//!   memory through a dmabuf of its pages where the runtime exports one
+//!   (`ibv_reg_dmabuf_mr`, GPUDirect RDMA without nvidia-peermem), else by
+//!   address (`ibv_reg_mr`: host memory, the emulated runtime's device
+//!   memory, CUDA memory with nvidia-peermem). A remote key grants its
+//!   whole region, as any RDMA key does.
+//! * **Two-sided.** The receiver-driven protocol is unchanged except that
+//!   the clear-to-send frame carries the receive region's remote key
+//!   (`C_CTS_RDMA`). The sender RDMA WRITEs the message into the posted
+//!   receive (work requests of at most the port's largest message), then
+//!   an RDMA READ of its last (up to) 8 bytes — a read does not pass the
+//!   writes before it on a queue pair, so its response means they are in
+//!   the receiver's memory, also GPU memory behind PCIe (NCCL's "GDR
+//!   flush") — signaled. On that completion the endpoint's poller thread
+//!   tells the receiver (`C_SEND`, already landed) on the control socket,
+//!   which completes the `recv`, and completes the `send`.
+//! * **One-sided.** [`Endpoint::advertise`] puts the region's remote key
+//!   into the [`RemoteRegion`]; its serialised form is versioned: 48 bytes
+//!   (version 0, no key: what endpoints without RDMA write, and what
+//!   older builds read) or 56 (version 2, the key and flags);
+//!   [`RemoteRegion::from_bytes`] reads both and refuses other versions,
+//!   lengths and flags. `write` is RDMA WRITEs plus the flush read, `read`
+//!   RDMA READs; each completes when its last request does. A region
+//!   without a key cannot be written or read over RDMA
+//!   ([`Error::InvalidArgument`]). The target's endpoint is not involved:
+//!   the NIC checks the key and range.
+//! * **Flow control and completion.** Each queue pair's send queue has
+//!   `DEVCOMM_GIN_IB_*`'s depth (512 by default, capped by the device);
+//!   only each transfer's last request and every depth/4-th are signaled.
+//!   A transfer waits for room up to [`P2pConfig::op_timeout`]; async
+//!   transfers stay in flight together, completed in order by the poller.
+//! * **Failures.** A completion with an error (retry count exceeded: the
+//!   peer is gone; remote access error: a region deregistered or a bad
+//!   key) fails the connection with [`Error::RemoteError`] naming the
+//!   status; every transfer in flight gets it, the queue pair goes to the
+//!   error state (the NIC starts nothing more from it). A transfer that
+//!   does not complete within the op timeout fails its connection with
+//!   [`Error::Timeout`]. Nothing waits forever.
+//! * **What is not done.** No write-with-immediate (the completion notice
+//!   takes the control socket: one more hop than UCCL's immediate data),
+//!   no striping over several queue pairs or NICs, no inline sends, no
+//!   automatic choice of RDMA for other hosts (the default stays TCP until
+//!   the transport has run on a NIC).
 //!
 //! # Protocol
 //!
@@ -144,8 +219,9 @@
 //!
 //! # Completion
 //!
-//! `send` completes once its bytes are copied to the peer (IPC) or handed
-//! to the sockets (TCP); the matching `recv` completes once they all landed.
+//! `send` completes once its bytes are copied to the peer (IPC), handed
+//! to the sockets (TCP) or known in the peer's memory (RDMA); the matching
+//! `recv` completes once they all landed.
 //! `write` completes once the bytes are in the peer's memory; `read` once
 //! they are in this side's.
 //!
@@ -153,12 +229,29 @@
 
 mod link;
 mod shm;
+#[cfg(feature = "verbs")]
+mod verbs;
+#[cfg(not(feature = "verbs"))]
+#[path = "verbs_off.rs"]
+mod verbs;
 mod wire;
+
+/// The software model NIC and the queue-pair layer of `devcomm-gin`, for
+/// tests of the verbs transport without an RDMA device
+/// ([`Endpoint::with_rdma_nic`]).
+#[cfg(feature = "verbs")]
+#[doc(hidden)]
+pub mod rdma_testing {
+    pub use devcomm_gin::transport::verbs::model::{Fabric, Knobs, ModelNic};
+    pub use devcomm_gin::transport::verbs::rc::RcNic;
+    pub use devcomm_gin::transport::verbs::VerbsConfig;
+}
 
 use crate::error::{Error, Result};
 use crate::runtime::{Device, RuntimeKind, RuntimeSelection};
 use link::{lock, ConnInner, ConnParts, MrInner, Op, Shared, Work};
 use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -187,6 +280,10 @@ pub struct P2pConfig {
     /// memory (when both endpoints ask for it; see [`ControlPath`]), the
     /// default; `false` keeps them on the control socket.
     pub shm_control: bool,
+    /// Every connection uses the RDMA (verbs) transport
+    /// ([`P2pTransport::Verbs`]; the cargo feature `verbs`): the endpoint
+    /// opens an RDMA device when created, and a peer must use it too.
+    pub verbs: bool,
 }
 
 impl Default for P2pConfig {
@@ -200,11 +297,13 @@ impl Default for P2pConfig {
             force_tcp: false,
             chunk_bytes: 1 << 20,
             shm_control: true,
+            verbs: false,
         }
     }
 }
 
-/// `DEVCOMM_P2P_TRANSPORT`: `tcp` forces TCP; `auto` (or unset) picks per connection.
+/// `DEVCOMM_P2P_TRANSPORT`: `tcp` forces TCP; `verbs` RDMA
+/// ([`P2pConfig::verbs`]); `auto` (or unset) picks per connection.
 pub const TRANSPORT_ENV: &str = "DEVCOMM_P2P_TRANSPORT";
 /// `DEVCOMM_P2P_TIMEOUT_MS`: every timeout of [`P2pConfig`], in milliseconds.
 pub const TIMEOUT_ENV: &str = "DEVCOMM_P2P_TIMEOUT_MS";
@@ -228,10 +327,15 @@ impl P2pConfig {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<P2pConfig> {
         let mut c = P2pConfig::default();
         if let Some(v) = get(TRANSPORT_ENV) {
-            c.force_tcp = match v.trim().to_ascii_lowercase().as_str() {
-                "tcp" => true,
-                "" | "auto" => false,
-                o => return Err(Error::invalid_argument(format!("{TRANSPORT_ENV}={o:?}: expected `tcp` or `auto`"))),
+            (c.force_tcp, c.verbs) = match v.trim().to_ascii_lowercase().as_str() {
+                "tcp" => (true, false),
+                "verbs" | "rdma" => (false, true),
+                "" | "auto" => (false, false),
+                o => {
+                    return Err(Error::invalid_argument(format!(
+                        "{TRANSPORT_ENV}={o:?}: expected `tcp`, `verbs` or `auto`"
+                    )))
+                }
             };
         }
         if let Some(v) = get(CONTROL_ENV) {
@@ -288,6 +392,12 @@ impl P2pConfig {
         self
     }
 
+    /// The same, using the RDMA (verbs) transport for every connection (or not).
+    pub fn with_verbs(mut self, on: bool) -> Self {
+        self.verbs = on;
+        self
+    }
+
     /// The same, letting same-host connections use the shared-memory
     /// control path (or not: [`ControlPath::Tcp`]).
     pub fn with_shm_control(mut self, on: bool) -> Self {
@@ -299,6 +409,9 @@ impl P2pConfig {
         let bad = |m: String| Err(Error::invalid_argument(format!("P2pConfig: {m}")));
         if !(1..=64).contains(&self.threads) {
             return bad(format!("threads = {}: expected 1 ..= 64", self.threads));
+        }
+        if self.verbs && self.force_tcp {
+            return bad("verbs and force_tcp both set: choose one transport".into());
         }
         if !(4096..=64 << 20).contains(&self.chunk_bytes) {
             return bad(format!("chunk_bytes = {}: expected 4 KiB ..= 64 MiB", self.chunk_bytes));
@@ -324,6 +437,9 @@ pub enum P2pTransport {
     Ipc,
     /// TCP sockets, striped.
     Tcp,
+    /// RDMA: one reliable-connected queue pair, RDMA WRITE and READ (cargo
+    /// feature `verbs`, [`P2pConfig::verbs`] on both endpoints).
+    Verbs,
 }
 
 /// How a connection's control messages travel (clear-to-send, done, write
@@ -414,6 +530,10 @@ impl Drop for Mr {
     fn drop(&mut self) {
         self.shared.mrs.write().unwrap_or_else(|p| p.into_inner()).remove(&self.inner.id);
         self.inner.retire();
+        // No transfer uses it now: the NIC may forget it.
+        if let (Some(r), Some(k)) = (&self.shared.rdma, self.inner.rdma_keys) {
+            r.dereg(k);
+        }
     }
 }
 
@@ -428,10 +548,19 @@ pub struct RemoteRegion {
     pub(crate) mr_id: u64,
     addr: u64,
     len: u64,
+    /// The region's RDMA remote key, when the advertising endpoint uses
+    /// the verbs transport.
+    rkey: Option<u32>,
 }
 
-const REGION_MAGIC: [u8; 8] = *b"DCP2PRG\0";
+/// The descriptor's magic: 7 bytes, then the format's version byte.
+const REGION_MAGIC: [u8; 7] = *b"DCP2PRG";
+/// Version 0: 48 bytes, no RDMA key (what endpoints without the verbs
+/// transport write, and all that earlier builds read).
 const REGION_BYTES: usize = 48;
+/// Version 2: 56 bytes, the v0 fields then the RDMA key and 4 bytes of flags (bit 0: key present).
+const REGION_V2: u8 = 2;
+const REGION_V2_BYTES: usize = 56;
 
 impl RemoteRegion {
     /// The advertised address on the peer.
@@ -449,33 +578,88 @@ impl RemoteRegion {
         self.len == 0
     }
 
-    /// The descriptor as 48 bytes, to ship to the initiator.
+    /// The RDMA remote key of the region, when the advertising endpoint
+    /// uses the verbs transport (it grants the whole registered region,
+    /// as any RDMA key does).
+    pub fn rkey(&self) -> Option<u32> {
+        self.rkey
+    }
+
+    /// The key a one-sided RDMA transfer names.
+    pub(crate) fn rdma_key(&self) -> Result<u32> {
+        self.rkey.ok_or_else(|| {
+            Error::invalid_argument(
+                "the remote region carries no RDMA key (advertised by an endpoint without the verbs transport, \
+                 or shipped in the 48-byte form that has none)",
+            )
+        })
+    }
+
+    /// The descriptor as bytes, to ship to the initiator: 48 (format
+    /// version 0) without an RDMA key, 56 (version 2) with one.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(REGION_BYTES);
+        let mut b = Vec::with_capacity(REGION_V2_BYTES);
         b.extend_from_slice(&REGION_MAGIC);
+        b.push(if self.rkey.is_some() { REGION_V2 } else { 0 });
         b.extend_from_slice(&self.endpoint.to_le_bytes());
         b.extend_from_slice(&self.mr_id.to_le_bytes());
         b.extend_from_slice(&self.addr.to_le_bytes());
         b.extend_from_slice(&self.len.to_le_bytes());
+        if let Some(k) = self.rkey {
+            b.extend_from_slice(&k.to_le_bytes());
+            b.extend_from_slice(&1u32.to_le_bytes());
+        }
         b
     }
 
-    /// Parses [`RemoteRegion::to_bytes`]'s output.
+    /// Parses [`RemoteRegion::to_bytes`]'s output (either version).
     ///
-    /// Errors: [`Error::InvalidArgument`] for anything else.
+    /// Errors: [`Error::InvalidArgument`] for anything else: another
+    /// length or magic, an unknown version, unknown flags.
     pub fn from_bytes(b: &[u8]) -> Result<RemoteRegion> {
-        if b.len() != REGION_BYTES || b[..8] != REGION_MAGIC {
+        let version = match b.get(..8) {
+            Some(h) if h[..7] == REGION_MAGIC => h[7],
+            _ => {
+                return Err(Error::invalid_argument(format!(
+                    "not a RemoteRegion descriptor ({} bytes; expected {REGION_BYTES} or {REGION_V2_BYTES} starting \
+                     with {REGION_MAGIC:?})",
+                    b.len()
+                )))
+            }
+        };
+        let want = match version {
+            0 => REGION_BYTES,
+            REGION_V2 => REGION_V2_BYTES,
+            v => {
+                return Err(Error::invalid_argument(format!(
+                    "RemoteRegion descriptor of format version {v}; this build reads versions 0 and {REGION_V2}"
+                )))
+            }
+        };
+        if b.len() != want {
             return Err(Error::invalid_argument(format!(
-                "not a RemoteRegion descriptor ({} bytes; expected {REGION_BYTES} starting with {REGION_MAGIC:?})",
+                "RemoteRegion descriptor of version {version} has {} bytes, expected {want}",
                 b.len()
             )));
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+        let rkey = match version {
+            0 => None,
+            _ if u32_at(52) == 1 => Some(u32_at(48)),
+            _ => {
+                return Err(Error::invalid_argument(format!(
+                    "RemoteRegion descriptor with unknown flags {:#x}",
+                    u32_at(52)
+                )))
+            }
+        };
         Ok(RemoteRegion {
             endpoint: u128::from_le_bytes(b[8..24].try_into().unwrap_or([0; 16])),
             mr_id: u64_at(24),
             addr: u64_at(32),
             len: u64_at(40),
+            rkey,
         })
     }
 }
@@ -549,7 +733,11 @@ impl ConnMetadata {
         Ok(ConnMetadata {
             id: u64_at(8),
             initiator: b[34] != 0,
-            transport: if b[35] == 1 { P2pTransport::Ipc } else { P2pTransport::Tcp },
+            transport: match b[35] {
+                1 => P2pTransport::Ipc,
+                2 => P2pTransport::Verbs,
+                _ => P2pTransport::Tcp,
+            },
             peer_addr: SocketAddr::new(ip, port),
             remote_gpu: u32::from_le_bytes([b[36], b[37], b[38], b[39]]) as usize,
             threads: u64_at(40) as usize,
@@ -580,11 +768,18 @@ impl Conn {
 
     /// How the connection moves bytes.
     pub fn transport(&self) -> P2pTransport {
-        if self.inner.ipc {
+        if self.inner.rdma.is_some() {
+            P2pTransport::Verbs
+        } else if self.inner.ipc {
             P2pTransport::Ipc
         } else {
             P2pTransport::Tcp
         }
+    }
+
+    /// The RDMA device an RDMA (verbs) connection uses; `None` for others.
+    pub fn rdma_device(&self) -> Option<String> {
+        self.inner.rdma.as_ref().map(|r| r.device())
     }
 
     /// How the connection's control messages travel: through shared
@@ -621,7 +816,11 @@ impl Conn {
         b.extend_from_slice(&ip.octets());
         b.extend_from_slice(&c.peer_addr.port().to_le_bytes());
         b.push(u8::from(c.initiator));
-        b.push(u8::from(c.ipc));
+        b.push(match (c.rdma.is_some(), c.ipc) {
+            (true, _) => 2,
+            (false, true) => 1,
+            (false, false) => 0,
+        });
         b.extend_from_slice(&(c.remote_gpu as u32).to_le_bytes());
         b.extend_from_slice(&(c.threads as u64).to_le_bytes());
         b
@@ -640,6 +839,8 @@ struct Pending {
     shm: bool,
     /// The connector said it sent the control page.
     shm_offered: bool,
+    /// Both sides use the RDMA (verbs) transport.
+    verbs: bool,
     stripes: Vec<Option<TcpStream>>,
     since: Instant,
 }
@@ -694,9 +895,44 @@ impl Endpoint {
     /// An endpoint on `device`, listening on `config.bind`.
     ///
     /// Errors: [`Error::InvalidArgument`] for a bad config;
-    /// [`Error::SystemError`] when the port cannot be bound.
+    /// [`Error::SystemError`] when the port cannot be bound;
+    /// [`Error::InvalidUsage`] when [`P2pConfig::verbs`] is set and there
+    /// is no RDMA transport: a build without the `verbs` feature, or no
+    /// libibverbs, device or active port (the message names which).
     pub fn with_config(device: &Device, config: P2pConfig) -> Result<Endpoint> {
         config.validate()?;
+        let rdma = match config.verbs {
+            false => None,
+            #[cfg(feature = "verbs")]
+            true => Some(verbs::Rdma::open()?),
+            #[cfg(not(feature = "verbs"))]
+            true => {
+                return Err(Error::invalid_usage(
+                    "P2pConfig::verbs (DEVCOMM_P2P_TRANSPORT=verbs): this build of devcomm has no RDMA transport \
+                     (cargo feature `verbs`)",
+                ))
+            }
+        };
+        Endpoint::start(device, config, rdma)
+    }
+
+    /// An endpoint whose connections all use the RDMA (verbs) transport on
+    /// `nic` (the software model NIC in tests: `rdma_testing`), with
+    /// `verbs` (device settings) for its queue pairs.
+    #[cfg(feature = "verbs")]
+    #[doc(hidden)]
+    pub fn with_rdma_nic(
+        device: &Device,
+        config: P2pConfig,
+        nic: Box<dyn rdma_testing::RcNic>,
+        verbs: rdma_testing::VerbsConfig,
+    ) -> Result<Endpoint> {
+        let config = config.with_verbs(true);
+        config.validate()?;
+        Endpoint::start(device, config, Some(verbs::Rdma::with_nic(nic, verbs)?))
+    }
+
+    fn start(device: &Device, config: P2pConfig, rdma: Option<Arc<verbs::Rdma>>) -> Result<Endpoint> {
         let listener =
             TcpListener::bind(config.bind).map_err(|e| Error::system(format!("binding {}", config.bind), e))?;
         let addr = listener.local_addr().map_err(|e| Error::system("local_addr", e))?;
@@ -713,6 +949,7 @@ impl Endpoint {
             fds_cv: Condvar::new(),
             shutdown: Arc::new(AtomicBool::new(false)),
             progress: link::Progress::default(),
+            rdma,
         });
         let ep = Arc::new(EpInner {
             shared: shared.clone(),
@@ -744,6 +981,10 @@ impl Endpoint {
             .map_err(|e| Error::system("spawning a thread", e))?;
         let _ = shared.progress.thread.set(progress.thread().clone());
         *lock(&ep.threads) = vec![acceptor, fds, progress];
+        #[cfg(feature = "verbs")]
+        if let Some(r) = &shared.rdma {
+            lock(&ep.threads).push(r.start(shared.shutdown.clone())?);
+        }
         Ok(Endpoint { ep })
     }
 
@@ -816,8 +1057,22 @@ impl Endpoint {
         match a.status {
             wire::STATUS_OK => {}
             wire::STATUS_WRONG_GPU => return Err(Error::invalid_argument(format!("{what}: {}", a.message))),
+            wire::STATUS_TRANSPORT => return Err(Error::invalid_usage(format!("{what}: {}", a.message))),
             _ => return Err(Error::remote(format!("{what}: refused: {}", a.message))),
         }
+        if sh.rdma.is_some() && a.flags & wire::FLAG_VERBS == 0 {
+            return Err(Error::invalid_usage(format!("{what}: {}", transport_mismatch(true))));
+        }
+        // RDMA: this side's queue pair record goes first; the peer's comes
+        // once every data socket is in.
+        let qp = match &sh.rdma {
+            Some(r) => {
+                let qp = r.new_qp()?;
+                control.write_all(&qp.record()).map_err(|e| wire::io_err(&what, e))?;
+                Some(qp)
+            }
+            None => None,
+        };
         if a.threads == 0 || a.threads > 64 {
             return Err(Error::remote(format!("{what}: the peer asked for {} data sockets", a.threads)));
         }
@@ -850,6 +1105,14 @@ impl Endpoint {
             .map_err(|e| e.context(&what))?;
             data.push(s);
         }
+        let rdma = match qp {
+            Some(qp) => {
+                let mut rec = [0u8; 48];
+                control.read_exact(&mut rec).map_err(|e| wire::io_err(&format!("{what}: the queue pair record"), e))?;
+                Some(qp.connect(&rec).map_err(|e| e.context(&what))?)
+            }
+            None => None,
+        };
         let ready = wire::Control::read_from(&mut control).map_err(|e| e.context(&what))?;
         if ready.kind != wire::C_READY {
             return Err(Error::remote(format!("{what}: expected the peer's ready, got frame {}", ready.kind)));
@@ -868,6 +1131,7 @@ impl Endpoint {
                 control,
                 data,
                 shm: page,
+                rdma,
             },
         )?;
         lock(&self.ep.conns).push(conn.clone());
@@ -930,7 +1194,7 @@ impl Endpoint {
             }
         };
         let alloc = if host { None } else { crate::memory::find_shareable(ptr, len) };
-        Ok(self.add_mr(ptr, len, host, alloc))
+        self.add_mr(ptr, len, host, alloc)
     }
 
     /// Registers a whole [`SymmetricMemory`](crate::SymmetricMemory)
@@ -949,11 +1213,26 @@ impl Endpoint {
                 self.ep.gpu
             )));
         }
-        Ok(self.add_mr(mem.device_addr(), mem.size(), false, Some(mem.alloc.clone())))
+        self.add_mr(mem.device_addr(), mem.size(), false, Some(mem.alloc.clone()))
     }
 
-    fn add_mr(&self, addr: u64, len: usize, host: bool, alloc: Option<Arc<crate::runtime::ShareableAlloc>>) -> Mr {
+    /// Registers a region (with the RDMA device too, on an endpoint that
+    /// uses the verbs transport: `Err` if the device refuses).
+    fn add_mr(
+        &self,
+        addr: u64,
+        len: usize,
+        host: bool,
+        alloc: Option<Arc<crate::runtime::ShareableAlloc>>,
+    ) -> Result<Mr> {
         let sh = &self.ep.shared;
+        let rdma_keys = match &sh.rdma {
+            // SAFETY: `reg`'s contract (or the symmetric memory `alloc`
+            // keeps alive): the span stays allocated while the `Mr` lives,
+            // and its drop deregisters it once no transfer uses it.
+            Some(r) => Some(unsafe { r.reg(&sh.device, addr, len, host) }?),
+            None => None,
+        };
         let id = self.ep.next_id.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(MrInner {
             id,
@@ -964,11 +1243,12 @@ impl Endpoint {
             live: RwLock::new(true),
             advertised: AtomicBool::new(false),
             posted: AtomicBool::new(false),
+            rdma_keys,
             busy: Mutex::new(0),
             idle: Condvar::new(),
         });
         sh.mrs.write().unwrap_or_else(|p| p.into_inner()).insert(id, inner.clone());
-        Mr { inner, shared: sh.clone() }
+        Ok(Mr { inner, shared: sh.clone() })
     }
 
     /// Deregisters `mr` (the same as dropping it).
@@ -988,7 +1268,13 @@ impl Endpoint {
     pub fn advertise(&self, mr: &Mr, ptr: u64, len: usize) -> Result<RemoteRegion> {
         self.check_mr(mr, ptr, len, "advertise")?;
         mr.inner.advertised.store(true, Ordering::SeqCst);
-        Ok(RemoteRegion { endpoint: self.ep.shared.token, mr_id: mr.inner.id, addr: ptr, len: len as u64 })
+        Ok(RemoteRegion {
+            endpoint: self.ep.shared.token,
+            mr_id: mr.inner.id,
+            addr: ptr,
+            len: len as u64,
+            rkey: mr.inner.rdma_keys.map(|k| k.1),
+        })
     }
 
     fn check_mr(&self, mr: &Mr, ptr: u64, len: usize, what: &str) -> Result<()> {
@@ -1281,7 +1567,20 @@ fn flags(sh: &Shared) -> u32 {
     if sh.config.shm_control {
         f |= wire::FLAG_SHM;
     }
+    if sh.rdma.is_some() {
+        f |= wire::FLAG_VERBS;
+    }
     f
+}
+
+/// Why a connection between an endpoint that uses RDMA and one that does
+/// not cannot be made (`mine`: this side uses it).
+fn transport_mismatch(mine: bool) -> String {
+    let (a, b) = if mine { ("this endpoint", "the peer") } else { ("the peer", "this endpoint") };
+    format!(
+        "{a} uses the RDMA (verbs) transport and {b} does not: start both endpoints with P2pConfig::verbs \
+         (DEVCOMM_P2P_TRANSPORT=verbs) or neither"
+    )
 }
 
 /// Whether a same-host (IPC) connection with a peer of `peer_flags` gets
@@ -1327,7 +1626,7 @@ fn same_host(sh: &Shared, peer_host: u128, peer_flags: u32) -> bool {
     let mine = flags(sh);
     peer_host == sh.host_id
         && (mine & wire::FLAG_CUDA) == (peer_flags & wire::FLAG_CUDA)
-        && (mine | peer_flags) & wire::FLAG_FORCE_TCP == 0
+        && (mine | peer_flags) & (wire::FLAG_FORCE_TCP | wire::FLAG_VERBS) == 0
 }
 
 fn reject(ep: &EpInner, e: Error) {
@@ -1413,13 +1712,22 @@ fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()
                 let _ = answer.write_to(&mut s);
                 return Err(Error::invalid_argument(answer.message));
             }
+            let verbs = sh.rdma.is_some();
+            if verbs != (h.flags & wire::FLAG_VERBS != 0) {
+                answer.status = wire::STATUS_TRANSPORT;
+                answer.message = transport_mismatch(!verbs);
+                let _ = answer.write_to(&mut s);
+                return Err(Error::invalid_usage(transport_mismatch(verbs)));
+            }
             if h.threads == 0 || h.threads > 64 {
                 answer.status = wire::STATUS_REFUSED;
                 answer.message = format!("{} data sockets asked for (1 ..= 64)", h.threads);
                 let _ = answer.write_to(&mut s);
                 return Err(Error::remote(answer.message));
             }
-            let threads = (h.threads as usize).min(sh.config.threads).max(1);
+            // RDMA connections move no data on the sockets: one, idle, keeps
+            // the handshake the same.
+            let threads = if verbs { 1 } else { (h.threads as usize).min(sh.config.threads).max(1) };
             let id = ep.next_id.fetch_add(1, Ordering::Relaxed);
             let nonce: u64 = rand::random();
             answer.threads = threads as u32;
@@ -1448,6 +1756,7 @@ fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()
                     ipc,
                     shm,
                     shm_offered: false,
+                    verbs,
                     stripes: (0..threads).map(|_| None).collect(),
                     since: Instant::now(),
                 },
@@ -1484,6 +1793,21 @@ fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()
                 false => None,
             };
             let shm_on = page.is_some();
+            let mut control = p.control;
+            let rdma = match (&sh.rdma, p.verbs) {
+                (Some(r), true) => {
+                    // The connector's record came before its data sockets.
+                    let what = format!("the queue pair record of the connection from {}", p.peer);
+                    let mut rec = [0u8; 48];
+                    control.read_exact(&mut rec).map_err(|e| wire::io_err(&what, e))?;
+                    let qp = r.new_qp()?;
+                    let mine = qp.record();
+                    let rc = qp.connect(&rec).map_err(|e| e.context(&what))?;
+                    control.write_all(&mine).map_err(|e| wire::io_err(&what, e))?;
+                    Some(rc)
+                }
+                _ => None,
+            };
             let parts = ConnParts {
                 id: ep.next_id.fetch_add(1, Ordering::Relaxed),
                 initiator: false,
@@ -1492,9 +1816,10 @@ fn handshake(ep: &Arc<EpInner>, mut s: TcpStream, peer: SocketAddr) -> Result<()
                 peer_token: p.peer_token,
                 nonce: p.nonce,
                 ipc: p.ipc,
-                control: p.control,
+                control,
                 data: p.stripes.into_iter().flatten().collect(),
                 shm: page,
+                rdma,
             };
             let conn = ConnInner::start(sh.clone(), parts)?;
             conn.send_control_tcp(&wire::Control::new(wire::C_READY, u64::from(shm_on), 0, 0, 0))?;
@@ -1531,7 +1856,10 @@ mod tests {
         assert!(P2pConfig::from_lookup(|k| (k == CONTROL_ENV).then(|| "udp".into())).is_err());
         assert_eq!(c.op_timeout, Duration::from_millis(1500));
         assert_eq!(c.bind, "127.0.0.1:0".parse().unwrap());
-        assert!(P2pConfig::from_lookup(|k| (k == TRANSPORT_ENV).then(|| "rdma".into())).is_err());
+        let v = P2pConfig::from_lookup(|k| (k == TRANSPORT_ENV).then(|| "verbs".into())).unwrap();
+        assert!(v.verbs && !v.force_tcp);
+        assert!(P2pConfig::from_lookup(|k| (k == TRANSPORT_ENV).then(|| "udp".into())).is_err());
+        assert!(P2pConfig::default().with_verbs(true).with_force_tcp(true).validate().is_err());
         assert!(P2pConfig::from_lookup(|k| (k == TIMEOUT_ENV).then(|| "0".into())).is_err());
         assert!(P2pConfig::default().with_threads(0).validate().is_err());
         assert!(P2pConfig::default().with_threads(65).validate().is_err());
@@ -1576,8 +1904,29 @@ mod tests {
 
     #[test]
     fn descriptors_round_trip_and_garbage_is_refused() {
-        let r = RemoteRegion { endpoint: 0xabc, mr_id: 7, addr: 0x7000_0000, len: 12345 };
+        let r = RemoteRegion { endpoint: 0xabc, mr_id: 7, addr: 0x7000_0000, len: 12345, rkey: None };
+        assert_eq!(r.to_bytes().len(), 48);
+        assert_eq!(&r.to_bytes()[..8], b"DCP2PRG\0"); // the format of builds before the verbs transport
         assert_eq!(RemoteRegion::from_bytes(&r.to_bytes()).unwrap(), r);
+        // With an RDMA key: version 2, 56 bytes, round trip.
+        let k = RemoteRegion { rkey: Some(0xdead_beef), ..r };
+        let kb = k.to_bytes();
+        assert_eq!((kb.len(), kb[7]), (56, 2));
+        assert_eq!(RemoteRegion::from_bytes(&kb).unwrap(), k);
+        assert_eq!(k.rdma_key().unwrap(), 0xdead_beef);
+        assert!(matches!(r.rdma_key(), Err(Error::InvalidArgument(m)) if m.contains("no RDMA key")));
+        // A version-2 body cut to 48 bytes, a version-0 one padded, an
+        // unknown version, unknown flags: refused.
+        assert!(RemoteRegion::from_bytes(&kb[..48]).is_err());
+        let mut padded = r.to_bytes();
+        padded.extend_from_slice(&[0; 8]);
+        assert!(RemoteRegion::from_bytes(&padded).is_err());
+        let mut v3 = kb.clone();
+        v3[7] = 3;
+        assert!(matches!(RemoteRegion::from_bytes(&v3), Err(Error::InvalidArgument(m)) if m.contains("version 3")));
+        let mut flags = kb.clone();
+        flags[52] = 3;
+        assert!(RemoteRegion::from_bytes(&flags).is_err());
         assert!(matches!(RemoteRegion::from_bytes(&[1, 2, 3]), Err(Error::InvalidArgument(_))));
         let mut b = r.to_bytes();
         b[0] ^= 1;

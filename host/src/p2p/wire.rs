@@ -9,6 +9,10 @@
 //!   rejected before a connection exists.
 //! * **Control frame** (48 bytes): kind, status, five words; a frame with a
 //!   non-zero status carries a UTF-8 message of `e` bytes after it.
+//! * **Queue pair record** (48 bytes, RDMA connections only, once each way
+//!   on the control socket during the handshake): `devcomm-gin`'s
+//!   `rc::QpRecord` (magic `DCRCQP`, version, QP number, first PSN, LID,
+//!   port, link layer, MTU, GID).
 //! * **Data frame** (40-byte header, then the payload): kind (send, write,
 //!   read), sequence number, region id, address or offset, length.
 
@@ -32,6 +36,10 @@ pub(crate) const FLAG_FORCE_TCP: u32 = 2;
 /// Flag: the sender can use the shared-memory control path (a hello of a
 /// connection); it sent the connection's control page (a data hello).
 pub(crate) const FLAG_SHM: u32 = 4;
+/// Flag: the sender's endpoint uses the RDMA (verbs) transport for every
+/// connection; both sides must (else the acceptor refuses with
+/// [`STATUS_TRANSPORT`]).
+pub(crate) const FLAG_VERBS: u32 = 8;
 
 /// Answer status: accepted.
 pub(crate) const STATUS_OK: u32 = 0;
@@ -39,6 +47,8 @@ pub(crate) const STATUS_OK: u32 = 0;
 pub(crate) const STATUS_WRONG_GPU: u32 = 1;
 /// Answer status: refused for another reason (the message says).
 pub(crate) const STATUS_REFUSED: u32 = 2;
+/// Answer status: one side uses the RDMA (verbs) transport and the other does not.
+pub(crate) const STATUS_TRANSPORT: u32 = 3;
 
 /// The hello that opens every connection (see the module docs).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -182,6 +192,9 @@ pub(crate) const C_FD_NO: u32 = 9;
 pub(crate) const C_READY: u32 = 10;
 /// Either way: an orderly close.
 pub(crate) const C_BYE: u32 = 11;
+/// Receiver → sender on an RDMA connection: a posted receive (a = seq,
+/// b = the remote key of its region, c = address, d = capacity).
+pub(crate) const C_CTS_RDMA: u32 = 12;
 
 pub(crate) const CONTROL_BYTES: usize = 48;
 const CONTROL_MSG_MAX: u64 = 4096;
@@ -246,7 +259,7 @@ impl Control {
         let mut h = [0u8; CONTROL_BYTES];
         r.read_exact(&mut h).map_err(|e| io_err("reading a control frame", e))?;
         let kind = u32_at(&h, 0);
-        if !(C_CTS..=C_BYE).contains(&kind) {
+        if !(C_CTS..=C_CTS_RDMA).contains(&kind) {
             return Err(Error::remote(format!("malformed control frame (kind {kind})")));
         }
         let code = u32_at(&h, 4);

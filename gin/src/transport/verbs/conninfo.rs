@@ -117,6 +117,17 @@ pub struct ConnInfo {
 }
 
 impl ConnInfo {
+    /// Its port's address.
+    pub fn port_addr(&self) -> super::rc::PortAddr {
+        super::rc::PortAddr {
+            lid: self.lid,
+            gid: self.gid,
+            port: self.port,
+            link_layer: self.link_layer,
+            mtu: self.mtu,
+        }
+    }
+
     /// The peer as the planning layer sees it.
     pub fn remote_peer(&self) -> RemotePeer {
         RemotePeer {

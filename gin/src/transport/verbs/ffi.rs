@@ -600,17 +600,22 @@ pub(super) struct PortInfo {
 
 /// Keys of a registered memory region.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct MrKeys {
-    pub(super) lkey: u32,
-    pub(super) rkey: u32,
+pub struct MrKeys {
+    /// The local key (work requests' local buffers).
+    pub lkey: u32,
+    /// The remote key (what peers name in RDMA WRITE and READ).
+    pub rkey: u32,
 }
 
 /// A created queue pair.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct QpCaps {
-    pub(super) qpn: u32,
-    pub(super) max_send_wr: u32,
-    pub(super) max_inline_data: u32,
+pub struct QpCaps {
+    /// Its number.
+    pub qpn: u32,
+    /// Send-queue depth the device granted.
+    pub max_send_wr: u32,
+    /// Inline bytes the device granted.
+    pub max_inline_data: u32,
 }
 
 /// The global route header of an address (RoCE, or IB across subnets).
@@ -648,31 +653,43 @@ pub(super) struct RtsParams {
 
 /// One work request, resolved to addresses and keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct PostWr {
-    pub(super) wr_id: u64,
-    pub(super) opcode: WrOpcode,
+pub struct PostWr {
+    /// Returned in its completion.
+    pub wr_id: u64,
+    /// What it does.
+    pub opcode: WrOpcode,
     /// Local buffer: address, length, lkey (lkey ignored when inline).
-    pub(super) sge: (u64, u32, u32),
-    pub(super) remote_addr: u64,
-    pub(super) rkey: u32,
-    pub(super) add: u64,
-    pub(super) fence: bool,
-    pub(super) signaled: bool,
-    pub(super) inline: bool,
+    pub sge: (u64, u32, u32),
+    /// Remote address (RDMA WRITE/READ, atomics).
+    pub remote_addr: u64,
+    /// Remote key of the registration holding the remote range.
+    pub rkey: u32,
+    /// The increment of a fetch-and-add.
+    pub add: u64,
+    /// `IBV_SEND_FENCE`.
+    pub fence: bool,
+    /// `IBV_SEND_SIGNALED`: a completion comes for it.
+    pub signaled: bool,
+    /// `IBV_SEND_INLINE`.
+    pub inline: bool,
 }
 
 /// One work completion.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Completion {
-    pub(super) wr_id: u64,
-    pub(super) status: u32,
-    pub(super) vendor_err: u32,
-    pub(super) qp_num: u32,
+pub struct Completion {
+    /// The request's `wr_id`.
+    pub wr_id: u64,
+    /// `ibv_wc_status` (0: success).
+    pub status: u32,
+    /// The vendor's error code.
+    pub vendor_err: u32,
+    /// The queue pair's number.
+    pub qp_num: u32,
 }
 
 impl Completion {
     /// Whether the request succeeded.
-    pub(super) fn ok(&self) -> bool {
+    pub fn ok(&self) -> bool {
         self.status == IBV_WC_SUCCESS
     }
 }
@@ -851,6 +868,38 @@ impl Hca {
         self.keep_mr(mr, &format!("ibv_reg_dmabuf_mr({len} bytes of fd {fd} at iova {iova:#x})"))
     }
 
+    /// Deregisters the region with local key `lkey` (registered by this
+    /// `Hca`); `Invalid` if there is none.
+    pub(super) fn dereg_mr(&mut self, lkey: u32) -> GinResult<()> {
+        // SAFETY: every entry of `mrs` is a live MR of this Hca.
+        let i = self.mrs.iter().position(|&m| unsafe { (*m).lkey } == lkey);
+        let i = i.ok_or_else(|| GinHostError::Invalid(format!("no memory region with lkey {lkey:#x}")))?;
+        let m = self.mrs.swap_remove(i);
+        // SAFETY: a live MR, removed from `mrs` so deregistered once; the
+        // caller no longer names it in new work requests.
+        let rc = unsafe { (self.verbs.dereg_mr)(m) };
+        if rc != 0 {
+            return Err(rc_error("ibv_dereg_mr", rc));
+        }
+        Ok(())
+    }
+
+    /// Destroys queue pair `qp` (its index stays taken; later calls naming
+    /// it fail with `Invalid`).
+    pub(super) fn destroy_qp(&mut self, qp: usize) -> GinResult<()> {
+        let q = self.qps.get_mut(qp).ok_or_else(|| GinHostError::Invalid(format!("no queue pair {qp}")))?;
+        let p = std::mem::replace(q, std::ptr::null_mut());
+        if p.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a live QP of this Hca, destroyed once (its slot is null now).
+        let rc = unsafe { (self.verbs.destroy_qp)(p) };
+        if rc != 0 {
+            return Err(rc_error("ibv_destroy_qp", rc));
+        }
+        Ok(())
+    }
+
     /// Creates the completion queue (of at least `cqe` entries).
     pub(super) fn create_cq(&mut self, cqe: u32) -> GinResult<()> {
         // SAFETY: open context; no channel (polled), vector 0.
@@ -908,8 +957,12 @@ impl Hca {
     }
 
     fn modify(&self, qp: usize, attr: &mut ibv_qp_attr, mask: c_int, what: &str) -> GinResult<()> {
-        let q = *self.qps.get(qp).ok_or_else(|| GinHostError::Invalid(format!("no queue pair {qp}")))?;
-        // SAFETY: a live QP; `attr` is a valid attribute struct for `mask`.
+        let q = *self
+            .qps
+            .get(qp)
+            .filter(|q| !q.is_null())
+            .ok_or_else(|| GinHostError::Invalid(format!("no queue pair {qp}")))?;
+        // SAFETY: a live QP (destroyed ones are null); `attr` is a valid attribute struct for `mask`.
         let rc = unsafe { (self.verbs.modify_qp)(q, attr, mask) };
         if rc != 0 {
             return Err(rc_error(&format!("ibv_modify_qp({what})"), rc));
@@ -995,7 +1048,7 @@ impl Hca {
     /// and stays allocated until the request's completion is known; the
     /// remote range belongs to the peer's registration `wr.rkey`.
     pub(super) unsafe fn post(&self, qp: usize, wr: &PostWr) -> Result<(), c_int> {
-        let Some(&q) = self.qps.get(qp) else { return Err(22) };
+        let Some(&q) = self.qps.get(qp).filter(|q| !q.is_null()) else { return Err(22) };
         let mut sge = ibv_sge { addr: wr.sge.0, length: wr.sge.1, lkey: wr.sge.2 };
         let (opcode, remote) = match wr.opcode {
             WrOpcode::RdmaWrite => {
@@ -1082,7 +1135,7 @@ impl Drop for Hca {
         // destroyed once, and in dependency order (QPs before the CQ and PD,
         // MRs before the PD, the PD before the context).
         unsafe {
-            for &q in &self.qps {
+            for &q in self.qps.iter().filter(|q| !q.is_null()) {
                 (self.verbs.destroy_qp)(q);
             }
             for &m in &self.mrs {

@@ -138,7 +138,10 @@
 
 pub mod conninfo;
 mod ffi;
+#[doc(hidden)]
+pub mod model;
 pub mod plan;
+pub mod rc;
 
 use super::{GetSource, PeerFailure, PutTarget, Transport};
 use crate::descriptor::RemoteSignal;
@@ -404,17 +407,21 @@ fn random_psn(rank: usize, peer: usize) -> u32 {
     (h.finish() & 0xff_ffff) as u32
 }
 
-/// What the executor needs of the NIC once the queue pairs are connected:
-/// the real device ([`ffi::Hca`]) or, in tests, a software model of one.
-trait Nic: Send {
+/// What an executor needs of the NIC once its queue pairs are connected:
+/// the real device (libibverbs) or, in tests, the software model of one
+/// ([`model::ModelNic`]). [`rc::RcNic`] adds what setting up queue pairs
+/// and registrations needs.
+pub trait Nic: Send {
     /// Posts one work request on queue pair `qp`; `Err(errno)` if refused.
     ///
     /// # Safety
-    /// As [`ffi::Hca::post`]: the local buffer is registered (or inline host
-    /// memory) and stays allocated until the request's completion is known.
-    unsafe fn post(&mut self, qp: usize, wr: &ffi::PostWr) -> Result<(), i32>;
+    /// The local buffer (`wr.sge`) is registered with its lkey (or, inline,
+    /// readable host memory for the call) and stays allocated until the
+    /// request's completion is known; the remote range belongs to the
+    /// peer's registration `wr.rkey`.
+    unsafe fn post(&mut self, qp: usize, wr: &rc::PostWr) -> Result<(), i32>;
     /// Appends the completions available now to `out`; returns how many.
-    fn poll(&mut self, out: &mut Vec<ffi::Completion>) -> GinResult<usize>;
+    fn poll(&mut self, out: &mut Vec<rc::Completion>) -> GinResult<usize>;
     /// Moves queue pair `qp` to the error state.
     fn modify_error(&mut self, qp: usize) -> GinResult<()>;
     /// Text of a completion status.
@@ -424,11 +431,11 @@ trait Nic: Send {
 }
 
 impl Nic for ffi::Hca {
-    unsafe fn post(&mut self, qp: usize, wr: &ffi::PostWr) -> Result<(), i32> {
+    unsafe fn post(&mut self, qp: usize, wr: &rc::PostWr) -> Result<(), i32> {
         // SAFETY: forwarded (same contract).
         unsafe { ffi::Hca::post(self, qp, wr) }
     }
-    fn poll(&mut self, out: &mut Vec<ffi::Completion>) -> GinResult<usize> {
+    fn poll(&mut self, out: &mut Vec<rc::Completion>) -> GinResult<usize> {
         ffi::Hca::poll(self, out)
     }
     fn modify_error(&mut self, qp: usize) -> GinResult<()> {
@@ -529,22 +536,9 @@ fn open_device(verbs: &std::sync::Arc<ffi::Verbs>, config: &VerbsConfig) -> GinR
     Err(GinHostError::Unavailable(format!("no usable RDMA port: {}", why.join("; "))))
 }
 
-fn setup_local(rank: usize, nranks: usize, mem: &VerbsMemory, config: &VerbsConfig) -> GinResult<LocalSide> {
-    config.validate()?;
-    let verbs = ffi::Verbs::load(&config.library)?;
-    let (mut hca, port) = open_device(&verbs, config)?;
-    let caps = hca.query_device()?;
-    if caps.atomic_cap == ffi::IBV_ATOMIC_NONE {
-        return Err(GinHostError::Unavailable(format!(
-            "RDMA device {} has no atomic operations (atomic_cap NONE); the verbs transport needs them for signals",
-            hca.name()
-        )));
-    }
-    if mem.windows.iter().any(|w| w.dmabuf.is_some()) && !verbs.has_dmabuf() {
-        return Err(GinHostError::Unavailable(
-            "dmabuf windows need ibv_reg_dmabuf_mr, which this libibverbs lacks (rdma-core 34 or newer)".into(),
-        ));
-    }
+/// The GID of `config`'s index on the port (RoCE: must exist; InfiniBand:
+/// zeros if it cannot be read).
+fn port_gid(hca: &ffi::Hca, port: &ffi::PortInfo, config: &VerbsConfig) -> GinResult<[u8; 16]> {
     let ethernet = port.link_layer == ffi::IBV_LINK_LAYER_ETHERNET;
     if ethernet && i32::from(config.gid_index) >= port.gid_tbl_len {
         return Err(GinHostError::Unavailable(format!(
@@ -568,6 +562,26 @@ fn setup_local(rank: usize, nranks: usize, mem: &VerbsMemory, config: &VerbsConf
             config.gid_index
         )));
     }
+    Ok(gid)
+}
+
+fn setup_local(rank: usize, nranks: usize, mem: &VerbsMemory, config: &VerbsConfig) -> GinResult<LocalSide> {
+    config.validate()?;
+    let verbs = ffi::Verbs::load(&config.library)?;
+    let (mut hca, port) = open_device(&verbs, config)?;
+    let caps = hca.query_device()?;
+    if caps.atomic_cap == ffi::IBV_ATOMIC_NONE {
+        return Err(GinHostError::Unavailable(format!(
+            "RDMA device {} has no atomic operations (atomic_cap NONE); the verbs transport needs them for signals",
+            hca.name()
+        )));
+    }
+    if mem.windows.iter().any(|w| w.dmabuf.is_some()) && !verbs.has_dmabuf() {
+        return Err(GinHostError::Unavailable(
+            "dmabuf windows need ibv_reg_dmabuf_mr, which this libibverbs lacks (rdma-core 34 or newer)".into(),
+        ));
+    }
+    let gid = port_gid(&hca, &port, config)?;
     let mut depth = config.send_queue_depth.min(caps.max_qp_wr.max(2));
     // After a failure every outstanding request completes (with an error),
     // signaled or not: the CQ must hold nranks × depth entries.
@@ -707,15 +721,26 @@ fn merge_records(rank: usize, nranks: usize, records: &[Vec<u8>]) -> GinResult<V
 
 /// Attributes that move this rank's QP toward `peer` into RTR.
 fn rtr_params(me: &ConnInfo, peer: &ConnInfo, config: &VerbsConfig, max_qp_rd_atom: u8) -> ffi::RtrParams {
-    let ep = peer.qps[me.rank as usize];
+    rtr_to(&me.port_addr(), &peer.port_addr(), peer.qps[me.rank as usize], config, max_qp_rd_atom)
+}
+
+/// Attributes that move a QP on port `me` toward the peer's QP `dest` on
+/// port `peer` into RTR.
+fn rtr_to(
+    me: &rc::PortAddr,
+    peer: &rc::PortAddr,
+    dest: QpEndpoint,
+    config: &VerbsConfig,
+    max_qp_rd_atom: u8,
+) -> ffi::RtrParams {
     let ethernet = me.link_layer == ffi::IBV_LINK_LAYER_ETHERNET;
     // InfiniBand needs a GRH only to leave the subnet (different GID prefix).
     let other_subnet = peer.gid[..8] != me.gid[..8] && peer.gid != [0; 16];
     ffi::RtrParams {
         port: me.port,
         mtu: me.mtu.min(peer.mtu),
-        dest_qpn: ep.qpn,
-        rq_psn: ep.psn,
+        dest_qpn: dest.qpn,
+        rq_psn: dest.psn,
         dlid: peer.lid,
         sl: config.service_level,
         grh: (ethernet || other_subnet).then_some(ffi::Grh {
@@ -731,8 +756,13 @@ fn rtr_params(me: &ConnInfo, peer: &ConnInfo, config: &VerbsConfig, max_qp_rd_at
 
 /// Attributes that move this rank's QP toward `peer` into RTS.
 fn rts_params(me: &ConnInfo, peer: usize, config: &VerbsConfig, max_qp_init_rd_atom: u8) -> ffi::RtsParams {
+    rts_with(me.qps[peer].psn, config, max_qp_init_rd_atom)
+}
+
+/// RTR → RTS attributes of a QP sending from PSN `sq_psn`.
+fn rts_with(sq_psn: u32, config: &VerbsConfig, max_qp_init_rd_atom: u8) -> ffi::RtsParams {
     ffi::RtsParams {
-        sq_psn: me.qps[peer].psn,
+        sq_psn,
         timeout: config.ack_timeout,
         retry_cnt: config.retry_count,
         rnr_retry: 7,

@@ -327,146 +327,9 @@ fn loopback_put_and_signal_when_a_device_exists() {
 
 // ---- the executor against a software model of a NIC ----
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use model::{Fabric, Knobs, ModelNic};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-const WC_WR_FLUSH_ERR: u32 = 5;
-const WC_REM_ACCESS_ERR: u32 = 10;
-const WC_RETRY_EXC_ERR: u32 = 12;
-
-/// Memory regions of every rank of a test, as a NIC would check them:
-/// remote keys → (address, length), local keys → (address, length).
-#[derive(Default)]
-struct Fabric {
-    rkeys: HashMap<u32, (u64, u64)>,
-    lkeys: HashMap<u32, (u64, u64)>,
-}
-
-/// Knobs shared between a test and one rank's model NIC.
-#[derive(Default)]
-struct Knobs {
-    /// Completions handed out per poll (0: the NIC stalls).
-    per_poll: AtomicUsize,
-    /// Per QP: the path to that peer is cut (requests fail with retry exceeded).
-    broken: Mutex<Vec<bool>>,
-    /// Every request posted: (QP, request).
-    log: Mutex<Vec<(usize, ffi::PostWr)>>,
-}
-
-/// Executes each request when it is posted (in order, so fences hold
-/// trivially) against process memory, checking keys and ranges as a NIC
-/// does, and queues completions the way an RC send queue produces them:
-/// signaled successes, and an error for every request once the QP failed.
-/// It refuses a post beyond the send-queue depth, as a real queue would.
-struct ModelNic {
-    fabric: Arc<Mutex<Fabric>>,
-    knobs: Arc<Knobs>,
-    depth: u64,
-    max_inline: u32,
-    errored: Vec<bool>,
-    posted: Vec<u64>,
-    done: Vec<u64>,
-    pending: VecDeque<(usize, u64, ffi::Completion)>,
-    /// This rank's remote keys, withdrawn when the NIC goes (its memory
-    /// may be freed right after: peers' requests then fail as they would).
-    own_rkeys: Vec<u32>,
-}
-
-impl Drop for ModelNic {
-    fn drop(&mut self) {
-        let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
-        for k in &self.own_rkeys {
-            f.rkeys.remove(k);
-        }
-    }
-}
-
-impl ModelNic {
-    fn execute(&self, wr: &ffi::PostWr) -> u32 {
-        let f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
-        let len = match wr.opcode {
-            WrOpcode::AtomicFetchAdd => 8,
-            _ => wr.sge.1 as u64,
-        };
-        let remote_ok =
-            f.rkeys.get(&wr.rkey).is_some_and(|&(a, l)| wr.remote_addr >= a && wr.remote_addr + len <= a + l);
-        if !remote_ok {
-            return WC_REM_ACCESS_ERR;
-        }
-        let local_ok = if wr.inline {
-            wr.opcode == WrOpcode::RdmaWrite && wr.sge.1 <= self.max_inline
-        } else {
-            f.lkeys.get(&wr.sge.2).is_some_and(|&(a, l)| wr.sge.0 >= a && wr.sge.0 + wr.sge.1 as u64 <= a + l)
-        };
-        assert!(local_ok, "the executor posted a bad local buffer: {wr:?}");
-        // SAFETY: both ranges were just checked against regions the test
-        // registered (live test memory); test memory is accessed atomically
-        // where shared (signals) and is otherwise only read after flushes.
-        unsafe {
-            match wr.opcode {
-                WrOpcode::RdmaWrite => std::ptr::copy(wr.sge.0 as *const u8, wr.remote_addr as *mut u8, len as usize),
-                WrOpcode::RdmaRead => std::ptr::copy(wr.remote_addr as *const u8, wr.sge.0 as *mut u8, len as usize),
-                WrOpcode::AtomicFetchAdd => {
-                    assert_eq!(wr.remote_addr % 8, 0);
-                    let old = AtomicU64::from_ptr(wr.remote_addr as *mut u64).fetch_add(wr.add, Ordering::SeqCst);
-                    (wr.sge.0 as *mut u64).write_unaligned(old);
-                }
-            }
-        }
-        0
-    }
-}
-
-impl Nic for ModelNic {
-    unsafe fn post(&mut self, qp: usize, wr: &ffi::PostWr) -> Result<(), i32> {
-        if self.posted[qp] - self.done[qp] >= self.depth {
-            return Err(12); // ENOMEM: the send queue is full
-        }
-        self.knobs.log.lock().unwrap_or_else(|e| e.into_inner()).push((qp, *wr));
-        let seq = self.posted[qp];
-        self.posted[qp] += 1;
-        let status = if self.errored[qp] {
-            WC_WR_FLUSH_ERR
-        } else if self.knobs.broken.lock().unwrap_or_else(|e| e.into_inner())[qp] {
-            WC_RETRY_EXC_ERR
-        } else {
-            self.execute(wr)
-        };
-        if status != 0 {
-            self.errored[qp] = true;
-        }
-        if status != 0 || wr.signaled {
-            let c = ffi::Completion { wr_id: wr.wr_id, status, vendor_err: 0, qp_num: qp as u32 };
-            self.pending.push_back((qp, seq, c));
-        }
-        Ok(())
-    }
-    fn poll(&mut self, out: &mut Vec<ffi::Completion>) -> GinResult<usize> {
-        let n = self.knobs.per_poll.load(Ordering::SeqCst).min(self.pending.len());
-        for _ in 0..n {
-            let (qp, seq, c) = self.pending.pop_front().unwrap();
-            self.done[qp] = self.done[qp].max(seq + 1);
-            out.push(c);
-        }
-        Ok(n)
-    }
-    fn modify_error(&mut self, qp: usize) -> GinResult<()> {
-        self.errored[qp] = true;
-        Ok(())
-    }
-    fn status_str(&self, status: u32) -> String {
-        match status {
-            WC_WR_FLUSH_ERR => "Work Request Flushed Error".into(),
-            WC_REM_ACCESS_ERR => "remote access error".into(),
-            WC_RETRY_EXC_ERR => "transport retry counter exceeded".into(),
-            s => format!("status {s}"),
-        }
-    }
-    fn name(&self) -> &str {
-        "model"
-    }
-}
 
 const WINDOW: u32 = 5;
 const WINDOW_BYTES: usize = 1 << 18;
@@ -492,33 +355,29 @@ fn model_config() -> VerbsConfig {
 
 /// `nranks` ranks connected through model NICs.
 fn model_world(nranks: usize, config: &VerbsConfig) -> (Vec<ModelRank>, Vec<VerbsTransport>) {
-    let fabric = Arc::new(Mutex::new(Fabric::default()));
+    let fabric = Fabric::new();
     let mut ranks = Vec::new();
     let mut bufs = Vec::new();
     let mut infos = Vec::new();
     for r in 0..nranks {
+        let nic = ModelNic::new(&fabric, "model", config.send_queue_depth, 64, nranks);
         let mut rank = ModelRank {
             window: vec![0u8; WINDOW_BYTES].into_boxed_slice(),
             signals: vec![0u64; 4].into_boxed_slice(),
-            knobs: Arc::new(Knobs::default()),
+            knobs: nic.knobs(),
             window_lkey: 1000 + r as u32,
         };
-        *rank.knobs.broken.lock().unwrap() = vec![false; nranks];
-        rank.knobs.per_poll.store(usize::MAX, Ordering::SeqCst);
         let staging = ffi::HostBuf::new(config.staging_bytes).unwrap();
         let scratch = new_scratch().unwrap();
         let control = ffi::HostBuf::new(8 * nranks).unwrap();
         let key = |k: u32| 100 * (r as u32 + 1) + k;
-        {
-            let mut f = fabric.lock().unwrap();
-            let w = (rank.window.as_mut_ptr() as u64, WINDOW_BYTES as u64);
-            f.rkeys.insert(key(1), w);
-            f.lkeys.insert(rank.window_lkey, w);
-            f.rkeys.insert(key(2), (rank.signals.as_mut_ptr() as u64, 32));
-            f.rkeys.insert(key(3), (control.addr(), control.len() as u64));
-            f.lkeys.insert(key(4), (staging.addr(), staging.len() as u64));
-            f.lkeys.insert(key(5), (scratch.addr(), scratch.len() as u64));
-        }
+        let w = (rank.window.as_mut_ptr() as u64, WINDOW_BYTES as u64);
+        fabric.add_rkey(&nic, key(1), w.0, w.1);
+        fabric.add_lkey(&nic, rank.window_lkey, w.0, w.1);
+        fabric.add_rkey(&nic, key(2), rank.signals.as_mut_ptr() as u64, 32);
+        fabric.add_rkey(&nic, key(3), control.addr(), control.len() as u64);
+        fabric.add_lkey(&nic, key(4), staging.addr(), staging.len() as u64);
+        fabric.add_lkey(&nic, key(5), scratch.addr(), scratch.len() as u64);
         infos.push(ConnInfo {
             rank: r as u32,
             nranks: nranks as u32,
@@ -541,22 +400,11 @@ fn model_world(nranks: usize, config: &VerbsConfig) -> (Vec<ModelRank>, Vec<Verb
                 len: WINDOW_BYTES as u64,
             }],
         });
-        bufs.push((staging, scratch, control, key(4), key(5)));
+        bufs.push((nic, staging, scratch, control, key(4), key(5)));
         ranks.push(rank);
     }
     let mut ts = Vec::new();
-    for (r, (staging_buf, scratch, control, staging_lkey, scratch_lkey)) in bufs.into_iter().enumerate() {
-        let nic = ModelNic {
-            fabric: fabric.clone(),
-            knobs: ranks[r].knobs.clone(),
-            depth: config.send_queue_depth as u64,
-            max_inline: 64,
-            errored: vec![false; nranks],
-            posted: vec![0; nranks],
-            done: vec![0; nranks],
-            pending: VecDeque::new(),
-            own_rkeys: vec![staging_lkey - 3, staging_lkey - 2, staging_lkey - 1],
-        };
+    for (r, (nic, staging_buf, scratch, control, staging_lkey, scratch_lkey)) in bufs.into_iter().enumerate() {
         let parts = Parts {
             nic: Box::new(nic),
             staging_buf,
