@@ -5,7 +5,7 @@
 # .device/jitcache.tar.xz (its moe_bench starts at once). The old build
 # measures first, then the new PTX's JIT (alone), every moe test 1-8
 # ranks, the example (LL and HT), and moe_bench LL new / old alternating,
-# fp8 and token-major new: `bash benches/gpu/moe_ab_call.sh b23c.tar.xz`.
+# fp8 and token-major new, then per-expert combine and HT old / new: `bash benches/gpu/moe_ab_call.sh b23c.tar.xz`.
 set -uo pipefail
 source benches/gpu/common.sh
 unpack_bundle "$1" c
@@ -25,6 +25,14 @@ MOE_BENCH=moe_bench_old moe_bench_run c old2 --tokens 128
 moe_bench_run c new2 --tokens 128
 moe_bench_run c newfp8 --tokens 128 --fp8
 moe_bench_run c newtm --tokens 128 --token-major-pack
+# The per-expert combine (the shared reduce, weighted_rows) and the
+# high-throughput mode (twice), old / new.
+MOE_BENCH=moe_bench_old moe_bench_run c oldpe --tokens 128 --combine-per-expert
+moe_bench_run c newpe --tokens 128 --combine-per-expert
+MOE_BENCH=moe_bench_old moe_bench_run c oldht --mode ht --tokens 4096
+moe_bench_run c newht --mode ht --tokens 4096
+MOE_BENCH=moe_bench_old moe_bench_run c oldht2 --mode ht --tokens 4096
+moe_bench_run c newht2 --mode ht --tokens 4096
 date -u
 echo "moe_ab_call: overall status $status"
 tar -czf $OUT/logs.tar.gz -C $OUT logs

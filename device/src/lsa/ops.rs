@@ -75,6 +75,62 @@ pub unsafe fn copy_strided_by<const U: usize>(t: usize, n: usize, dst: *mut u8, 
     unsafe { copy_strided(t, n, dst.add(vec_bytes), src.add(vec_bytes), bytes - vec_bytes) };
 }
 
+/// [`copy_strided_by`] of `P` rows at once (pair `p`: `bytes` from
+/// `src[p]` to `dst[p]`): every row's `U` vectors of a step are loaded
+/// before any is stored, `P * U` in flight per thread. Copies of a few
+/// rows one after another wait a round trip each; `P` together wait one
+/// (the MoE high-throughput pack copies its tokens two at a time).
+///
+/// # Safety
+/// As for [`copy_strided`], for each pair; no destination overlaps
+/// another pair's source or destination.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn copy_rows_strided_by<const U: usize, const P: usize>(
+    t: usize,
+    n: usize,
+    dst: [*mut u8; P],
+    src: [*const u8; P],
+    bytes: usize,
+) {
+    let mut aligned16 = true;
+    crate::coll::pack::each_lane!(P, |p| {
+        aligned16 &= (dst[p] as usize | src[p] as usize) % 16 == 0;
+    });
+    let vec_bytes = if aligned16 { bytes / 16 * 16 } else { 0 };
+    let vectors = vec_bytes / 16;
+    let mut base = t;
+    while base < vectors {
+        let mut v = [[[0u32; 4]; U]; P];
+        crate::coll::pack::each_lane!(P, |p| {
+            crate::coll::pack::each_lane!(U, |u| {
+                let i = base + u * n;
+                if i < vectors {
+                    // SAFETY: `i < vectors`: vector `i` of row `p`'s
+                    // `src[..vec_bytes]`, 16-byte aligned (`aligned16`).
+                    v[p][u] = unsafe { load16(src[p].add(i * 16)) };
+                }
+            });
+        });
+        crate::coll::pack::each_lane!(P, |p| {
+            crate::coll::pack::each_lane!(U, |u| {
+                let i = base + u * n;
+                if i < vectors {
+                    // SAFETY: as for the load, the same vector of `dst[p]`,
+                    // thread `t`'s alone (`i % n == t`).
+                    unsafe { store16(dst[p].add(i * 16), v[p][u]) };
+                }
+            });
+        });
+        base += U * n.max(1);
+    }
+    crate::coll::pack::each_lane!(P, |p| {
+        // SAFETY: the rest of row `p` (`vec_bytes <= bytes`), no whole
+        // vectors in it: `copy_strided`'s word and byte tail.
+        unsafe { copy_strided(t, n, dst[p].add(vec_bytes), src[p].add(vec_bytes), bytes - vec_bytes) };
+    });
+}
+
 /// A copy from one source to several destinations, begun: thread `t` of
 /// `n`'s first `U` 16-byte vectors of `src[..bytes]` loaded
 /// ([`CopyAhead::load`]), before the destinations are known; then

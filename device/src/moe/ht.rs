@@ -39,15 +39,15 @@
 //! Ordering between calls and `seq` as in the [low-latency mode](super).
 
 use super::{
-    gin_ranks, is_lsa, is_one_of, local_ptr, names, peer_ptr, warp_scan, weighted_rows, word, MoeContext, MoeError,
-    COPY_UNROLL, NO_POS,
+    gin_ranks, is_lsa, is_one_of, local_ptr, peer_ptr, routing_hits, warp_scan, weighted_rows, word, MoeContext,
+    MoeError, COPY_UNROLL, NO_POS, SCAN_GROUPS,
 };
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
 use crate::coll::Element;
 use crate::coop::{Coop, ThreadCoop};
 use crate::gin::{Gin, LocalAction, RemoteAction};
-use crate::lsa::ops::{copy_strided, copy_strided_by};
+use crate::lsa::ops::{copy_rows_strided_by, copy_strided, copy_strided_by};
 use crate::wait::{self, Deadline};
 
 /// The GIN signal dispatch words increment.
@@ -100,18 +100,54 @@ fn channel_counts(
     Ok((before, own, total))
 }
 
-/// Tokens of `0..count` for which `hit(i)` holds (each warp of the coop alike).
-#[inline(always)]
-fn count_hits(count: u32, hit: impl Fn(u32) -> bool) -> u32 {
-    let mut c = 0;
-    let mut c0 = 0;
-    while c0 < count {
-        let i = c0 + lane_id();
-        let h = (i < count && hit(i)) as u32;
-        c += arch::shfl(u32::MAX, warp_scan(h) as u64, WARP_SIZE - 1) as u32;
-        c0 += WARP_SIZE;
+/// A warp's scan of `count` routing rows (`k` expert ids each, rows
+/// `stride` `i32`s apart from `idx`) for the tokens naming one of experts
+/// `lo..lo + l`, a group of 32 rows at a time in order: [`RowHits::group`]
+/// loads the ids of [`SCAN_GROUPS`] groups at once (one round trip for
+/// them, where a group at a time cost one each: the high-throughput
+/// send's and pack's scans).
+struct RowHits {
+    idx: *const i32,
+    stride: usize,
+    k: usize,
+    count: u32,
+    lo: u32,
+    l: u32,
+    bits: u32,
+}
+
+impl RowHits {
+    /// # Safety
+    /// `idx` holds `count` rows of `stride >= k` `i32`s, not written
+    /// while the scan reads them.
+    #[inline(always)]
+    unsafe fn new(idx: *const i32, stride: usize, k: usize, count: u32, lo: u32, l: u32) -> Self {
+        RowHits { idx, stride, k, count, lo, l, bits: 0 }
     }
-    c
+
+    /// Whether the calling lane's row of group `g` (row `g * 32 + lane`)
+    /// names one of the experts (false past `count`); every lane of the
+    /// warp calls it, for `g = 0, 1, 2, ...` in order.
+    #[inline(always)]
+    fn group(&mut self, g: u32) -> bool {
+        if g % SCAN_GROUPS == 0 {
+            // SAFETY: the rows `new`'s contract names.
+            self.bits = unsafe { routing_hits(self.idx, self.stride, self.k, self.count, self.lo, self.l, g) };
+        }
+        (self.bits >> (g % SCAN_GROUPS)) & 1 != 0
+    }
+
+    /// How many of the rows name one of the experts (every lane alike).
+    #[inline(always)]
+    fn count(mut self) -> u32 {
+        let mut c = 0;
+        let mut g = 0;
+        while g * WARP_SIZE < self.count {
+            c += arch::ballot(u32::MAX, self.group(g)).count_ones();
+            g += 1;
+        }
+        c
+    }
 }
 
 /// The GIN handle of a coop that sends to `peer` (None: an LSA peer).
@@ -234,18 +270,23 @@ pub unsafe fn dispatch_send_channel<C: Coop>(
     let k = ctx.top_k() as usize;
     let (lo, row, mb) = (dest * l, ctx.token_bytes() as usize, ctx.ht_meta_bytes() as usize);
     let (first, end) = channel_tokens(num_tokens, ctx.channels(), channel);
-    // SAFETY: `t < end <= num_tokens`: a row of `topk_idx`.
-    let goes = |t: u32| t < end && unsafe { names(topk_idx.add(t as usize * k), k, lo, l) };
     let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let wi = coop.thread_rank() / WARP_SIZE;
-    let start = count_hits(first, goes);
+    // SAFETY: rows `0..first` and `first..end` of `topk_idx` (`end <=
+    // num_tokens`), the caller's routing.
+    let (start, mut goes) = unsafe {
+        (
+            RowHits::new(topk_idx, k, k, first, lo, l).count(),
+            RowHits::new(topk_idx.add(first as usize * k), k, k, end - first, lo, l),
+        )
+    };
     let gin = gin_for(coop, ctx, dest)?;
     let mut base = start;
     let mut pending = start;
     let mut c0 = first;
     while c0 < end {
         let t = c0 + lane_id();
-        let h = goes(t) as u32;
+        let h = goes.group((c0 - first) / WARP_SIZE) as u32;
         let incl = warp_scan(h);
         let p = base + incl - h;
         if wi == 0 && t < end {
@@ -394,12 +435,15 @@ unsafe fn pack_source<C: Coop>(
     let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
     let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let meta = |p: u32| local_ptr(ctx, ctx.ht_meta_offset(src, p)) as *const i32;
+    // SAFETY: the source's `count <= max_tokens` routing rows, `2k` `i32`s
+    // apart (ids, then weights), received (the contract).
+    let mut hits = unsafe { RowHits::new(meta(0), 2 * k, k, count, g, 1) };
     let mut at = 0u32;
     let mut c0 = 0;
+    let mut held: Option<(*const u8, usize)> = None;
     while c0 < count {
         let p = c0 + lane_id();
-        // SAFETY: `p < count <= max_tokens`: a routing row of the window.
-        let h = (p < count && unsafe { names(meta(p), k, g, 1) }) as u32;
+        let h = hits.group(c0 / WARP_SIZE) as u32;
         let incl = warp_scan(h);
         let r = row0 + (at + incl - h) as usize;
         if h != 0 && coop.thread_rank() < WARP_SIZE {
@@ -413,21 +457,39 @@ unsafe fn pack_source<C: Coop>(
                 }
             }
         }
-        let mut src_lane = 0;
-        while src_lane < WARP_SIZE {
-            let hj = arch::shfl(u32::MAX, h as u64, src_lane) as u32;
-            let rj = arch::shfl(u32::MAX, r as u64, src_lane) as usize;
-            if hj != 0 {
-                let s = local_ptr(ctx, ctx.ht_recv_slot_offset(src, c0 + src_lane));
-                // SAFETY: a received slot (`slot >= row` bytes); row `rj` of
-                // `out`, below `(local + 1) * N * M` (at most N * M tokens
-                // name `local`), this coop's alone.
-                unsafe { copy_strided_by::<COPY_UNROLL>(tr, nt, out.add(rj * row), s, row.min(slot)) };
+        // The group's tokens, two at a time (a token waits in `held` for
+        // the next, of this group or a later one): both rows' loads in
+        // flight before either is stored, one round trip a pair where one
+        // a token made the pack wait on memory
+        // (`benches/results/2026-11-27-h200x2-moe-htpack.md`).
+        let mut mask = arch::ballot(u32::MAX, h != 0);
+        while mask != 0 {
+            let j = mask.trailing_zeros();
+            mask &= mask - 1;
+            let rj = arch::shfl(u32::MAX, r as u64, j) as usize;
+            let s = local_ptr(ctx, ctx.ht_recv_slot_offset(src, c0 + j));
+            match held.take() {
+                None => held = Some((s, rj)),
+                // SAFETY: received slots (`slot >= row` bytes); rows `r0`
+                // and `rj` of `out` (distinct), below `(local + 1) * N * M`
+                // (at most N * M tokens name `local`), this coop's alone.
+                Some((s0, r0)) => unsafe {
+                    copy_rows_strided_by::<COPY_UNROLL, 2>(
+                        tr,
+                        nt,
+                        [out.add(r0 * row), out.add(rj * row)],
+                        [s0, s],
+                        row.min(slot),
+                    )
+                },
             }
-            src_lane += 1;
         }
         at += arch::shfl(u32::MAX, incl as u64, WARP_SIZE - 1) as u32;
         c0 += WARP_SIZE;
+    }
+    if let Some((s0, r0)) = held {
+        // SAFETY: as for the pairs above.
+        unsafe { copy_strided_by::<COPY_UNROLL>(tr, nt, out.add(r0 * row), s0, row.min(slot)) };
     }
     at
 }
@@ -468,9 +530,10 @@ pub unsafe fn dispatch_pack<C: Coop>(
     for q in 0..src {
         match source_tokens(ctx, q, seq) {
             Ok(c) => {
-                let meta = |p: u32| local_ptr(ctx, ctx.ht_meta_offset(q, p)) as *const i32;
-                // SAFETY: `p < c <= max_tokens`: a routing row of the window.
-                prefix += count_hits(c, |p| unsafe { names(meta(p), k, g, 1) });
+                let meta = local_ptr(ctx, ctx.ht_meta_offset(q, 0)) as *const i32;
+                // SAFETY: source `q`'s `c <= max_tokens` received routing
+                // rows, `2k` `i32`s apart.
+                prefix += unsafe { RowHits::new(meta, 2 * k, k, c, g, 1) }.count();
             }
             Err(e) => r = Err(e),
         }

@@ -279,16 +279,26 @@ pub(crate) fn is_one_of(e: i32, lo: u32, l: u32) -> bool {
 /// Groups of 32 tokens a warp scans at once: every expert id of the
 /// groups is loaded before any is compared, so the loads overlap (one
 /// group after another cost a round trip each).
-const SCAN_GROUPS: u32 = 4;
+pub(crate) const SCAN_GROUPS: u32 = 4;
 
 /// Bit `g` for `g < SCAN_GROUPS`: whether the calling lane's token of
-/// group `g0 + g` (token `(g0 + g) * 32 + lane`, below `count`) names
-/// expert `e` among its `k` ids at `idx` (plain loads).
+/// group `g0 + g` (token `(g0 + g) * 32 + lane`, below `count`) names one
+/// of experts `lo..lo + l` among its `k` ids, the first `k` of the
+/// `stride` `i32`s of its row at `idx + token * stride` (plain loads).
 ///
 /// # Safety
-/// `idx` holds `count * k` `i32`s, not written while this reads them.
+/// `idx` holds `count` rows of `stride >= k` `i32`s, not written while
+/// this reads them.
 #[inline(always)]
-unsafe fn routing_hits(idx: *const i32, k: usize, count: u32, e: u32, g0: u32) -> u32 {
+pub(crate) unsafe fn routing_hits(
+    idx: *const i32,
+    stride: usize,
+    k: usize,
+    count: u32,
+    lo: u32,
+    l: u32,
+    g0: u32,
+) -> u32 {
     let lane = lane_id();
     let token = |g: usize| (g0 + g as u32) * WARP_SIZE + lane;
     let mut bits = 0u32;
@@ -299,8 +309,8 @@ unsafe fn routing_hits(idx: *const i32, k: usize, count: u32, e: u32, g0: u32) -
             if t < count {
                 each_lane!(8, |j| {
                     if j < k {
-                        // SAFETY: `t < count`, `j < k`: inside `idx`.
-                        v[g][j] = unsafe { *idx.add(t as usize * k + j) };
+                        // SAFETY: `t < count`, `j < k <= stride`: inside `idx`.
+                        v[g][j] = unsafe { *idx.add(t as usize * stride + j) };
                     }
                 });
             }
@@ -308,7 +318,7 @@ unsafe fn routing_hits(idx: *const i32, k: usize, count: u32, e: u32, g0: u32) -
         each_lane!(SCAN_GROUPS as usize, |g| {
             let mut hit = false;
             each_lane!(8, |j| {
-                hit |= v[g][j] == e as i32;
+                hit |= is_one_of(v[g][j], lo, l);
             });
             bits |= (hit as u32) << g;
         });
@@ -316,7 +326,7 @@ unsafe fn routing_hits(idx: *const i32, k: usize, count: u32, e: u32, g0: u32) -
         for g in 0..SCAN_GROUPS as usize {
             let t = token(g);
             // SAFETY: `t < count`: token `t`'s `k` ids.
-            if t < count && unsafe { names(idx.add(t as usize * k), k, e, 1) } {
+            if t < count && unsafe { names(idx.add(t as usize * stride), k, lo, l) } {
                 bits |= 1 << g;
             }
         }
@@ -614,7 +624,7 @@ pub unsafe fn dispatch_send_expert<C: Coop>(
     let mut g0 = 0u32;
     while g0 < groups {
         // SAFETY: `topk_idx` holds `num_tokens * top_k` entries.
-        let bits = unsafe { routing_hits(topk_idx, k, num_tokens, expert, g0) };
+        let bits = unsafe { routing_hits(topk_idx, k, k, num_tokens, expert, 1, g0) };
         let mut gi = 0;
         while gi < SCAN_GROUPS && g0 + gi < groups {
             let c0 = (g0 + gi) * WARP_SIZE;
