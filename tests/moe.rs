@@ -823,6 +823,11 @@ fn child_body(comm: &Communicator) {
         ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, 1, more);
         ht_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, 1, &[Routing::OneRank]);
     }
+    // A top-k above 8 (the scans' and packs' wide paths hold 8 ids per
+    // token; more take their per-id loops), both modes.
+    let wide = Shape { n, e: 2 * n, h: 8, k: 10, m: 9 };
+    battery::<f32>(comm, &stream, wide, 1, few);
+    ht_battery::<f32>(comm, &stream, wide, 0, 1, few);
     ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
     stage_stamps(comm, &stream, f32_shape, EpMode::LowLatency);
     stage_stamps(comm, &stream, f32_shape, EpMode::HighThroughput);

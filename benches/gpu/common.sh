@@ -48,11 +48,11 @@ moe_tests() {
 }
 # `moe_bench` on 2 ranks with the NCCL path and stages, from bundle DIR,
 # its log in $OUT/logs/moe_bench_NAME.log, while the call (started at $t0)
-# has time left before 585 s: `moe_bench_run DIR NAME ARGS...`; another
+# has time left before 585 s (or $CALL_LIMIT): `moe_bench_run DIR NAME ARGS...`; another
 # build's binary of the bundle with `MOE_BENCH=moe_bench_old moe_bench_run ...`.
 moe_bench_run() {
     local dir=$1 name=$2 bin=${MOE_BENCH:-moe_bench}; shift 2
-    local left=$(( 585 - ($(date +%s) - t0) ))
+    local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) ))
     [ $left -lt 15 ] && { echo "!! no time left for $bin $name"; status=1; return; }
     echo; echo "== $bin $name: $*"
     DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $B/$dir/bin/devcomm-run -n 2 $B/$dir/bin/$bin --nccl --stages "$@" 2>&1 \
