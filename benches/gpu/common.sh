@@ -23,8 +23,18 @@ fi
 # builds' cache at level 1 (19 MB) was over the 16 MiB a returned file may have.
 save_jitcache() { [ -d "$CUDA_CACHE_PATH" ] && tar -c -C "$CUDA_CACHE_PATH" . | xz -T0 -6 > "$OUT/jitcache.tar.xz" && ls -la "$OUT/jitcache.tar.xz"; }
 # Unpacks bundle `$B/NAME` into `$B/DIR` and makes `$OUT/logs`:
-# `unpack_bundle b19a.tar.xz a`.
-unpack_bundle() { mkdir -p "$B/$2" "$OUT/logs" && tar -xJf "$B/$1" -C "$B/$2"; }
+# `unpack_bundle b19a.tar.xz a`. A bundle's `cubin/` (images of its
+# builds' PTX, `cargo xtask cubin`, named by the PTX's hash: an A/B
+# bundle holds both builds') becomes DEVCOMM_CUBIN_DIR: no JIT at all
+# (session 24: a fresh machine ran moe_bench 4 s after the start, where
+# the JIT took 343 s).
+unpack_bundle() {
+    mkdir -p "$B/$2" "$OUT/logs" && tar -xJf "$B/$1" -C "$B/$2" || return 1
+    if [ -d "$B/$2/cubin" ]; then
+        export DEVCOMM_CUBIN_DIR="$PWD/$B/$2/cubin"
+        echo "kernel images: $(ls "$B/$2/cubin" | wc -l) in $DEVCOMM_CUBIN_DIR"
+    fi
+}
 # Starts the driver's JIT of the library and test kernels in the
 # background (a one-rank in-kernel all-reduce loads both modules) from the
 # unpacked bundle DIR: `warm_jit DIR`; its log is `$OUT/logs/warm_DIR.log`.

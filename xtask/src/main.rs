@@ -58,6 +58,20 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Compile every committed PTX ahead of time with `ptxas` (no GPU needed) into
+    /// `<dir>/<sha256 of the PTX>.cubin`: the images `DEVCOMM_CUBIN_DIR` loads instead of
+    /// the PTX, so a GPU machine skips the driver's compilation (minutes a call).
+    Cubin {
+        /// GPU architecture: of the committed PTX (`<stem>.<arch>.ptx`) and of the images (`ptxas -arch`).
+        #[arg(long, default_value = "sm_90")]
+        arch: String,
+        /// The `ptxas` to run (CUDA toolkit's, or the PyPI wheel `nvidia-cuda-nvcc-cu12`'s).
+        #[arg(long, default_value = "ptxas")]
+        ptxas: PathBuf,
+        /// The folder to write the images into (kept: images already there are not rebuilt).
+        #[arg(long, default_value = "target/cubin")]
+        dir: PathBuf,
+    },
     /// Prepare a folder of release test binaries, examples and the PTX for a GPU machine.
     Bundle {
         #[command(flatten)]
@@ -90,6 +104,7 @@ fn main() -> ExitCode {
         Cmd::Ptx { ptx, check: true, .. } => cmd_ptx_check(&ptx),
         Cmd::Ptx { ptx, out, .. } => cmd_ptx(&ptx, out),
         Cmd::Bundle { ptx, dir, no_strip } => cmd_bundle(&ptx, &dir, !no_strip),
+        Cmd::Cubin { arch, ptxas, dir } => cmd_cubin(&arch, &ptxas, &dir),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -181,6 +196,38 @@ fn ptx_update(sources: &Sources, args: &PtxArgs) -> Result<()> {
         ptx.toolchain,
         ptx.inputs
     );
+    Ok(())
+}
+
+/// `ptxas` of every committed PTX ([`ALL_COMMITTED`]) into
+/// `<dir>/<sha256 of the file>.cubin` (the hash of the text the crates
+/// embed and load, so `DEVCOMM_CUBIN_DIR` finds it).
+fn cmd_cubin(arch: &str, ptxas: &Path, dir: &Path) -> Result<()> {
+    let root = workspace_root();
+    let dir = if dir.is_absolute() { dir.to_path_buf() } else { root.join(dir) };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    for sources in ALL_COMMITTED {
+        let ptx = sources.committed_path(&root, arch);
+        let text = std::fs::read_to_string(&ptx).map_err(|e| format!("reading {}: {e}", ptx.display()))?;
+        let label = committed::sha256_label(&text);
+        let hex = label.strip_prefix("sha256:").unwrap_or(&label);
+        let out = dir.join(format!("{hex}.cubin"));
+        if out.is_file() {
+            println!("{}: {} (there already)", ptx.display(), out.display());
+            continue;
+        }
+        let t = std::time::Instant::now();
+        let tmp = dir.join(format!("{hex}.cubin.part"));
+        let status =
+            Command::new(ptxas).args(["-arch", arch, "-O3"]).arg(&ptx).arg("-o").arg(&tmp).status().map_err(|e| {
+                format!("running {} (install the CUDA toolkit's ptxas or pass --ptxas): {e}", ptxas.display())
+            })?;
+        if !status.success() {
+            return Err(format!("{} failed on {} ({status})", ptxas.display(), ptx.display()));
+        }
+        std::fs::rename(&tmp, &out).map_err(|e| format!("renaming {}: {e}", tmp.display()))?;
+        println!("{}: {} in {:.0} s", ptx.display(), out.display(), t.elapsed().as_secs_f64());
+    }
     Ok(())
 }
 

@@ -223,9 +223,30 @@ impl CudaDevice {
         let entries = ptx_entries(ptx);
         let image = CString::new(ptx).map_err(|_| Error::invalid_argument("PTX text contains a NUL byte"))?;
         self.bind()?;
-        // SAFETY: `image` is a NUL-terminated PTX string that outlives the call.
-        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-            .map_err(cuda_err("cuModuleLoadData (is the PTX for sm_90 and complete?)"))?;
+        // An ahead-of-time image of exactly this PTX (`DEVCOMM_CUBIN_DIR`,
+        // named by its hash) skips the driver's compilation.
+        let aot = match crate::ptx::cubin_for(ptx)? {
+            // SAFETY: `cubin` is a complete image read from the file, alive
+            // across the call; the driver validates it (ELF header,
+            // architecture) and fails the call on anything else.
+            Some((path, cubin)) => match unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) } {
+                Ok(m) => {
+                    tracing::info!(image = %path.display(), "loaded an ahead-of-time kernel image");
+                    Some(m)
+                }
+                Err(e) => {
+                    tracing::warn!(image = %path.display(), error = %e, "the driver refused the kernel image; loading the PTX");
+                    None
+                }
+            },
+            None => None,
+        };
+        let module = match aot {
+            Some(m) => m,
+            // SAFETY: `image` is a NUL-terminated PTX string that outlives the call.
+            None => unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+                .map_err(cuda_err("cuModuleLoadData (is the PTX for sm_90 and complete?)"))?,
+        };
         let m = Arc::new(CudaModule { device: self.clone(), module, entries, functions: Mutex::new(HashMap::new()) });
         // Load every kernel now (issue 13). With CUDA's lazy loading (the
         // default since CUDA 12.2) a kernel's code is loaded at its first
