@@ -141,6 +141,16 @@ mod tests {
     }
 
     #[test]
+    fn cubin_names_match_what_xtask_cubin_writes() {
+        // `cargo xtask cubin` names images by `devcomm_build`'s label of
+        // the committed PTX; the runtime must look for the same name.
+        for text in ["", "abc", "// ptx\n.version 8.4\n"] {
+            let label = devcomm_build::committed::sha256_label(text);
+            assert_eq!(cubin_name(text), format!("{}.cubin", label.strip_prefix("sha256:").unwrap()));
+        }
+    }
+
+    #[test]
     fn cubin_lookup() {
         let dir = std::env::temp_dir().join(format!("devcomm-cubin-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

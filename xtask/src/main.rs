@@ -201,7 +201,8 @@ fn ptx_update(sources: &Sources, args: &PtxArgs) -> Result<()> {
 
 /// `ptxas` of every committed PTX ([`ALL_COMMITTED`]) into
 /// `<dir>/<sha256 of the file>.cubin` (the hash of the text the crates
-/// embed and load, so `DEVCOMM_CUBIN_DIR` finds it).
+/// embed and load, so `DEVCOMM_CUBIN_DIR` finds it: `devcomm::ptx::cubin_name`,
+/// tested to agree).
 fn cmd_cubin(arch: &str, ptxas: &Path, dir: &Path) -> Result<()> {
     let root = workspace_root();
     let dir = if dir.is_absolute() { dir.to_path_buf() } else { root.join(dir) };
