@@ -21,7 +21,7 @@ mod common;
 use common::is_child;
 use devcomm::coll::{CollType, DataType};
 use devcomm::comm::Communicator;
-use devcomm::moe::{Dispatched, EpConfig, EpGroup, EpMode, LlCombine, LlPack, MoeType};
+use devcomm::moe::{Dispatched, EpConfig, EpGroup, EpMode, HtLayout, LlCombine, LlPack, MoeType};
 use devcomm::runtime::{DeviceBuffer, LaunchConfig, Stream};
 use devcomm::Error;
 use devcomm_device::coll::Fp8E4M3;
@@ -259,12 +259,15 @@ struct Ctx<'a> {
     mode: EpMode,
     /// How the group's combine adds (the reference's order).
     sum: Sum,
+    /// High-throughput with `HtLayout::PerSource`: tokens per source, no pack.
+    per_source: bool,
 }
 
 impl<'a> Ctx<'a> {
     /// The checks of a group made with `cfg` (its mode and its combine's order).
     fn new(comm: &'a Communicator, stream: &'a Stream, shape: Shape, cfg: &EpConfig) -> Self {
-        Ctx { comm, stream, shape, mode: cfg.mode, sum: Sum::of(cfg, comm) }
+        let per_source = cfg.mode == EpMode::HighThroughput && cfg.ht_layout == HtLayout::PerSource;
+        Ctx { comm, stream, shape, mode: cfg.mode, sum: Sum::of(cfg, comm), per_source }
     }
 }
 
@@ -288,6 +291,95 @@ fn check_recv<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, seed: u64) 
             "rank {me} {kind:?} seed {seed}: tokens of local expert {l}"
         );
     }
+}
+
+/// Checks a per-source dispatch (`HtLayout::PerSource`) against the
+/// host: each source's tokens that name an expert of this rank, in token
+/// order, in rows `s·M ..`, with their top-k entries as local indices (-1
+/// and weight 0 for another rank's), the per-source counts, and the
+/// tokens per local expert (a token naming one twice counts once). Rows
+/// past a source's count keep the poison the caller wrote.
+fn check_recv_per_source<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, seed: u64, poison: Option<u64>) {
+    let s = &c.shape;
+    let me = c.comm.rank();
+    let h = &d.handle;
+    let got = c.stream.read_vec(&d.recv_x).unwrap();
+    let counts = c.stream.read_vec(&d.recv_count).unwrap();
+    let src_counts = c.stream.read_vec(h.recv_source_counts().unwrap()).unwrap();
+    let ridx = c.stream.read_vec(h.recv_topk_idx().unwrap()).unwrap();
+    let rw = c.stream.read_vec(h.recv_topk_weights().unwrap()).unwrap();
+    let lo = (me * s.l()) as i32;
+    let mine = |e: i32| e >= lo && e < lo + s.l() as i32;
+    let mut per_expert = vec![0u32; s.l()];
+    for src in 0..s.n {
+        let (tokens, idx, w) = routing(kind, seed, src, s);
+        let x = tokens_of::<T>(seed, src, tokens, s.h);
+        let mut p = 0;
+        for t in 0..tokens {
+            let ti = &idx[t * s.k..(t + 1) * s.k];
+            if !ti.iter().any(|&e| mine(e)) {
+                continue;
+            }
+            let r = src * s.m + p;
+            let at = format!("rank {me} {kind:?} seed {seed}: source {src} token {t} (row {r})");
+            let row = &got[r * s.h..(r + 1) * s.h];
+            assert!(
+                row.iter().zip(&x[t * s.h..(t + 1) * s.h]).all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits()),
+                "{at}: the token"
+            );
+            for j in 0..s.k {
+                let (e, want_w) = (ti[j], w[t * s.k + j]);
+                let (want_i, want_w) = if mine(e) { (e - lo, want_w) } else { (-1, 0.0) };
+                assert_eq!(
+                    (ridx[r * s.k + j], rw[r * s.k + j].to_bits()),
+                    (want_i, want_w.to_bits()),
+                    "{at}: entry {j}"
+                );
+                if mine(e) && !ti[..j].contains(&e) {
+                    per_expert[(e - lo) as usize] += 1;
+                }
+            }
+            p += 1;
+        }
+        assert_eq!(src_counts[src] as usize, p, "rank {me} {kind:?} seed {seed}: tokens from source {src}");
+        if let Some(bits) = poison {
+            for r in src * s.m + p..(src + 1) * s.m {
+                assert!(
+                    got[r * s.h..(r + 1) * s.h].iter().all(|v| v.to_f64().to_bits() == bits),
+                    "rank {me} {kind:?} seed {seed}: row {r} past source {src}'s tokens was written"
+                );
+            }
+        }
+    }
+    assert_eq!(counts, per_expert, "rank {me} {kind:?} seed {seed}: tokens per local expert");
+}
+
+/// What a per-source combine takes for `d`: row `s·M + p` this rank's
+/// experts' outputs for that token, weighted and added in f32 in top-k
+/// order and rounded (the caller's part of `HtLayout::PerSource`: the
+/// reference's `Sum::Ranks` partial).
+fn source_outputs<T: MoeType>(c: &Ctx, d: &Dispatched<T>) -> DeviceBuffer<T> {
+    let s = &c.shape;
+    let me = c.comm.rank();
+    let h = &d.handle;
+    let x = c.stream.read_vec(&d.recv_x).unwrap();
+    let src_counts = c.stream.read_vec(h.recv_source_counts().unwrap()).unwrap();
+    let ridx = c.stream.read_vec(h.recv_topk_idx().unwrap()).unwrap();
+    let rw = c.stream.read_vec(h.recv_topk_weights().unwrap()).unwrap();
+    let mut out = vec![T::from_f64(7.0); x.len()];
+    for src in 0..s.n {
+        for r in src * s.m..src * s.m + src_counts[src] as usize {
+            for col in 0..s.h {
+                let mut p = 0.0f32;
+                for j in (0..s.k).filter(|&j| ridx[r * s.k + j] >= 0) {
+                    let e = me * s.l() + ridx[r * s.k + j] as usize;
+                    p += rw[r * s.k + j] * expert(e, x[r * s.h + col]).to_f64() as f32;
+                }
+                out[r * s.h + col] = T::from_f64(p as f64);
+            }
+        }
+    }
+    c.comm.device().alloc_from(&out).unwrap()
 }
 
 /// The experts' outputs for `d`, computed on the host from what arrived.
@@ -315,9 +407,12 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     let idx = dev.alloc_from(&idx).unwrap();
     let w = dev.alloc_from(&w).unwrap();
     let mut fresh;
+    let mut poison = None;
     let d = match reuse {
         Some(d) => {
             c.stream.memset(&mut d.recv_x, 0xA5).unwrap();
+            poison =
+                Some(bytemuck::pod_read_unaligned::<T>(&vec![0xA5u8; std::mem::size_of::<T>()]).to_f64().to_bits());
             ep.dispatch_into(&x, &idx, &w, d, c.stream).unwrap();
             d
         }
@@ -327,8 +422,13 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
         }
     };
     ep.synchronize(c.stream).unwrap();
-    check_recv(c, d, kind, seed);
-    let out = expert_outputs(c, d);
+    let out = if c.per_source {
+        check_recv_per_source(c, d, kind, seed, poison);
+        source_outputs(c, d)
+    } else {
+        check_recv(c, d, kind, seed);
+        expert_outputs(c, d)
+    };
     let y = ep.combine(&out, &d.handle, c.stream).unwrap();
     ep.synchronize(c.stream).unwrap();
     let got = c.stream.read_vec(&y).unwrap();
@@ -359,6 +459,21 @@ fn ht_battery<T: MoeType>(
         EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE).with_mode(EpMode::HighThroughput);
     cfg.channels = channels;
     battery_of::<T>(comm, stream, shape, &cfg, seeds, kinds);
+}
+
+/// Routings `kinds` on a high-throughput group with `HtLayout::PerSource`
+/// and `channels` channels (0: the default), fresh outputs and reused ones.
+fn per_source_battery<T: MoeType>(
+    comm: &Communicator,
+    stream: &Stream,
+    shape: Shape,
+    channels: u32,
+    kinds: &[Routing],
+) {
+    let mut cfg =
+        EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE).with_mode(EpMode::HighThroughput);
+    (cfg.channels, cfg.ht_layout) = (channels, HtLayout::PerSource);
+    battery_of::<T>(comm, stream, shape, &cfg, 1, kinds);
 }
 
 /// Routings `kinds`, some seeds, on a group of `cfg`.
@@ -727,7 +842,14 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
         let (kind, seed, tokens) = (f.kind, f.seed, f.tokens);
         let (expert_out, y, order, errors) = (&f.expert_out, &f.y, &f.order, &f.errors);
         let mut args = user_args(&ep, &d, (&f.x, &f.idx, &f.w), errors, tokens);
-        let a = MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() };
+        let a = MoeHtArgs {
+            args,
+            rank_pos: rank_pos.device_addr(),
+            recv_rows: recv_rows.device_addr(),
+            recv_idx: 0,
+            recv_weights: 0,
+            source_counts: 0,
+        };
         let cfg = LaunchConfig::new(ctas, threads).co_resident();
         // SAFETY: `a` from this group's context and buffers of its shapes
         // (`x` of `tokens <= m` tokens, routing of `tokens * k`, the
@@ -742,7 +864,14 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
         // The library's combine kernel on the experts' outputs.
         args.x = expert_out.device_addr();
         args.out = y.device_addr();
-        let a = MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() };
+        let a = MoeHtArgs {
+            args,
+            rank_pos: rank_pos.device_addr(),
+            recv_rows: recv_rows.device_addr(),
+            recv_idx: 0,
+            recv_weights: 0,
+            source_counts: 0,
+        };
         // The library's kernels keep the context in dynamic shared memory.
         let cfg = cfg.with_shared_mem(devcomm_device::moe::CONTEXT_SHARED_BYTES);
         // SAFETY: as above; the handle's tables written by the dispatch
@@ -828,6 +957,18 @@ fn child_body(comm: &Communicator) {
     let wide = Shape { n, e: 2 * n, h: 8, k: 10, m: 9 };
     battery::<f32>(comm, &stream, wide, 1, few);
     ht_battery::<f32>(comm, &stream, wide, 0, 1, few);
+    // The per-source layout (DeepEP's output: no pack, one row per
+    // received token into combine): every routing with default and odd
+    // channels, bf16, 16 KiB tokens (GIN pieces), slots wider than rows
+    // (13 f32: a row at a time), a top-k of 10.
+    per_source_battery::<f32>(comm, &stream, f32_shape, 0, &ROUTINGS);
+    per_source_battery::<f32>(comm, &stream, f32_shape, 3, few);
+    per_source_battery::<f32>(comm, &stream, wide, 0, few);
+    if !quick {
+        per_source_battery::<bf16>(comm, &stream, half_shape, 0, few);
+        per_source_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, few);
+        per_source_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, &[Routing::OneRank]);
+    }
     ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
     stage_stamps(comm, &stream, f32_shape, EpMode::LowLatency);
     stage_stamps(comm, &stream, f32_shape, EpMode::HighThroughput);

@@ -32,7 +32,7 @@
 use clap::Parser;
 use devcomm::coll::DataType;
 use devcomm::comm::Communicator;
-use devcomm::moe::{EpConfig, EpGroup, EpMode, LlCombine, LlPack, MoeType};
+use devcomm::moe::{EpConfig, EpGroup, EpMode, HtLayout, LlCombine, LlPack, MoeType};
 use devcomm::runtime::Event;
 use devcomm::window::WindowFlags;
 use devcomm::{Error, Result};
@@ -101,6 +101,11 @@ struct Args {
     /// the default per rank.
     #[arg(long)]
     combine_per_expert: bool,
+    /// High-throughput: DeepEP's output layout (`HtLayout::PerSource`: each
+    /// received token once, no pack; combine takes one row per received
+    /// token, here made on the host once: the token times its local gates' sum).
+    #[arg(long)]
+    per_source: bool,
     /// Small shapes (hidden 256, 16 experts, top-4, 32 tokens): a smoke run.
     #[arg(long)]
     quick: bool,
@@ -227,6 +232,9 @@ fn run_tokens<T: MoeType>(
     let ht = a.mode == "ht";
     if ht {
         cfg = cfg.with_mode(EpMode::HighThroughput);
+        if a.per_source {
+            cfg.ht_layout = HtLayout::PerSource;
+        }
     }
     let ep = EpGroup::new(comm, &cfg)?;
     let (idx, w) = routing(a, me, tokens);
@@ -250,6 +258,36 @@ fn run_tokens<T: MoeType>(
         let mut step = |phase: u32| {
             if phase == 0 {
                 ep.dispatch_fp8_into(&xb, &idxd, &wd, &mut out, stream)
+            } else {
+                ep.combine_into(&eo, &out.handle, &mut y, stream)
+            }
+        };
+        let (td, tc) = time_pairs(comm, a, &mut step, &ep)?;
+        (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
+    } else if ht && a.per_source {
+        let mut out = ep.alloc_output::<T>()?;
+        let mut y = dev.alloc::<T>(tokens * a.hidden)?;
+        // Identity experts: each received row times its local gates' sum
+        // (made on the host once; the routing stays the same).
+        ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)?;
+        ep.synchronize(stream)?;
+        let rx = stream.read_vec(&out.recv_x)?;
+        let rw = stream.read_vec(out.handle.recv_topk_weights().expect("per-source tables"))?;
+        let rows: Vec<T> = (0..rx.len())
+            .map(|i| {
+                let r = i / a.hidden;
+                let g: f32 = rw[r * a.topk..(r + 1) * a.topk].iter().sum();
+                T::from_f64((rx[i].to_f64() as f32 * g) as f64)
+            })
+            .collect();
+        let eo = dev.alloc_from(&rows)?;
+        ep.combine_into(&eo, &out.handle, &mut y, stream)?;
+        ep.synchronize(stream)?;
+        let eps = if T::DTYPE == DataType::F32 { 1e-5 } else { 1.0 / 64.0 };
+        let wrong = count_wrong(a, &w, &xs, &stream.read_vec(&y)?, tokens, eps);
+        let mut step = |phase: u32| {
+            if phase == 0 {
+                ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)
             } else {
                 ep.combine_into(&eo, &out.handle, &mut y, stream)
             }

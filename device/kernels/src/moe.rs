@@ -410,7 +410,9 @@ kernel! {
     /// of the grid's `S` takes (destination, channel) items `s, s + S, ...`,
     /// destinations from the next rank on), wait for every source (each
     /// CTA), pack (span `s` takes (local expert, source) items `s, s + S,
-    /// ...`). Spans of warps ([`Items::spans`]), as many warps each as the
+    /// ...`; per-source layout: receive, span `s` takes (source, channel)
+    /// items `s, s + S, ...`, each waiting for its channel alone). Spans of
+    /// warps ([`Items::spans`]), as many warps each as the
     /// launch gives the items. On 2 x H200 at 4096 tokens: a CTA per item
     /// 3.4 ms, a warp per item 1.3 ms; spans alone did not speed the pack
     /// (its time was the routing scans' volatile loads, now plain: 0.89 ms;
@@ -437,6 +439,20 @@ kernel! {
             )
         });
         stamp(&cta, args, Stage::Sent);
+        if ctx.ht_per_source() {
+            // Per (source, channel): wait for it alone and copy it out.
+            let (span, at) = Items::spans(n * g);
+            for_items(&span, at, n * g, args, |i| {
+                ht::dispatch_recv_channel(
+                    &span, ctx, i / g, i % g, args.out as *mut u8, a.recv_idx as *mut i32,
+                    a.recv_weights as *mut f32, args.counts as *mut u32, a.source_counts as *mut u32, args.seq,
+                )
+            });
+            stamp(&cta, args, Stage::Waited);
+            stamp(&cta, args, Stage::Counted);
+            stamp(&cta, args, Stage::Done);
+            return;
+        }
         let r = ht::dispatch_wait(&cta, ctx, args.seq);
         if r.is_err() {
             if cta.is_leader() {
@@ -481,8 +497,12 @@ unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
             ctx,
             || {
                 for_items(&span, at, n * g, args, |i| {
-                    let (x, rows) = (args.x as *const u8, a.recv_rows as *const u32);
-                    ht::combine_send_channel::<T, _>(&span, ctx, (me + 1 + i / g) % n, i % g, x, rows, args.seq)
+                    let (src, c, x) = ((me + 1 + i / g) % n, i % g, args.x as *const u8);
+                    if ctx.ht_per_source() {
+                        ht::combine_send_rows(&span, ctx, src, c, x, args.seq)
+                    } else {
+                        ht::combine_send_channel::<T, _>(&span, ctx, src, c, x, a.recv_rows as *const u32, args.seq)
+                    }
                 })
             },
             |cta| ht::combine_wait(cta, ctx, args.seq),

@@ -277,6 +277,29 @@ impl MoeContext {
         self
     }
 
+    /// Flag (high-throughput): the dispatch leaves each received token
+    /// once, per source rank (DeepEP's layout: `ht::dispatch_recv_channel`),
+    /// instead of packing it into every local expert it names; combine
+    /// then takes one row per received token (`ht::combine_send_rows`).
+    pub const HT_PER_SOURCE: u32 = 16;
+
+    /// The same high-throughput context with the per-source layout
+    /// ([`MoeContext::HT_PER_SOURCE`]); a low-latency context unchanged.
+    /// The same on every rank.
+    pub const fn with_ht_per_source(mut self) -> Self {
+        if self.high_throughput() {
+            self.flags |= Self::HT_PER_SOURCE;
+        }
+        self
+    }
+
+    /// Whether a high-throughput dispatch leaves its tokens per source
+    /// rank ([`MoeContext::HT_PER_SOURCE`]).
+    #[inline(always)]
+    pub const fn ht_per_source(&self) -> bool {
+        self.flags & Self::HT_PER_SOURCE != 0
+    }
+
     /// Whether the library's low-latency kernels pack per expert.
     #[inline(always)]
     pub const fn pack_per_expert(&self) -> bool {
@@ -602,8 +625,19 @@ pub struct MoeHtArgs {
     pub rank_pos: u64,
     /// The handle's `u32 [ranks * max_tokens][top_k]`: for each received
     /// token's top-k entry naming a local expert, its row in the packed
-    /// output. Dispatch writes, combine reads.
+    /// output. Dispatch writes, combine reads. Per-source layout: 0.
     pub recv_rows: u64,
+    /// Per-source layout ([`MoeContext::HT_PER_SOURCE`]), dispatch
+    /// writes: `i32 [ranks * max_tokens][top_k]`, each received token's
+    /// top-k entries as local expert indices (-1: an expert of another
+    /// rank); 0 otherwise.
+    pub recv_idx: u64,
+    /// Per-source layout, dispatch writes: `f32 [ranks * max_tokens][top_k]`,
+    /// the entries' gate weights (0 where `recv_idx` is -1); 0 otherwise.
+    pub recv_weights: u64,
+    /// Per-source layout, dispatch writes: `u32 [ranks]`, the tokens
+    /// received from each source; 0 otherwise.
+    pub source_counts: u64,
 }
 
 // SAFETY: #[repr(C)] plain data with the same layout on both targets.

@@ -26,6 +26,14 @@
 //! [`dispatch_recv_expert`] does both for one local expert (the
 //! per-expert receive hook).
 //!
+//! **Per-source layout** ([`MoeContext::HT_PER_SOURCE`], DeepEP's
+//! output): no pack. [`dispatch_recv_channel`] waits for one (source,
+//! channel) and copies its tokens to rows `(source, position)` of the
+//! output with their top-k entries as local expert indices, so the
+//! receive of a channel overlaps the sends of the others; combine takes
+//! one row per received token (this rank's experts already summed by the
+//! caller) and sends it back as it is ([`combine_send_rows`]).
+//!
 //! **Combine.** For each received token the rank sums its local experts'
 //! gate-weighted outputs in f32 (top-k order, rounded once to the element
 //! type) and sends that one partial back per (token, rank) into the
@@ -98,6 +106,38 @@ fn channel_counts(
         return Err(MoeError::OutOfStep);
     }
     Ok((before, own, total))
+}
+
+/// [`channel_counts`] reading only the words of channels `0..=channel`
+/// (those a per-channel receiver has waited for): returns (tokens of the
+/// channels before `channel`, tokens of `channel`).
+fn channel_prefix(
+    ctx: &MoeContext,
+    s: u32,
+    seq: u32,
+    channel: u32,
+    off: impl Fn(u32, u32) -> u64,
+) -> Result<(u32, u32), MoeError> {
+    let m = ctx.max_tokens();
+    let (mut before, mut own) = (0u32, 0u32);
+    for c in 0..=channel {
+        let p = local_ptr(ctx, off(s, c)) as *const u64;
+        // SAFETY: a word of this rank's window, written only atomically.
+        let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
+        let n = w as u32;
+        if (w >> 32) as u32 != seq || n > m - before {
+            return Err(MoeError::OutOfStep);
+        }
+        if c < channel {
+            before += n;
+        } else {
+            own = n;
+        }
+    }
+    if own > m - before {
+        return Err(MoeError::OutOfStep);
+    }
+    Ok((before, own))
 }
 
 /// A warp's scan of `count` routing rows (`k` expert ids each, rows
@@ -396,6 +436,151 @@ unsafe fn wait_words<C: Coop>(
     coop.agree(r)
 }
 
+/// Waits until source `src`'s channels `0..=channel` of dispatch `seq`
+/// are in (their words; from a GIN source, every GIN rank's channels: its
+/// signal counts them all), then returns (the channel's first position,
+/// its tokens).
+///
+/// # Safety
+/// `ctx` a live high-throughput context; every thread of `coop` calls it.
+unsafe fn wait_channel<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    src: u32,
+    channel: u32,
+    seq: u32,
+    signal: u32,
+    off: impl Fn(u32, u32) -> u64 + Copy,
+) -> Result<(u32, u32), MoeError> {
+    let comm = ctx.comm();
+    let r = (|| -> Result<(), MoeError> {
+        let mut deadline = Deadline::new(&comm.abort());
+        if is_lsa(ctx, src) {
+            let mut c = coop.thread_rank();
+            while c <= channel {
+                let p = local_ptr(ctx, off(src, c)) as *const u64;
+                // SAFETY: this rank's word, written only atomically.
+                unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+                c += coop.size();
+            }
+        } else if coop.is_leader() {
+            let total = seq as u64 * gin_ranks(ctx) as u64 * ctx.channels() as u64;
+            Gin::new(comm, 0)?.wait_signal(&ThreadCoop, signal, total)?;
+        }
+        Ok(())
+    })();
+    coop.agree(r)?;
+    coop.agree(channel_prefix(ctx, src, seq, channel, off))
+}
+
+/// The per-source layout's receive ([`MoeContext::HT_PER_SOURCE`], DeepEP's
+/// output): waits for source `src`'s channel `channel` of dispatch `seq`,
+/// then copies its tokens, in position order, to rows `src * M + p` of
+/// `out` (`[ranks * max_tokens][hidden]`), their top-k entries to the same
+/// rows of `recv_idx` (`[ranks * max_tokens][top_k]`, the local expert's
+/// index, -1 for another rank's) and `recv_weights` (0 for another
+/// rank's), adds each token once to `counts[local]` for every distinct
+/// local expert it names, and, for the last channel, writes the source's
+/// token count to `source_counts[src]`. Returns the channel's tokens. The
+/// receive slots stay as they were (combine reuses them for GIN).
+///
+/// # Safety
+/// `ctx` a live high-throughput context; `out`, `recv_idx`,
+/// `recv_weights` of the shapes above, `counts` `local_experts` `u32`s
+/// zeroed before the dispatch's first receive (accessed atomically),
+/// `source_counts` `nranks` `u32`s; every thread of `coop` calls with the
+/// same arguments; no other coop receives (`src`, `channel`).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_recv_channel<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    src: u32,
+    channel: u32,
+    out: *mut u8,
+    recv_idx: *mut i32,
+    recv_weights: *mut f32,
+    counts: *mut u32,
+    source_counts: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    let (n, l) = (ctx.comm().nranks(), ctx.local_experts());
+    if !ctx.high_throughput() || src >= n || channel >= ctx.channels() {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    // SAFETY: the contract.
+    let (first, count) = unsafe {
+        wait_channel(coop, ctx, src, channel, seq, DISPATCH_SIGNAL, |s, c| ctx.ht_dispatch_word_offset(s, c))
+    }?;
+    let (k, m) = (ctx.top_k() as usize, ctx.max_tokens() as usize);
+    let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let r0 = src as usize * m + first as usize;
+    // SAFETY: positions `first..first + count <= max_tokens` of source
+    // `src`: received slots, and rows `r0..` of `out`, this coop's alone.
+    unsafe {
+        let from = local_ptr(ctx, ctx.ht_recv_slot_offset(src, first));
+        copy_row_block(tr, nt, out.add(r0 * row), row, from, slot, row, count as usize)
+    };
+    let lo = ctx.comm().rank() * l;
+    let meta = local_ptr(ctx, ctx.ht_meta_offset(src, first)) as *const i32;
+    let mut i = tr;
+    while i < count as usize * k {
+        let (p, j) = (i / k, i % k);
+        // SAFETY: entry `j < k` of received routing row `p < count` (ids,
+        // then weights, `2k` `i32`s a row); the output entries (`r0 + p`,
+        // `j`) are this coop's alone; `counts` holds `l` words, accessed
+        // atomically.
+        unsafe {
+            let ids = meta.add(p * 2 * k);
+            let e = *ids.add(j);
+            let w = *(ids.add(k + j) as *const f32);
+            let local = is_one_of(e, lo, l);
+            *recv_idx.add((r0 + p) * k + j) = if local { e - lo as i32 } else { -1 };
+            *recv_weights.add((r0 + p) * k + j) = if local { w } else { 0.0 };
+            if local && !(0..j).any(|q| *ids.add(q) == e) {
+                atomic::red_add_relaxed(counts.add((e as u32 - lo) as usize), 1u32, Scope::Gpu);
+            }
+        }
+        i += nt;
+    }
+    if channel == ctx.channels() - 1 && coop.is_leader() {
+        // SAFETY: `src < nranks`.
+        unsafe { *source_counts.add(src as usize) = first + count };
+    }
+    coop.sync();
+    Ok(count)
+}
+
+/// Copies `count` rows of `row` bytes from `src` (rows `src_stride`
+/// bytes apart) to `dst` (`dst_stride` apart): one copy when both are
+/// contiguous, else a row at a time.
+///
+/// # Safety
+/// Both valid for `count` rows of their strides (`>= row`), not
+/// overlapping; threads `t` of `nt`, each once.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn copy_row_block(
+    t: usize,
+    nt: usize,
+    dst: *mut u8,
+    dst_stride: usize,
+    src: *const u8,
+    src_stride: usize,
+    row: usize,
+    count: usize,
+) {
+    if dst_stride == row && src_stride == row {
+        // SAFETY: the contract: `count` whole rows, contiguous on both sides.
+        unsafe { copy_strided_by::<COPY_UNROLL>(t, nt, dst, src, count * row) };
+        return;
+    }
+    for p in 0..count {
+        // SAFETY: the contract: row `p` of both.
+        unsafe { copy_strided_by::<COPY_UNROLL>(t, nt, dst.add(p * dst_stride), src.add(p * src_stride), row) };
+    }
+}
+
 /// Waits until every source's tokens of dispatch `seq` are in (every
 /// channel word of every rank).
 ///
@@ -609,30 +794,12 @@ pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
     recv_rows: *const u32,
     seq: u32,
 ) -> Result<(), MoeError> {
-    let comm = ctx.comm();
-    let (n, me, l) = (comm.nranks(), comm.rank(), ctx.local_experts());
-    if !ctx.high_throughput() || src >= n || channel >= ctx.channels() {
-        return coop.agree(Err(MoeError::BadArgument));
-    }
+    let (me, l) = (ctx.comm().rank(), ctx.local_experts());
     let (k, m, h) = (ctx.top_k() as usize, ctx.max_tokens() as usize, ctx.hidden() as usize);
-    let row = ctx.token_bytes() as usize;
-    let (first, count, _) =
-        coop.agree(channel_counts(ctx, src, seq, channel, |s, c| ctx.ht_dispatch_word_offset(s, c)))?;
-    let gin = gin_for(coop, ctx, src)?;
+    let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
     let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let lo = me * l;
-    let chunk = (PUT_BYTES / ctx.slot_bytes()).max(WARP_SIZE as u64) as u32;
-    let mut p0 = first;
-    while p0 < first + count {
-        let rows = chunk.min(first + count - p0);
-        let out_row = |r: usize| {
-            let p = p0 + r as u32;
-            if gin.is_none() {
-                peer_ptr(ctx, src, ctx.ht_send_slot_offset(me, p))
-            } else {
-                local_ptr(ctx, ctx.ht_recv_slot_offset(src, p))
-            }
-        };
+    let fill = |p0: u32, rows: u32, dst: *mut u8| {
         let entry = |r: usize, j: usize| -> Option<(*const u8, f32)> {
             let p = p0 as usize + r;
             let meta = local_ptr(ctx, ctx.ht_meta_offset(src, p as u32));
@@ -648,9 +815,88 @@ pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
             // SAFETY: a packed row of `expert_out` (below L * N * M).
             Some((unsafe { expert_out.add(r * row) }, w))
         };
-        // SAFETY: the partial rows are slots of the window (16-byte
-        // aligned), each this coop's alone; the sources rows of `expert_out`.
+        let out_row = |r: usize| dst.wrapping_add(r * slot);
+        // SAFETY: rows `0..rows` of `dst` (`send_back`'s: slots of the
+        // window, 16-byte aligned, `slot` apart, this coop's alone); the
+        // sources rows of `expert_out`.
         unsafe { weighted_rows::<T>(tr, nt, rows as usize, h, k, out_row, (expert_out as usize) % 16 == 0, entry) };
+    };
+    // SAFETY: the contract; `fill` writes only the rows it is given.
+    unsafe { send_back(coop, ctx, src, channel, seq, fill) }
+}
+
+/// The per-source layout's combine send ([`MoeContext::HT_PER_SOURCE`]):
+/// for each token `src` sent here on channel `channel`, row `src * M + p`
+/// of `rows_in` (`[ranks * max_tokens][hidden]`, laid out as
+/// [`dispatch_recv_channel`]'s `out`: this rank's output for that token,
+/// its local experts' already added) goes back into `src`'s send slot
+/// `(this rank, p)` as it is; then the channel's combine word.
+///
+/// # Safety
+/// `ctx` a live high-throughput context; dispatch `seq` was received on
+/// this rank; `rows_in` holds `nranks * max_tokens` rows of
+/// `token_bytes`; every thread of `coop` calls with the same arguments;
+/// every (`src`, `channel`) is sent by one coop of every rank.
+pub unsafe fn combine_send_rows<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    src: u32,
+    channel: u32,
+    rows_in: *const u8,
+    seq: u32,
+) -> Result<(), MoeError> {
+    let m = ctx.max_tokens() as usize;
+    let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let fill = |p0: u32, rows: u32, dst: *mut u8| {
+        // SAFETY: rows `src * M + p0..` of `rows_in` (the contract: `p0 +
+        // rows <= max_tokens`), and `send_back`'s rows of `dst`.
+        unsafe {
+            let from = rows_in.add((src as usize * m + p0 as usize) * row);
+            copy_row_block(tr, nt, dst, slot, from, row, row, rows as usize)
+        }
+    };
+    // SAFETY: the contract; `fill` writes only the rows it is given.
+    unsafe { send_back(coop, ctx, src, channel, seq, fill) }
+}
+
+/// A combine's send of channel `channel` to source `src`: `fill(p0, rows,
+/// dst)` writes the outputs of positions `p0..p0 + rows` into `dst` (rows
+/// `slot_bytes` apart: `src`'s send slots `(this rank, p0..)` over LSA, or
+/// this rank's receive slots `(src, p0..)`, then put by GIN), a piece of
+/// at most [`PUT_BYTES`] at a time; then the channel's combine word.
+///
+/// # Safety
+/// `ctx` a live high-throughput context; dispatch `seq` was received on
+/// this rank; every thread of `coop` calls with the same arguments;
+/// every (`src`, `channel`) is sent by one coop of every rank; `fill`
+/// writes only the rows it is given.
+unsafe fn send_back<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    src: u32,
+    channel: u32,
+    seq: u32,
+    fill: impl Fn(u32, u32, *mut u8),
+) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (n, me) = (comm.nranks(), comm.rank());
+    if !ctx.high_throughput() || src >= n || channel >= ctx.channels() {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let (first, count, _) =
+        coop.agree(channel_counts(ctx, src, seq, channel, |s, c| ctx.ht_dispatch_word_offset(s, c)))?;
+    let gin = gin_for(coop, ctx, src)?;
+    let chunk = (PUT_BYTES / ctx.slot_bytes()).max(WARP_SIZE as u64) as u32;
+    let mut p0 = first;
+    while p0 < first + count {
+        let rows = chunk.min(first + count - p0);
+        let dst = if gin.is_none() {
+            peer_ptr(ctx, src, ctx.ht_send_slot_offset(me, p0))
+        } else {
+            local_ptr(ctx, ctx.ht_recv_slot_offset(src, p0))
+        };
+        fill(p0, rows, dst);
         if let Some(gin) = &gin {
             let bytes = rows as u64 * ctx.slot_bytes();
             let (d, s) = (ctx.ht_send_slot_offset(me, p0), ctx.ht_recv_slot_offset(src, p0));

@@ -3,7 +3,7 @@
 //! checks, the sequence numbers and the outputs are the group's, shared
 //! with the low-latency mode.
 
-use super::{EpConfig, EpGroup, EpMode, Handle, MoeType};
+use super::{EpConfig, EpGroup, EpMode, Handle, HtLayout, MoeType};
 use crate::coll::DataType;
 use crate::error::{Error, Result};
 use crate::runtime::{DeviceBuffer, RuntimeKind, Stream};
@@ -35,55 +35,147 @@ pub(super) fn default_ctas(sms: u32) -> u32 {
     sms.clamp(1, 128)
 }
 
+/// A high-throughput handle's tables (see `MoeHtArgs`): `rank_pos`
+/// always; `recv_rows` in the per-expert layout; the received routing and
+/// per-source counts in the per-source layout.
+pub(super) struct HtTables {
+    rank_pos: DeviceBuffer<u32>,
+    recv_rows: Option<DeviceBuffer<u32>>,
+    per_source: Option<PerSource>,
+}
+
+/// The per-source layout's outputs kept in the handle.
+struct PerSource {
+    idx: DeviceBuffer<i32>,
+    weights: DeviceBuffer<f32>,
+    counts: DeviceBuffer<u32>,
+}
+
 impl Handle {
     /// High-throughput mode: `u32 [max_tokens][ranks]`, the position of
     /// each token among those this rank sent to each rank ([`super::NO_POS`]:
     /// not sent there), for device code ([`devcomm_device::moe::ht`]);
     /// `None` in low-latency mode.
     pub fn rank_positions(&self) -> Option<&DeviceBuffer<u32>> {
-        self.ht.as_ref().map(|h| &h.0)
+        self.ht.as_ref().map(|h| &h.rank_pos)
     }
 
-    /// High-throughput mode: `u32 [ranks × max_tokens][top_k]`, for each
-    /// received token's top-k entry that names a local expert, its row in
-    /// the packed output (what combine reads the expert output from);
-    /// `None` in low-latency mode.
+    /// High-throughput mode, [`HtLayout::PerExpert`]: `u32 [ranks ×
+    /// max_tokens][top_k]`, for each received token's top-k entry that
+    /// names a local expert, its row in the packed output (what combine
+    /// reads the expert output from); `None` otherwise.
     pub fn recv_rows(&self) -> Option<&DeviceBuffer<u32>> {
-        self.ht.as_ref().map(|h| &h.1)
+        self.ht.as_ref().and_then(|h| h.recv_rows.as_ref())
+    }
+
+    /// [`HtLayout::PerSource`]: `i32 [ranks × max_tokens][top_k]`, row `s·M
+    /// + p` the top-k entries of the received token in the same row of
+    /// `recv_x`, as local expert indices (`0..L`), -1 for an expert of
+    /// another rank; `None` otherwise. Written by the dispatch (read it after
+    /// the stream gets there).
+    pub fn recv_topk_idx(&self) -> Option<&DeviceBuffer<i32>> {
+        self.per_source().map(|p| &p.idx)
+    }
+
+    /// [`HtLayout::PerSource`]: `f32 [ranks × max_tokens][top_k]`, the
+    /// entries' gate weights (0 where [`Handle::recv_topk_idx`] is -1);
+    /// `None` otherwise.
+    pub fn recv_topk_weights(&self) -> Option<&DeviceBuffer<f32>> {
+        self.per_source().map(|p| &p.weights)
+    }
+
+    /// [`HtLayout::PerSource`]: `u32 [ranks]`, the tokens received from
+    /// each source rank (rows `s·M .. s·M + count` of `recv_x`); `None`
+    /// otherwise.
+    #[doc(alias = "num_recv_tokens_per_rank")]
+    pub fn recv_source_counts(&self) -> Option<&DeviceBuffer<u32>> {
+        self.per_source().map(|p| &p.counts)
+    }
+
+    fn per_source(&self) -> Option<&PerSource> {
+        self.ht.as_ref().and_then(|h| h.per_source.as_ref())
     }
 }
 
 impl EpGroup<'_> {
+    /// Whether this group's dispatch leaves its tokens per source
+    /// ([`HtLayout::PerSource`] in high-throughput mode).
+    pub(super) fn per_source(&self) -> bool {
+        self.config.mode == EpMode::HighThroughput && self.config.ht_layout == HtLayout::PerSource
+    }
+
+    /// Rows of a dispatch's `recv_x` (and of a combine's input): `N·M`
+    /// per source, else `L·N·M`.
+    pub(super) fn recv_rows_total(&self) -> usize {
+        let nm = self.comm.count() * self.config.max_tokens_per_rank;
+        if self.per_source() {
+            nm
+        } else {
+            self.local_experts() * nm
+        }
+    }
+
     /// The handle's high-throughput tables (None in low-latency mode).
-    pub(super) fn alloc_ht_handle(&self) -> Result<Option<(DeviceBuffer<u32>, DeviceBuffer<u32>)>> {
+    pub(super) fn alloc_ht_handle(&self) -> Result<Option<HtTables>> {
         if self.config.mode != EpMode::HighThroughput {
             return Ok(None);
         }
         let dev = self.comm.device();
         let (n, m, k) = (self.comm.count(), self.config.max_tokens_per_rank, self.config.top_k);
-        Ok(Some((dev.alloc::<u32>(m * n)?, dev.alloc::<u32>(n * m * k)?)))
+        let (recv_rows, per_source) = if self.per_source() {
+            let p = PerSource {
+                idx: dev.alloc::<i32>(n * m * k)?,
+                weights: dev.alloc::<f32>(n * m * k)?,
+                counts: dev.alloc::<u32>(n)?,
+            };
+            (None, Some(p))
+        } else {
+            (Some(dev.alloc::<u32>(n * m * k)?), None)
+        };
+        Ok(Some(HtTables { rank_pos: dev.alloc::<u32>(m * n)?, recv_rows, per_source }))
     }
 
     /// `args` with the handle's tables (checked to be this group's shapes).
     fn ht_args(&self, args: MoeArgs, handle: &Handle) -> Result<MoeHtArgs> {
         let (n, m, k) = (self.comm.count(), self.config.max_tokens_per_rank, self.config.top_k);
-        match &handle.ht {
-            Some((rank_pos, recv_rows)) if rank_pos.len() == m * n && recv_rows.len() == n * m * k => {
-                Ok(MoeHtArgs { args, rank_pos: rank_pos.device_addr(), recv_rows: recv_rows.device_addr() })
-            }
-            _ => Err(Error::invalid_argument("the handle was not made by this high-throughput group")),
+        let bad = || Error::invalid_argument("the handle was not made by this high-throughput group");
+        let t = handle.ht.as_ref().ok_or_else(bad)?;
+        if t.rank_pos.len() != m * n {
+            return Err(bad());
         }
+        let mut a = MoeHtArgs {
+            args,
+            rank_pos: t.rank_pos.device_addr(),
+            recv_rows: 0,
+            recv_idx: 0,
+            recv_weights: 0,
+            source_counts: 0,
+        };
+        match (&t.recv_rows, &t.per_source, self.per_source()) {
+            (Some(r), None, false) if r.len() == n * m * k => a.recv_rows = r.device_addr(),
+            (None, Some(p), true)
+                if p.idx.len() == n * m * k && p.weights.len() == n * m * k && p.counts.len() == n =>
+            {
+                (a.recv_idx, a.recv_weights, a.source_counts) =
+                    (p.idx.device_addr(), p.weights.device_addr(), p.counts.device_addr());
+            }
+            _ => return Err(bad()),
+        }
+        Ok(a)
     }
 
     /// Queues the high-throughput dispatch kernel (`args` checked by
-    /// `launch_dispatch`'s callers).
+    /// `launch_dispatch`'s callers; per source, `args.counts` zeroed on
+    /// the stream by `dispatch_into`).
     pub(super) fn launch_ht_dispatch(&self, args: MoeArgs, handle: &Handle, stream: &Stream) -> Result<()> {
         let a = self.ht_args(args, handle)?;
         // SAFETY: as for the low-latency dispatch (`launch_dispatch`): this
         // group's live high-throughput context and buffers of the checked
-        // shapes, the handle's tables of `M × N` and `N × M × K` (checked
-        // by `ht_args`), kept alive by the callers' borrows while queued;
-        // the same dispatch on every rank; co-resident, threads a multiple of 32.
+        // shapes, the handle's tables of the layout's shapes (checked by
+        // `ht_args`: `M × N`, and `N × M × K` / `N` where used), kept alive
+        // by the callers' borrows while queued; per source the counts
+        // zeroed earlier on the stream; the same dispatch on every rank;
+        // co-resident, threads a multiple of 32.
         unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_dispatch>(self.launch_config(), (a,)) }
     }
 

@@ -78,6 +78,17 @@
 //! partials in f32 in rank order. Bf16, f16 and f32 (no fp8). Device side:
 //! [`devcomm_device::moe::ht`]; the handle's [`Handle::rank_positions`]
 //! and [`Handle::recv_rows`] are its tables.
+//!
+//! With [`HtLayout::PerSource`] (DeepEP's high-throughput output) the
+//! receiver does not pack: `recv_x [T; N·M × H]` holds each received token
+//! once, row `s·M + p` the `p`-th token source `s` sent here
+//! ([`Handle::recv_source_counts`] of them), with its top-k entries as
+//! local expert indices ([`Handle::recv_topk_idx`], -1 for another rank's
+//! expert) and weights ([`Handle::recv_topk_weights`]); `recv_count` still
+//! counts tokens per local expert. `combine(rows [T; N·M × H])` then takes
+//! one row per received token (this rank's experts' outputs for it,
+//! already weighted and summed by the caller) and returns, for each
+//! token, the rows of the ranks it went to added in f32 in rank order.
 
 use crate::coll::{CollType, DataType, Fp8E4M3};
 use crate::comm::Communicator;
@@ -183,6 +194,29 @@ pub struct EpConfig {
     /// Low-latency mode: what the combine sends back (the same on every
     /// rank); [`LlCombine::PerRank`] by default, the faster.
     pub ll_combine: LlCombine,
+    /// High-throughput mode: how the dispatch leaves what it received (the
+    /// same on every rank); [`HtLayout::PerExpert`] by default.
+    pub ht_layout: HtLayout,
+}
+
+/// How a high-throughput dispatch lays out the tokens it received
+/// ([`EpConfig::ht_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HtLayout {
+    /// Packed per local expert, `recv_x [L × N·M × H]`, as in low-latency
+    /// mode: a token is copied into every local expert it names;
+    /// combine takes each expert's outputs and weighs them itself.
+    #[default]
+    PerExpert,
+    /// DeepEP's high-throughput output: each received token once, `recv_x
+    /// [N·M × H]` by (source rank, position), with its top-k entries as
+    /// local expert indices and weights in the handle; combine takes one
+    /// row per received token (the caller's experts already weighted and
+    /// summed). No pack: each (source, channel) is copied out as soon as
+    /// it is in, while the other channels still travel.
+    #[doc(alias = "recv_topk_idx")]
+    PerSource,
 }
 
 /// How a low-latency dispatch packs the tokens it received from the LSA
@@ -243,6 +277,7 @@ impl EpConfig {
             stage_stamps: false,
             ll_pack: LlPack::PerExpert,
             ll_combine: LlCombine::PerRank,
+            ht_layout: HtLayout::PerExpert,
         }
     }
 
@@ -276,8 +311,8 @@ pub struct Handle {
     pos: DeviceBuffer<u32>,
     idx: DeviceBuffer<i32>,
     weights: DeviceBuffer<f32>,
-    /// High-throughput mode: `rank_pos` and `recv_rows` (see `MoeHtArgs`).
-    ht: Option<(DeviceBuffer<u32>, DeviceBuffer<u32>)>,
+    /// High-throughput mode: its tables (see `MoeHtArgs`).
+    ht: Option<ht::HtTables>,
 }
 
 impl std::fmt::Debug for Handle {
@@ -498,7 +533,11 @@ impl<'c> EpGroup<'c> {
         // the same config on every rank (the collective contract).
         let ctx = if c.fp8_dispatch { unsafe { ctx.with_fp8_dispatch() } } else { ctx };
         let ctx = if c.mode == EpMode::HighThroughput {
-            ctx
+            if c.ht_layout == HtLayout::PerSource {
+                ctx.with_ht_per_source()
+            } else {
+                ctx
+            }
         } else {
             let pack = if c.ll_pack == LlPack::PerExpert { MoeContext::PACK_PER_EXPERT } else { 0 };
             let comb = if c.ll_combine == LlCombine::PerExpert { MoeContext::COMBINE_PER_EXPERT } else { 0 };
@@ -713,9 +752,9 @@ impl<'c> EpGroup<'c> {
     pub fn alloc_output<T: MoeType>(&self) -> Result<Dispatched<T>> {
         self.check_type::<T>()?;
         let dev = self.comm.device();
-        let (l, n, m) = (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank);
+        let l = self.local_experts();
         Ok(Dispatched {
-            recv_x: dev.alloc::<T>(l * n * m * self.config.hidden)?,
+            recv_x: dev.alloc::<T>(self.recv_rows_total() * self.config.hidden)?,
             recv_count: dev.alloc::<u32>(l)?,
             handle: self.alloc_handle()?,
         })
@@ -793,12 +832,17 @@ impl<'c> EpGroup<'c> {
             return Err(Error::invalid_usage("this group dispatches fp8 (EpConfig::fp8_dispatch): use dispatch_fp8"));
         }
         let tokens = self.check_dispatch(x, topk_idx, topk_weights)?;
-        let rows = self.local_experts() * self.comm.count() * self.config.max_tokens_per_rank;
-        if out.recv_x.len() != rows * self.config.hidden || out.recv_count.len() != self.local_experts() {
+        if out.recv_x.len() != self.recv_rows_total() * self.config.hidden
+            || out.recv_count.len() != self.local_experts()
+        {
             return Err(Error::invalid_argument("dispatch_into: the output was not made by this group's alloc_output"));
         }
         self.check_device("dispatch_into recv_x", out.recv_x.device().ordinal())?;
         self.check_device("dispatch_into recv_count", out.recv_count.device().ordinal())?;
+        if self.per_source() {
+            // The per-source receive adds to the counts (atomically).
+            stream.memset(&mut out.recv_count, 0)?;
+        }
         let (o, c) = (out.recv_x.device_addr(), out.recv_count.device_addr());
         self.launch_dispatch(x.device_addr(), tokens, topk_idx, topk_weights, o, 0, c, &mut out.handle, stream)
     }
@@ -1029,11 +1073,16 @@ impl<'c> EpGroup<'c> {
         self.check_type::<T>()?;
         let (l, n, m, h) =
             (self.local_experts(), self.comm.count(), self.config.max_tokens_per_rank, self.config.hidden);
-        if expert_out.len() != l * n * m * h {
+        if expert_out.len() != self.recv_rows_total() * h {
+            let layout = if self.per_source() {
+                format!("{n} ranks × {m} tokens × {h}")
+            } else {
+                format!("{l} local experts × {n} ranks × {m} tokens × {h}")
+            };
             return Err(Error::invalid_argument(format!(
-                "combine: expert_out holds {} elements, the group's layout {l} local experts × {n} ranks × {m} tokens × {h} = {}",
+                "combine: expert_out holds {} elements, the group's layout {layout} = {}",
                 expert_out.len(),
-                l * n * m * h
+                self.recv_rows_total() * h
             )));
         }
         self.check_device("combine expert_out", expert_out.device().ordinal())?;
