@@ -405,14 +405,46 @@ kernel! {
     }
 }
 
+/// A high-throughput dispatch's first steps: prepare (grid-strided) and
+/// send (span `s` of the grid's `S` takes (destination, channel) items `s,
+/// s + S, ...`, destinations from the next rank on). A macro, not a
+/// function: a function taking the kernel's parameter by reference made
+/// ptxas copy it to local memory (704-byte stack frames against 168).
+///
+/// Safety: as for `moe_ht_dispatch`; `$ctx` is `$a.args.ctx` (its shared copy).
+macro_rules! ht_send {
+    ($cta:expr, $a:expr, $ctx:expr) => {{
+        let (cta, a, ctx) = ($cta, $a, $ctx);
+        let args = &a.args;
+        stamp(cta, args, Stage::Start);
+        let num_tokens = prepare(args, ctx);
+        let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
+        let (span, at) = Items::spans(n * g);
+        for_items(&span, at, n * g, args, |i| {
+            ht::dispatch_send_channel(
+                &span,
+                ctx,
+                (me + 1 + i / g) % n,
+                i % g,
+                args.x as *const u8,
+                args.topk_idx as *const i32,
+                args.topk_weights as *const f32,
+                num_tokens,
+                a.rank_pos as *mut u32,
+                args.seq,
+            )
+        });
+        stamp(cta, args, Stage::Sent);
+    }};
+}
+
 kernel! {
     /// A high-throughput dispatch: prepare (grid-strided), send (span `s`
     /// of the grid's `S` takes (destination, channel) items `s, s + S, ...`,
     /// destinations from the next rank on), wait for every source (each
     /// CTA), pack (span `s` takes (local expert, source) items `s, s + S,
-    /// ...`; per-source layout: receive, span `s` takes (source, channel)
-    /// items `s, s + S, ...`, each waiting for its channel alone). Spans of
-    /// warps ([`Items::spans`]), as many warps each as the
+    /// ...`; a per-source context is refused: `moe_ht_dispatch_per_source`).
+    /// Spans of warps ([`Items::spans`]), as many warps each as the
     /// launch gives the items. On 2 x H200 at 4096 tokens: a CTA per item
     /// 3.4 ms, a warp per item 1.3 ms; spans alone did not speed the pack
     /// (its time was the routing scans' volatile loads, now plain: 0.89 ms;
@@ -428,31 +460,14 @@ kernel! {
         let args = &a.args;
         let cta = Cta::new();
         let Some(ctx) = shared_context(&cta, args) else { return };
-        stamp(&cta, args, Stage::Start);
-        let num_tokens = prepare(args, ctx);
-        let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
-        let (span, at) = Items::spans(n * g);
-        for_items(&span, at, n * g, args, |i| {
-            ht::dispatch_send_channel(
-                &span, ctx, (me + 1 + i / g) % n, i % g, args.x as *const u8, args.topk_idx as *const i32,
-                args.topk_weights as *const f32, num_tokens, a.rank_pos as *mut u32, args.seq,
-            )
-        });
-        stamp(&cta, args, Stage::Sent);
         if ctx.ht_per_source() {
-            // Per (source, channel): wait for it alone and copy it out.
-            let (span, at) = Items::spans(n * g);
-            for_items(&span, at, n * g, args, |i| {
-                ht::dispatch_recv_channel(
-                    &span, ctx, i / g, i % g, args.out as *mut u8, a.recv_idx as *mut i32,
-                    a.recv_weights as *mut f32, args.counts as *mut u32, a.source_counts as *mut u32, args.seq,
-                )
-            });
-            stamp(&cta, args, Stage::Waited);
-            stamp(&cta, args, Stage::Counted);
-            stamp(&cta, args, Stage::Done);
+            if cta.is_leader() {
+                report::<()>(args, Err(MoeError::BadArgument));
+            }
             return;
         }
+        ht_send!(&cta, &a, ctx);
+        let n = ctx.comm().nranks();
         let r = ht::dispatch_wait(&cta, ctx, args.seq);
         if r.is_err() {
             if cta.is_leader() {
@@ -473,21 +488,99 @@ kernel! {
     }
 }
 
+kernel! {
+    /// A high-throughput dispatch in the per-source layout
+    /// (`HtLayout::PerSource`): prepare and send as `moe_ht_dispatch`,
+    /// then, with no grid-wide wait, span `s` takes (source, channel) items
+    /// `s, s + S, ...`: each waits for its channel alone and copies it out
+    /// (`ht::dispatch_recv_channel`), so early channels leave while late
+    /// ones travel. Its own kernel: the pack's registers stay as they were.
+    ///
+    /// # Safety
+    /// As for `moe_ht_dispatch`, on a per-source context, with the
+    /// per-source tables (`recv_idx`, `recv_weights` of `nranks *
+    /// max_tokens * top_k`, `source_counts` of `nranks`), `out` of `nranks *
+    /// max_tokens` tokens and `counts` zeroed earlier on the stream.
+    pub unsafe fn moe_ht_dispatch_per_source(a: MoeHtArgs) {
+        let args = &a.args;
+        let cta = Cta::new();
+        let Some(ctx) = shared_context(&cta, args) else { return };
+        if !ctx.ht_per_source() {
+            if cta.is_leader() {
+                report::<()>(args, Err(MoeError::BadArgument));
+            }
+            return;
+        }
+        ht_send!(&cta, &a, ctx);
+        let (n, g) = (ctx.comm().nranks(), ctx.channels());
+        let (span, at) = Items::spans(n * g);
+        for_items(&span, at, n * g, args, |i| {
+            ht::dispatch_recv_channel(
+                &span, ctx, i / g, i % g, args.out as *mut u8, a.recv_idx as *mut i32, a.recv_weights as *mut f32,
+                args.counts as *mut u32, a.source_counts as *mut u32, args.seq,
+            )
+        });
+        stamp(&cta, args, Stage::Waited);
+        stamp(&cta, args, Stage::Counted);
+        stamp(&cta, args, Stage::Done);
+    }
+}
+
 /// A high-throughput combine of elements `T`: send the partial sums (span
 /// `s` of the grid's `S` takes (source, channel) items `s, s + S, ...`),
 /// then every CTA waits for every rank's partials and the grid adds them.
+/// With `ROWS` (the per-source layout: its context, else refused), the
+/// rows are sent as they are, and then span `s` takes channels `s, s + S,
+/// ...` of this rank's tokens and adds each as soon as every rank's
+/// partials of it are in (`ht::combine_reduce_channel`), no grid-wide wait.
 ///
 /// # Safety
 /// As for `moe_ht_dispatch`, `a` made by `devcomm::moe::EpGroup::combine`
 /// for the dispatch with the same `seq`, `T` of the context's element size.
 #[inline(always)]
-unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
+unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
     let args = &a.args;
     let cta = Cta::new();
     // SAFETY: every thread of the CTA, first; the contract.
     let Some(ctx) = (unsafe { shared_context(&cta, args) }) else { return };
+    if ctx.ht_per_source() != ROWS {
+        if cta.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report::<()>(args, Err(MoeError::BadArgument)) };
+        }
+        return;
+    }
     let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
     let (span, at) = Items::spans(n * g);
+    if ROWS {
+        // SAFETY: (all) the contract: this group's live context, `x` one
+        // row per received token, the handle's `rank_pos`, `out` of
+        // `num_tokens * hidden`.
+        unsafe {
+            stamp(&cta, args, Stage::Start);
+            for_items(&span, at, n * g, args, |i| {
+                ht::combine_send_rows(&span, ctx, (me + 1 + i / g) % n, i % g, args.x as *const u8, args.seq)
+            });
+            stamp(&cta, args, Stage::Sent);
+            stamp(&cta, args, Stage::Waited);
+            stamp(&cta, args, Stage::Counted);
+            let (span, at) = Items::spans(g);
+            let tokens = args.num_tokens.min(ctx.max_tokens());
+            for_items(&span, at, g, args, |c| {
+                ht::combine_reduce_channel::<T, _>(
+                    &span,
+                    ctx,
+                    c,
+                    a.rank_pos as *const u32,
+                    tokens,
+                    args.out as *mut T,
+                    args.seq,
+                )
+            });
+            stamp(&cta, args, Stage::Done);
+        }
+        return;
+    }
     // SAFETY: (all three steps) the contract: this group's live context,
     // `x` the experts' outputs, the handle's tables, `out` of `num_tokens * hidden`.
     unsafe {
@@ -497,12 +590,8 @@ unsafe fn ht_combine<T: Element<Acc = f32>>(a: &MoeHtArgs) {
             ctx,
             || {
                 for_items(&span, at, n * g, args, |i| {
-                    let (src, c, x) = ((me + 1 + i / g) % n, i % g, args.x as *const u8);
-                    if ctx.ht_per_source() {
-                        ht::combine_send_rows(&span, ctx, src, c, x, args.seq)
-                    } else {
-                        ht::combine_send_channel::<T, _>(&span, ctx, src, c, x, a.recv_rows as *const u32, args.seq)
-                    }
+                    let (x, rows) = (args.x as *const u8, a.recv_rows as *const u32);
+                    ht::combine_send_channel::<T, _>(&span, ctx, (me + 1 + i / g) % n, i % g, x, rows, args.seq)
                 })
             },
             |cta| ht::combine_wait(cta, ctx, args.seq),
@@ -520,7 +609,7 @@ kernel! {
     /// # Safety
     /// As for `moe_ht_dispatch`, `a` made by `devcomm::moe::EpGroup::combine`.
     pub unsafe fn moe_ht_combine_f32(a: MoeHtArgs) {
-        ht_combine::<f32>(&a);
+        ht_combine::<f32, false>(&a);
     }
 
     /// A high-throughput combine of bf16 tokens.
@@ -528,7 +617,7 @@ kernel! {
     /// # Safety
     /// As for `moe_ht_combine_f32`.
     pub unsafe fn moe_ht_combine_bf16(a: MoeHtArgs) {
-        ht_combine::<Bf16>(&a);
+        ht_combine::<Bf16, false>(&a);
     }
 
     /// A high-throughput combine of f16 tokens.
@@ -536,6 +625,34 @@ kernel! {
     /// # Safety
     /// As for `moe_ht_combine_f32`.
     pub unsafe fn moe_ht_combine_f16(a: MoeHtArgs) {
-        ht_combine::<F16>(&a);
+        ht_combine::<F16, false>(&a);
+    }
+
+    /// A high-throughput combine in the per-source layout
+    /// (`HtLayout::PerSource`) of f32 tokens: `a.args.x` holds one row per
+    /// received token (`nranks * max_tokens` rows), sent back as they are
+    /// (`ht::combine_send_rows`); then as `moe_ht_combine_f32`.
+    ///
+    /// # Safety
+    /// As for `moe_ht_combine_f32`, on a per-source context, `x` of
+    /// `nranks * max_tokens` rows.
+    pub unsafe fn moe_ht_combine_rows_f32(a: MoeHtArgs) {
+        ht_combine::<f32, true>(&a);
+    }
+
+    /// The same of bf16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_ht_combine_rows_f32`.
+    pub unsafe fn moe_ht_combine_rows_bf16(a: MoeHtArgs) {
+        ht_combine::<Bf16, true>(&a);
+    }
+
+    /// The same of f16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_ht_combine_rows_f32`.
+    pub unsafe fn moe_ht_combine_rows_f16(a: MoeHtArgs) {
+        ht_combine::<F16, true>(&a);
     }
 }

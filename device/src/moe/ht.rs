@@ -290,6 +290,7 @@ unsafe fn publish<C: Coop>(
 /// every (`dest`, `channel`) is sent once on every rank; the previous
 /// dispatch's combine is done on every rank.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub unsafe fn dispatch_send_channel<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
@@ -491,6 +492,7 @@ unsafe fn wait_channel<C: Coop>(
 /// `source_counts` `nranks` `u32`s; every thread of `coop` calls with the
 /// same arguments; no other coop receives (`src`, `channel`).
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub unsafe fn dispatch_recv_channel<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
@@ -785,6 +787,7 @@ pub unsafe fn dispatch_recv_expert<C: Coop>(
 /// table; `expert_out` holds `local_experts * nranks * max_tokens` rows;
 /// every thread of `coop` calls with the same arguments; every (`src`,
 /// `channel`) is sent by one coop of every rank.
+#[inline(always)]
 pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
     coop: &C,
     ctx: &MoeContext,
@@ -837,6 +840,7 @@ pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
 /// this rank; `rows_in` holds `nranks * max_tokens` rows of
 /// `token_bytes`; every thread of `coop` calls with the same arguments;
 /// every (`src`, `channel`) is sent by one coop of every rank.
+#[inline(always)]
 pub unsafe fn combine_send_rows<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
@@ -871,6 +875,7 @@ pub unsafe fn combine_send_rows<C: Coop>(
 /// this rank; every thread of `coop` calls with the same arguments;
 /// every (`src`, `channel`) is sent by one coop of every rank; `fill`
 /// writes only the rows it is given.
+#[inline(always)]
 unsafe fn send_back<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
@@ -910,6 +915,93 @@ unsafe fn send_back<C: Coop>(
     unsafe { publish(coop, ctx, gin.as_ref(), src, off, word(seq, count), COMBINE_SIGNAL) }
 }
 
+/// [`combine_wait`] and [`combine_reduce`] for the tokens of one channel
+/// (the per-source layout's kernel): channel `channel` covers the same
+/// token range on every rank it went to, so once every rank's combine
+/// word of that channel is in (from GIN ranks: their signal, counting
+/// every channel), `out[t]` for those tokens is the partials added in f32
+/// in rank order, rounded once, while other channels still travel.
+///
+/// # Safety
+/// As for [`combine_reduce`]; every thread of `coop` calls with the same
+/// arguments; no other coop reduces `channel`.
+#[inline(always)]
+pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    channel: u32,
+    rank_pos: *const u32,
+    num_tokens: u32,
+    out: *mut T,
+    seq: u32,
+) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let n = comm.nranks();
+    if !ctx.high_throughput() || channel >= ctx.channels() || num_tokens > ctx.max_tokens() {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let off = |d: u32| ctx.ht_combine_word_offset(d, channel);
+    let r = (|| -> Result<(), MoeError> {
+        let mut deadline = Deadline::new(&comm.abort());
+        let mut d = coop.thread_rank();
+        while d < n {
+            let p = local_ptr(ctx, off(d)) as *const u64;
+            if is_lsa(ctx, d) {
+                // SAFETY: this rank's word, written only atomically.
+                unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+            }
+            d += coop.size();
+        }
+        let gr = gin_ranks(ctx);
+        if gr > 0 && coop.is_leader() {
+            let total = seq as u64 * gr as u64 * ctx.channels() as u64;
+            Gin::new(comm, 0)?.wait_signal(&ThreadCoop, COMBINE_SIGNAL, total)?;
+        }
+        Ok(())
+    })();
+    coop.agree(r)?;
+    let mut r = Ok(());
+    let mut d = coop.thread_rank();
+    while d < n {
+        let p = local_ptr(ctx, off(d)) as *const u64;
+        // SAFETY: as above.
+        let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
+        if (w >> 32) as u32 != seq {
+            r = Err(MoeError::OutOfStep);
+        }
+        d += coop.size();
+    }
+    coop.agree(r)?;
+    let (first, end) = channel_tokens(num_tokens, ctx.channels(), channel);
+    let (nn, row) = (n as usize, ctx.hidden() as usize * core::mem::size_of::<T>());
+    let entry = |tok: usize, d: usize| -> Option<(*const u8, f32)> {
+        // SAFETY: `first + tok < num_tokens`, `d < nranks`: inside `rank_pos`.
+        let p = unsafe { *rank_pos.add((first as usize + tok) * nn + d) };
+        if p == NO_POS || p >= ctx.max_tokens() {
+            return None;
+        }
+        Some((local_ptr(ctx, ctx.ht_send_slot_offset(d as u32, p)) as *const u8, 1.0))
+    };
+    let out_row = |tok: usize| (out as *mut u8).wrapping_add((first as usize + tok) * row);
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    // SAFETY: the contract: rows `first..end` of `out`, this coop's alone;
+    // the partials are slots of the window (16-byte aligned).
+    unsafe {
+        weighted_rows::<T>(
+            t,
+            nt,
+            (end - first) as usize,
+            ctx.hidden() as usize,
+            nn,
+            out_row,
+            (out as usize) % 16 == 0,
+            entry,
+        )
+    };
+    coop.sync();
+    Ok(())
+}
+
 /// Waits until every rank's partial sums of dispatch `seq` are back on
 /// this rank (every combine word).
 ///
@@ -929,6 +1021,7 @@ pub unsafe fn combine_wait<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) -> Res
 /// `ctx` a live high-throughput context, `T` of its element size;
 /// `rank_pos` the dispatch's (`num_tokens * nranks`); `out` holds
 /// `num_tokens * hidden` elements; the `nt` threads use `t = 0..nt` once each.
+#[inline(always)]
 pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     t: usize,
     nt: usize,

@@ -176,7 +176,13 @@ impl EpGroup<'_> {
         // by the callers' borrows while queued; per source the counts
         // zeroed earlier on the stream; the same dispatch on every rank;
         // co-resident, threads a multiple of 32.
-        unsafe { stream.launch::<devcomm_kernels::moe::moe_ht_dispatch>(self.launch_config(), (a,)) }
+        unsafe {
+            if self.per_source() {
+                stream.launch::<devcomm_kernels::moe::moe_ht_dispatch_per_source>(self.launch_config(), (a,))
+            } else {
+                stream.launch::<devcomm_kernels::moe::moe_ht_dispatch>(self.launch_config(), (a,))
+            }
+        }
     }
 
     /// Queues the high-throughput combine kernel of `T` (`args` checked by
@@ -190,10 +196,13 @@ impl EpGroup<'_> {
         // (its tables written by that dispatch's kernel, earlier on the
         // stream), the same combine on every rank; `T` matches the kernel.
         unsafe {
-            match T::DTYPE {
-                DataType::F32 => stream.launch::<k::moe_ht_combine_f32>(cfg, (a,)),
-                DataType::Bf16 => stream.launch::<k::moe_ht_combine_bf16>(cfg, (a,)),
-                _ => stream.launch::<k::moe_ht_combine_f16>(cfg, (a,)),
+            match (T::DTYPE, self.per_source()) {
+                (DataType::F32, false) => stream.launch::<k::moe_ht_combine_f32>(cfg, (a,)),
+                (DataType::Bf16, false) => stream.launch::<k::moe_ht_combine_bf16>(cfg, (a,)),
+                (_, false) => stream.launch::<k::moe_ht_combine_f16>(cfg, (a,)),
+                (DataType::F32, true) => stream.launch::<k::moe_ht_combine_rows_f32>(cfg, (a,)),
+                (DataType::Bf16, true) => stream.launch::<k::moe_ht_combine_rows_bf16>(cfg, (a,)),
+                (_, true) => stream.launch::<k::moe_ht_combine_rows_f16>(cfg, (a,)),
             }
         }
     }
