@@ -969,6 +969,13 @@ fn child_body(comm: &Communicator) {
         per_source_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 8, k: 2, m: 45 }, 1, few);
         per_source_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, &[Routing::OneRank]);
     }
+    // Spans of 2 warps for the sends, of 4 for the combine's per-channel
+    // reduce (8 warps a CTA, 4 CTAs, 8 channels on 2 ranks): the phases'
+    // named barriers must not meet (on H100 they did: an illegal instruction;
+    // the emulator now refuses such a kernel).
+    let mut split = EpConfig::new(f32_shape.e, f32_shape.h, f32_shape.k, f32_shape.m).with_mode(EpMode::HighThroughput);
+    (split.threads, split.channels, split.ctas, split.ht_layout) = (256, 8, 4, HtLayout::PerSource);
+    battery_of::<f32>(comm, &stream, f32_shape, &split, 1, few);
     ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
     stage_stamps(comm, &stream, f32_shape, EpMode::LowLatency);
     stage_stamps(comm, &stream, f32_shape, EpMode::HighThroughput);

@@ -239,7 +239,11 @@ struct Items {
     stride: u32,
 }
 
-/// Most spans in a CTA: named barriers 1..=15 (0 is the CTA's).
+/// Most spans in a CTA: named barriers 1..=15 (0 is the CTA's). Two
+/// phases whose spans split the warps differently need a CTA barrier
+/// between them: span `j` uses barrier `1 + j` with its own thread count,
+/// and one barrier used with two counts at once is undefined (an illegal
+/// instruction on H100; the emulator refuses it).
 const MAX_SPANS: u32 = 15;
 
 impl Items {
@@ -564,6 +568,10 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
             stamp(&cta, args, Stage::Sent);
             stamp(&cta, args, Stage::Waited);
             stamp(&cta, args, Stage::Counted);
+            // The reduce's spans split the warps differently (fewer items):
+            // their named barriers must not overlap the sends' (the same
+            // ids with other thread counts: an illegal instruction on H100).
+            cta.sync();
             let (span, at) = Items::spans(g);
             let tokens = args.num_tokens.min(ctx.max_tokens());
             for_items(&span, at, g, args, |c| {

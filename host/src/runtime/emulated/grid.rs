@@ -630,7 +630,8 @@ impl<A: KernelArgs> BlockTask<A> {
             })));
         }
 
-        let mut sched = Scheduler { waiting: vec![None; nthreads], live: nthreads, arrived: HashMap::new() };
+        let mut sched =
+            Scheduler { waiting: vec![None; nthreads], live: nthreads, arrived: HashMap::new(), named: HashMap::new() };
         let rotate = launch.strict.is_some() && strict::config().schedule;
         let mut rng = strict::Rng::new(launch.strict.as_ref().map_or(0, |s| strict::mix(s.rng_seed, !self.block)));
         loop {
@@ -651,6 +652,13 @@ impl<A: KernelArgs> BlockTask<A> {
                     CoroutineResult::Yield(Suspend::Spin) => {}
                     CoroutineResult::Yield(Suspend::Barrier(key)) => {
                         progressed = true;
+                        if let Some(other) = sched.conflict(key) {
+                            launch.fail(format!(
+                                "{} waits at {key:?}, and other threads of its block used {other:?} since its last block barrier: one named barrier with two thread counts may overlap on a GPU, which is undefined (an illegal instruction on H100); put a block barrier between phases that split the warps differently",
+                                describe(&slots[i].geometry)
+                            ));
+                            block.poisoned.set(true);
+                        }
                         sched.wait(i, key);
                     }
                     CoroutineResult::Return(()) => {
@@ -706,9 +714,24 @@ struct Scheduler {
     waiting: Vec<Option<BarrierKey>>,
     live: usize,
     arrived: HashMap<BarrierKey, usize>,
+    /// Named barrier id -> the thread count it was last used with, since
+    /// the last block barrier opened ([`Scheduler::conflict`]).
+    named: HashMap<u32, u32>,
 }
 
 impl Scheduler {
+    /// For a named barrier: the same id used with another thread count
+    /// since the block's last `bar.sync 0` (None for other keys). Without
+    /// a block barrier between them, the two uses may overlap on a GPU,
+    /// however they happened to run here.
+    fn conflict(&mut self, key: BarrierKey) -> Option<BarrierKey> {
+        let BarrierKey::Named { id, threads } = key else { return None };
+        match self.named.insert(id, threads) {
+            Some(n) if n != threads => Some(BarrierKey::Named { id, threads: n }),
+            _ => None,
+        }
+    }
+
     fn wait(&mut self, thread: usize, key: BarrierKey) {
         self.waiting[thread] = Some(key);
         *self.arrived.entry(key).or_insert(0) += 1;
@@ -737,6 +760,9 @@ impl Scheduler {
             let have = self.arrived.get(&key).copied().unwrap_or(0);
             if have > 0 && have >= self.needed(key, slots, threads) {
                 self.arrived.remove(&key);
+                if key == BarrierKey::Block {
+                    self.named.clear();
+                }
                 let now = if stamp { strict::tick() } else { 0 };
                 for (i, w) in self.waiting.iter_mut().enumerate() {
                     if *w == Some(key) {
