@@ -415,9 +415,10 @@ kernel! {
 /// function: a function taking the kernel's parameter by reference made
 /// ptxas copy it to local memory (704-byte stack frames against 168).
 ///
-/// Safety: as for `moe_ht_dispatch`; `$ctx` is `$a.args.ctx` (its shared copy).
+/// Safety: as for `moe_ht_dispatch`; `$ctx` is `$a.args.ctx` (its shared
+/// copy); `$own_out` null or the per-source output (`dispatch_send_channel`).
 macro_rules! ht_send {
-    ($cta:expr, $a:expr, $ctx:expr) => {{
+    ($cta:expr, $a:expr, $ctx:expr, $own_out:expr) => {{
         let (cta, a, ctx) = ($cta, $a, $ctx);
         let args = &a.args;
         stamp(cta, args, Stage::Start);
@@ -435,6 +436,7 @@ macro_rules! ht_send {
                 args.topk_weights as *const f32,
                 num_tokens,
                 a.rank_pos as *mut u32,
+                $own_out,
                 args.seq,
             )
         });
@@ -470,7 +472,7 @@ kernel! {
             }
             return;
         }
-        ht_send!(&cta, &a, ctx);
+        ht_send!(&cta, &a, ctx, core::ptr::null_mut());
         let n = ctx.comm().nranks();
         let r = ht::dispatch_wait(&cta, ctx, args.seq);
         if r.is_err() {
@@ -515,13 +517,13 @@ kernel! {
             }
             return;
         }
-        ht_send!(&cta, &a, ctx);
+        ht_send!(&cta, &a, ctx, args.out as *mut u8);
         let (n, g) = (ctx.comm().nranks(), ctx.channels());
         let (span, at) = Items::spans(n * g);
         for_items(&span, at, n * g, args, |i| {
             ht::dispatch_recv_channel(
                 &span, ctx, i / g, i % g, args.out as *mut u8, a.recv_idx as *mut i32, a.recv_weights as *mut f32,
-                args.counts as *mut u32, a.source_counts as *mut u32, args.seq,
+                args.counts as *mut u32, a.source_counts as *mut u32, true, args.seq,
             )
         });
         stamp(&cta, args, Stage::Waited);
@@ -581,6 +583,7 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
                     c,
                     a.rank_pos as *const u32,
                     tokens,
+                    args.x as *const u8,
                     args.out as *mut T,
                     args.seq,
                 )

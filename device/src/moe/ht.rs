@@ -282,13 +282,19 @@ unsafe fn publish<C: Coop>(
 /// range), stores or puts the tokens and their routing rows into `dest`'s
 /// receive slots, then publishes the channel's word. Returns the tokens sent.
 ///
+/// `own_out`: null, or (the per-source layout) the output
+/// [`dispatch_recv_channel`] fills: the tokens this rank sends itself go
+/// straight to its rows `me * M + p` there (their routing rows still to
+/// the window), and that receive copies only the others'.
+///
 /// # Safety
 /// `ctx` a live high-throughput context; `x` holds `num_tokens` tokens,
 /// `topk_idx`/`topk_weights` `num_tokens * top_k` entries, `rank_pos`
-/// `num_tokens * nranks`; every thread of the coop calls with the same
-/// arguments; no other coop sends (`dest`, `channel`) in this dispatch;
-/// every (`dest`, `channel`) is sent once on every rank; the previous
-/// dispatch's combine is done on every rank.
+/// `num_tokens * nranks`; `own_out` null or `nranks * max_tokens` rows
+/// of `token_bytes` (on a per-source context); every thread of the coop
+/// calls with the same arguments; no other coop sends (`dest`,
+/// `channel`) in this dispatch; every (`dest`, `channel`) is sent once on
+/// every rank; the previous dispatch's combine is done on every rank.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn dispatch_send_channel<C: Coop>(
@@ -301,6 +307,7 @@ pub unsafe fn dispatch_send_channel<C: Coop>(
     topk_weights: *const f32,
     num_tokens: u32,
     rank_pos: *mut u32,
+    own_out: *mut u8,
     seq: u32,
 ) -> Result<u32, MoeError> {
     let comm = ctx.comm();
@@ -341,7 +348,12 @@ pub unsafe fn dispatch_send_channel<C: Coop>(
             let pj = arch::shfl(u32::MAX, p as u64, src_lane) as u32;
             if hj != 0 {
                 let tj = (c0 + src_lane) as usize;
-                let (dst, meta) = if gin.is_none() {
+                let (dst, meta) = if dest == me && !own_out.is_null() {
+                    (
+                        own_out.wrapping_add((me as usize * ctx.max_tokens() as usize + pj as usize) * row),
+                        local_ptr(ctx, ctx.ht_meta_offset(me, pj)),
+                    )
+                } else if gin.is_none() {
                     (
                         peer_ptr(ctx, dest, ctx.ht_recv_slot_offset(me, pj)),
                         peer_ptr(ctx, dest, ctx.ht_meta_offset(me, pj)),
@@ -353,9 +365,10 @@ pub unsafe fn dispatch_send_channel<C: Coop>(
                     )
                 };
                 // SAFETY: token `tj < num_tokens` of `x` and its routing
-                // rows; the slot (`slot_bytes >= row`) and the routing row
-                // (`8 * k` bytes) at position `pj < num_tokens <= max_tokens`
-                // are this coop's alone in this dispatch.
+                // rows; the slot (`slot_bytes >= row`, or `own_out`'s row:
+                // the caller's contract) and the routing row (`8 * k` bytes)
+                // at position `pj < num_tokens <= max_tokens` are this
+                // coop's alone in this dispatch.
                 unsafe {
                     copy_strided_by::<COPY_UNROLL>(tr, nt, dst, x.add(tj * row), row);
                     copy_strided(tr, nt, meta, topk_idx.add(tj * k) as *const u8, 4 * k);
@@ -483,7 +496,9 @@ unsafe fn wait_channel<C: Coop>(
 /// rank's), adds each token once to `counts[local]` for every distinct
 /// local expert it names, and, for the last channel, writes the source's
 /// token count to `source_counts[src]`. Returns the channel's tokens. The
-/// receive slots stay as they were (combine reuses them for GIN).
+/// receive slots stay as they were (combine reuses them for GIN). With
+/// `own_direct`, the rows from this rank itself are in `out` already
+/// ([`dispatch_send_channel`]'s `own_out`) and only their routing is copied.
 ///
 /// # Safety
 /// `ctx` a live high-throughput context; `out`, `recv_idx`,
@@ -503,6 +518,7 @@ pub unsafe fn dispatch_recv_channel<C: Coop>(
     recv_weights: *mut f32,
     counts: *mut u32,
     source_counts: *mut u32,
+    own_direct: bool,
     seq: u32,
 ) -> Result<u32, MoeError> {
     let (n, l) = (ctx.comm().nranks(), ctx.local_experts());
@@ -517,12 +533,12 @@ pub unsafe fn dispatch_recv_channel<C: Coop>(
     let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
     let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let r0 = src as usize * m + first as usize;
-    // SAFETY: positions `first..first + count <= max_tokens` of source
-    // `src`: received slots, and rows `r0..` of `out`, this coop's alone.
-    unsafe {
+    if !(own_direct && src == ctx.comm().rank()) {
         let from = local_ptr(ctx, ctx.ht_recv_slot_offset(src, first));
-        copy_row_block(tr, nt, out.add(r0 * row), row, from, slot, row, count as usize)
-    };
+        // SAFETY: positions `first..first + count <= max_tokens` of source
+        // `src`: received slots, and rows `r0..` of `out`, this coop's alone.
+        unsafe { copy_row_block(tr, nt, out.add(r0 * row), row, from, slot, row, count as usize) };
+    }
     let lo = ctx.comm().rank() * l;
     let meta = local_ptr(ctx, ctx.ht_meta_offset(src, first)) as *const i32;
     let mut i = tr;
@@ -833,7 +849,9 @@ pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
 /// of `rows_in` (`[ranks * max_tokens][hidden]`, laid out as
 /// [`dispatch_recv_channel`]'s `out`: this rank's output for that token,
 /// its local experts' already added) goes back into `src`'s send slot
-/// `(this rank, p)` as it is; then the channel's combine word.
+/// `(this rank, p)` as it is; then the channel's combine word. Rows for
+/// this rank itself are not copied: [`combine_reduce_channel`] reads them
+/// from `rows_in`.
 ///
 /// # Safety
 /// `ctx` a live high-throughput context; dispatch `seq` was received on
@@ -852,7 +870,12 @@ pub unsafe fn combine_send_rows<C: Coop>(
     let m = ctx.max_tokens() as usize;
     let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
     let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let own = src == ctx.comm().rank();
     let fill = |p0: u32, rows: u32, dst: *mut u8| {
+        if own {
+            // [`combine_reduce_channel`] reads this rank's own rows from `rows_in`.
+            return;
+        }
         // SAFETY: rows `src * M + p0..` of `rows_in` (the contract: `p0 +
         // rows <= max_tokens`), and `send_back`'s rows of `dst`.
         unsafe {
@@ -920,11 +943,15 @@ unsafe fn send_back<C: Coop>(
 /// token range on every rank it went to, so once every rank's combine
 /// word of that channel is in (from GIN ranks: their signal, counting
 /// every channel), `out[t]` for those tokens is the partials added in f32
-/// in rank order, rounded once, while other channels still travel.
+/// in rank order, rounded once, while other channels still travel. This
+/// rank's own partials come from `own_rows` (the rows
+/// [`combine_send_rows`] took, `[ranks * max_tokens][hidden]`), not
+/// through the window.
 ///
 /// # Safety
-/// As for [`combine_reduce`]; every thread of `coop` calls with the same
-/// arguments; no other coop reduces `channel`.
+/// As for [`combine_reduce`]; `own_rows` as [`combine_send_rows`]'s
+/// `rows_in`; every thread of `coop` calls with the same arguments; no
+/// other coop reduces `channel`.
 #[inline(always)]
 pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
     coop: &C,
@@ -932,11 +959,12 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
     channel: u32,
     rank_pos: *const u32,
     num_tokens: u32,
+    own_rows: *const u8,
     out: *mut T,
     seq: u32,
 ) -> Result<(), MoeError> {
     let comm = ctx.comm();
-    let n = comm.nranks();
+    let (n, me) = (comm.nranks(), comm.rank());
     if !ctx.high_throughput() || channel >= ctx.channels() || num_tokens > ctx.max_tokens() {
         return coop.agree(Err(MoeError::BadArgument));
     }
@@ -980,6 +1008,10 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
         if p == NO_POS || p >= ctx.max_tokens() {
             return None;
         }
+        if d as u32 == me {
+            let r = me as usize * ctx.max_tokens() as usize + p as usize;
+            return Some((own_rows.wrapping_add(r * row), 1.0));
+        }
         Some((local_ptr(ctx, ctx.ht_send_slot_offset(d as u32, p)) as *const u8, 1.0))
     };
     let out_row = |tok: usize| (out as *mut u8).wrapping_add((first as usize + tok) * row);
@@ -994,7 +1026,7 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
             ctx.hidden() as usize,
             nn,
             out_row,
-            (out as usize) % 16 == 0,
+            (out as usize | own_rows as usize) % 16 == 0,
             entry,
         )
     };

@@ -187,7 +187,7 @@ kernel! {
         while i < n * g {
             let r = ht::dispatch_send_channel(
                 &warp, ctx, i / g, i % g, args.x as *const u8, args.topk_idx as *const i32,
-                args.topk_weights as *const f32, num_tokens, a.rank_pos as *mut u32, args.seq,
+                args.topk_weights as *const f32, num_tokens, a.rank_pos as *mut u32, core::ptr::null_mut(), args.seq,
             );
             if warp.is_leader() {
                 report(args.errors, r);
