@@ -518,17 +518,11 @@ kernel! {
             return;
         }
         ht_send!(&cta, &a, ctx, args.out as *mut u8);
-        let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
-        // Spans sized for the other sources' channels (the copies; this
-        // rank's own are routing only): twice the warps a copy on 2 ranks.
-        // They split the warps unlike the sends': a CTA barrier first.
-        cta.sync();
-        let remote = (n - 1) * g;
-        let (span, at) = Items::spans(remote);
+        let (n, g) = (ctx.comm().nranks(), ctx.channels());
+        let (span, at) = Items::spans(n * g);
         for_items(&span, at, n * g, args, |i| {
-            let (src, c) = if i < remote { ((me + 1 + i / g) % n, i % g) } else { (me, i - remote) };
             ht::dispatch_recv_channel(
-                &span, ctx, src, c, args.out as *mut u8, a.recv_idx as *mut i32, a.recv_weights as *mut f32,
+                &span, ctx, i / g, i % g, args.out as *mut u8, a.recv_idx as *mut i32, a.recv_weights as *mut f32,
                 args.counts as *mut u32, a.source_counts as *mut u32, true, args.seq,
             )
         });
@@ -542,10 +536,9 @@ kernel! {
 /// `s` of the grid's `S` takes (source, channel) items `s, s + S, ...`),
 /// then every CTA waits for every rank's partials and the grid adds them.
 /// With `ROWS` (the per-source layout: its context, else refused), the
-/// rows for other ranks are sent as they are (this rank's own stay in
-/// `x`), and then span `s` takes channels `s, s + S, ...` of this rank's
-/// tokens and adds each as soon as every other rank's partials of it are
-/// in (`ht::combine_reduce_channel`), no grid-wide wait.
+/// rows are sent as they are, and then span `s` takes channels `s, s + S,
+/// ...` of this rank's tokens and adds each as soon as every rank's
+/// partials of it are in (`ht::combine_reduce_channel`), no grid-wide wait.
 ///
 /// # Safety
 /// As for `moe_ht_dispatch`, `a` made by `devcomm::moe::EpGroup::combine`
@@ -564,17 +557,14 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
         return;
     }
     let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
+    let (span, at) = Items::spans(n * g);
     if ROWS {
         // SAFETY: (all) the contract: this group's live context, `x` one
         // row per received token, the handle's `rank_pos`, `out` of
         // `num_tokens * hidden`.
         unsafe {
             stamp(&cta, args, Stage::Start);
-            // The other ranks' channels only: this rank's own rows stay in
-            // `x`, where the reduce reads them.
-            let remote = (n - 1) * g;
-            let (span, at) = Items::spans(remote);
-            for_items(&span, at, remote, args, |i| {
+            for_items(&span, at, n * g, args, |i| {
                 ht::combine_send_rows(&span, ctx, (me + 1 + i / g) % n, i % g, args.x as *const u8, args.seq)
             });
             stamp(&cta, args, Stage::Sent);
@@ -602,7 +592,6 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
         }
         return;
     }
-    let (span, at) = Items::spans(n * g);
     // SAFETY: (all three steps) the contract: this group's live context,
     // `x` the experts' outputs, the handle's tables, `out` of `num_tokens * hidden`.
     unsafe {

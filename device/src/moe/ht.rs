@@ -850,9 +850,8 @@ pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
 /// [`dispatch_recv_channel`]'s `out`: this rank's output for that token,
 /// its local experts' already added) goes back into `src`'s send slot
 /// `(this rank, p)` as it is; then the channel's combine word. Rows for
-/// this rank itself are not copied, and need not be sent at all:
-/// [`combine_reduce_channel`] reads them from `rows_in` and waits for
-/// no word of this rank's.
+/// this rank itself are not copied: [`combine_reduce_channel`] reads them
+/// from `rows_in`.
 ///
 /// # Safety
 /// `ctx` a live high-throughput context; dispatch `seq` was received on
@@ -941,8 +940,8 @@ unsafe fn send_back<C: Coop>(
 
 /// [`combine_wait`] and [`combine_reduce`] for the tokens of one channel
 /// (the per-source layout's kernel): channel `channel` covers the same
-/// token range on every rank it went to, so once every other rank's
-/// combine word of that channel is in (from GIN ranks: their signal, counting
+/// token range on every rank it went to, so once every rank's combine
+/// word of that channel is in (from GIN ranks: their signal, counting
 /// every channel), `out[t]` for those tokens is the partials added in f32
 /// in rank order, rounded once, while other channels still travel. This
 /// rank's own partials come from `own_rows` (the rows
@@ -975,7 +974,7 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
         let mut d = coop.thread_rank();
         while d < n {
             let p = local_ptr(ctx, off(d)) as *const u64;
-            if is_lsa(ctx, d) && d != me {
+            if is_lsa(ctx, d) {
                 // SAFETY: this rank's word, written only atomically.
                 unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
             }
@@ -995,7 +994,7 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
         let p = local_ptr(ctx, off(d)) as *const u64;
         // SAFETY: as above.
         let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
-        if d != me && (w >> 32) as u32 != seq {
+        if (w >> 32) as u32 != seq {
             r = Err(MoeError::OutOfStep);
         }
         d += coop.size();
