@@ -311,7 +311,8 @@ fn check_recv_per_source<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, 
     let lo = (me * s.l()) as i32;
     let mine = |e: i32| e >= lo && e < lo + s.l() as i32;
     let mut per_expert = vec![0u32; s.l()];
-    for src in 0..s.n {
+    assert_eq!(src_counts.len(), s.n, "rank {me}: one count per source");
+    for (src, &got_count) in src_counts.iter().enumerate() {
         let (tokens, idx, w) = routing(kind, seed, src, s);
         let x = tokens_of::<T>(seed, src, tokens, s.h);
         let mut p = 0;
@@ -341,7 +342,7 @@ fn check_recv_per_source<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, 
             }
             p += 1;
         }
-        assert_eq!(src_counts[src] as usize, p, "rank {me} {kind:?} seed {seed}: tokens from source {src}");
+        assert_eq!(got_count as usize, p, "rank {me} {kind:?} seed {seed}: tokens from source {src}");
         if let Some(bits) = poison {
             for r in src * s.m + p..(src + 1) * s.m {
                 assert!(
@@ -367,8 +368,8 @@ fn source_outputs<T: MoeType>(c: &Ctx, d: &Dispatched<T>) -> DeviceBuffer<T> {
     let ridx = c.stream.read_vec(h.recv_topk_idx().unwrap()).unwrap();
     let rw = c.stream.read_vec(h.recv_topk_weights().unwrap()).unwrap();
     let mut out = vec![T::from_f64(7.0); x.len()];
-    for src in 0..s.n {
-        for r in src * s.m..src * s.m + src_counts[src] as usize {
+    for (src, &count) in src_counts.iter().enumerate() {
+        for r in src * s.m..src * s.m + count as usize {
             for col in 0..s.h {
                 let mut p = 0.0f32;
                 for j in (0..s.k).filter(|&j| ridx[r * s.k + j] >= 0) {

@@ -952,6 +952,7 @@ unsafe fn send_back<C: Coop>(
 /// As for [`combine_reduce`]; `own_rows` as [`combine_send_rows`]'s
 /// `rows_in`; every thread of `coop` calls with the same arguments; no
 /// other coop reduces `channel`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
     coop: &C,

@@ -68,11 +68,11 @@ impl Handle {
         self.ht.as_ref().and_then(|h| h.recv_rows.as_ref())
     }
 
-    /// [`HtLayout::PerSource`]: `i32 [ranks × max_tokens][top_k]`, row `s·M
-    /// + p` the top-k entries of the received token in the same row of
-    /// `recv_x`, as local expert indices (`0..L`), -1 for an expert of
-    /// another rank; `None` otherwise. Written by the dispatch (read it after
-    /// the stream gets there).
+    /// [`HtLayout::PerSource`]: `i32 [ranks × max_tokens][top_k]`, row
+    /// `s·M + p` the top-k entries of the received token in the same row
+    /// of `recv_x`, as local expert indices (`0..L`), -1 for an expert of
+    /// another rank; `None` otherwise. Written by the dispatch (read it
+    /// after the stream gets there).
     pub fn recv_topk_idx(&self) -> Option<&DeviceBuffer<i32>> {
         self.per_source().map(|p| &p.idx)
     }
