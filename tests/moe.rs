@@ -838,19 +838,21 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
     let d = ep.alloc_output::<f32>().unwrap();
     let h = &d.handle;
     let (rank_pos, recv_rows) = (h.rank_positions().unwrap(), h.recv_rows().unwrap());
+    // The per-expert layout's tables (no per-source ones).
+    let ht_args = |args| MoeHtArgs {
+        args,
+        rank_pos: rank_pos.device_addr(),
+        recv_rows: recv_rows.device_addr(),
+        recv_idx: 0,
+        recv_weights: 0,
+        source_counts: 0,
+    };
     for seed in 0..seeds {
         let f = fused_case(&c, &d, 2000 + seed);
         let (kind, seed, tokens) = (f.kind, f.seed, f.tokens);
         let (expert_out, y, order, errors) = (&f.expert_out, &f.y, &f.order, &f.errors);
         let mut args = user_args(&ep, &d, (&f.x, &f.idx, &f.w), errors, tokens);
-        let a = MoeHtArgs {
-            args,
-            rank_pos: rank_pos.device_addr(),
-            recv_rows: recv_rows.device_addr(),
-            recv_idx: 0,
-            recv_weights: 0,
-            source_counts: 0,
-        };
+        let a = ht_args(args);
         let cfg = LaunchConfig::new(ctas, threads).co_resident();
         // SAFETY: `a` from this group's context and buffers of its shapes
         // (`x` of `tokens <= m` tokens, routing of `tokens * k`, the
@@ -865,14 +867,7 @@ fn ht_fused(comm: &Communicator, stream: &Stream, shape: Shape, seeds: u64) {
         // The library's combine kernel on the experts' outputs.
         args.x = expert_out.device_addr();
         args.out = y.device_addr();
-        let a = MoeHtArgs {
-            args,
-            rank_pos: rank_pos.device_addr(),
-            recv_rows: recv_rows.device_addr(),
-            recv_idx: 0,
-            recv_weights: 0,
-            source_counts: 0,
-        };
+        let a = ht_args(args);
         // The library's kernels keep the context in dynamic shared memory.
         let cfg = cfg.with_shared_mem(devcomm_device::moe::CONTEXT_SHARED_BYTES);
         // SAFETY: as above; the handle's tables written by the dispatch

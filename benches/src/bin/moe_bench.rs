@@ -32,8 +32,8 @@
 use clap::Parser;
 use devcomm::coll::DataType;
 use devcomm::comm::Communicator;
-use devcomm::moe::{EpConfig, EpGroup, EpMode, HtLayout, LlCombine, LlPack, MoeType};
-use devcomm::runtime::Event;
+use devcomm::moe::{Dispatched, EpConfig, EpGroup, EpMode, HtLayout, LlCombine, LlPack, MoeType};
+use devcomm::runtime::{DeviceBuffer, Event};
 use devcomm::window::WindowFlags;
 use devcomm::{Error, Result};
 use rand::rngs::StdRng;
@@ -264,42 +264,33 @@ fn run_tokens<T: MoeType>(
         };
         let (td, tc) = time_pairs(comm, a, &mut step, &ep)?;
         (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
-    } else if ht && a.per_source {
-        let mut out = ep.alloc_output::<T>()?;
-        let mut y = dev.alloc::<T>(tokens * a.hidden)?;
-        // Identity experts: each received row times its local gates' sum
-        // (made on the host once; the routing stays the same).
-        ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)?;
-        ep.synchronize(stream)?;
-        let rx = stream.read_vec(&out.recv_x)?;
-        let rw = stream.read_vec(out.handle.recv_topk_weights().expect("per-source tables"))?;
-        let rows: Vec<T> = (0..rx.len())
-            .map(|i| {
-                let r = i / a.hidden;
-                let g: f32 = rw[r * a.topk..(r + 1) * a.topk].iter().sum();
-                T::from_f64((rx[i].to_f64() as f32 * g) as f64)
-            })
-            .collect();
-        let eo = dev.alloc_from(&rows)?;
-        ep.combine_into(&eo, &out.handle, &mut y, stream)?;
-        ep.synchronize(stream)?;
-        let eps = if T::DTYPE == DataType::F32 { 1e-5 } else { 1.0 / 64.0 };
-        let wrong = count_wrong(a, &w, &xs, &stream.read_vec(&y)?, tokens, eps);
-        let mut step = |phase: u32| {
-            if phase == 0 {
-                ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)
-            } else {
-                ep.combine_into(&eo, &out.handle, &mut y, stream)
-            }
-        };
-        let (td, tc) = time_pairs(comm, a, &mut step, &ep)?;
-        (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
     } else {
         let mut out = ep.alloc_output::<T>()?;
         let mut y = dev.alloc::<T>(tokens * a.hidden)?;
-        // Identity experts: y = sum of gates * x.
         ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)?;
-        ep.combine_into(&out.recv_x, &out.handle, &mut y, stream)?;
+        // Identity experts: y = sum of gates * x. Per expert, combine
+        // weighs the received rows itself; per source it takes each
+        // received row times its local gates' sum (made on the host once:
+        // the routing stays the same).
+        let rows_in = if ht && a.per_source {
+            ep.synchronize(stream)?;
+            let rx = stream.read_vec(&out.recv_x)?;
+            let rw = stream.read_vec(out.handle.recv_topk_weights().expect("per-source tables"))?;
+            let rows: Vec<T> = (0..rx.len())
+                .map(|i| {
+                    let r = i / a.hidden;
+                    let g: f32 = rw[r * a.topk..(r + 1) * a.topk].iter().sum();
+                    T::from_f64((rx[i].to_f64() as f32 * g) as f64)
+                })
+                .collect();
+            Some(dev.alloc_from(&rows)?)
+        } else {
+            None
+        };
+        let combine = |out: &Dispatched<T>, y: &mut DeviceBuffer<T>| {
+            ep.combine_into(rows_in.as_ref().unwrap_or(&out.recv_x), &out.handle, y, stream)
+        };
+        combine(&out, &mut y)?;
         ep.synchronize(stream)?;
         let eps = if T::DTYPE == DataType::F32 { 1e-5 } else { 1.0 / 64.0 };
         let wrong = count_wrong(a, &w, &xs, &stream.read_vec(&y)?, tokens, eps);
@@ -307,7 +298,7 @@ fn run_tokens<T: MoeType>(
             if phase == 0 {
                 ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)
             } else {
-                ep.combine_into(&out.recv_x, &out.handle, &mut y, stream)
+                combine(&out, &mut y)
             }
         };
         let (td, tc) = time_pairs(comm, a, &mut step, &ep)?;
