@@ -569,6 +569,11 @@ pub unsafe fn dispatch_recv_channel<C: Coop>(
     Ok(count)
 }
 
+/// 16-byte vectors in flight per thread in [`copy_row_block`]'s
+/// contiguous copies (a channel's rows at once: the per-source receive and
+/// combine send), twice the token copies' [`COPY_UNROLL`].
+const BLOCK_UNROLL: usize = 16;
+
 /// Copies `count` rows of `row` bytes from `src` (rows `src_stride`
 /// bytes apart) to `dst` (`dst_stride` apart): one copy when both are
 /// contiguous, else a row at a time.
@@ -590,7 +595,7 @@ unsafe fn copy_row_block(
 ) {
     if dst_stride == row && src_stride == row {
         // SAFETY: the contract: `count` whole rows, contiguous on both sides.
-        unsafe { copy_strided_by::<COPY_UNROLL>(t, nt, dst, src, count * row) };
+        unsafe { copy_strided_by::<BLOCK_UNROLL>(t, nt, dst, src, count * row) };
         return;
     }
     for p in 0..count {
