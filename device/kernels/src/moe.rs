@@ -557,6 +557,11 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
         return;
     }
     let (n, g, me) = (ctx.comm().nranks(), ctx.channels(), ctx.comm().rank());
+    // The closures below take these copies, not the kernel parameter: one
+    // compiled out of line (LLVM did so for f16) would otherwise make every
+    // thread copy the parameter to local memory at entry (`entry_copy` test).
+    let (x, out, seq) = (args.x as *const u8, args.out, args.seq);
+    let (rank_pos, recv_rows) = (a.rank_pos as *const u32, a.recv_rows as *const u32);
     let (span, at) = Items::spans(n * g);
     if ROWS {
         // SAFETY: (all) the contract: this group's live context, `x` one
@@ -565,7 +570,7 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
         unsafe {
             stamp(&cta, args, Stage::Start);
             for_items(&span, at, n * g, args, |i| {
-                ht::combine_send_rows(&span, ctx, (me + 1 + i / g) % n, i % g, args.x as *const u8, args.seq)
+                ht::combine_send_rows(&span, ctx, (me + 1 + i / g) % n, i % g, x, seq)
             });
             stamp(&cta, args, Stage::Sent);
             stamp(&cta, args, Stage::Waited);
@@ -577,16 +582,7 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
             let (span, at) = Items::spans(g);
             let tokens = args.num_tokens.min(ctx.max_tokens());
             for_items(&span, at, g, args, |c| {
-                ht::combine_reduce_channel::<T, _>(
-                    &span,
-                    ctx,
-                    c,
-                    a.rank_pos as *const u32,
-                    tokens,
-                    args.x as *const u8,
-                    args.out as *mut T,
-                    args.seq,
-                )
+                ht::combine_reduce_channel::<T, _>(&span, ctx, c, rank_pos, tokens, x, out as *mut T, seq)
             });
             stamp(&cta, args, Stage::Done);
         }
@@ -601,14 +597,13 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
             ctx,
             || {
                 for_items(&span, at, n * g, args, |i| {
-                    let (x, rows) = (args.x as *const u8, a.recv_rows as *const u32);
-                    ht::combine_send_channel::<T, _>(&span, ctx, (me + 1 + i / g) % n, i % g, x, rows, args.seq)
+                    ht::combine_send_channel::<T, _>(&span, ctx, (me + 1 + i / g) % n, i % g, x, recv_rows, seq)
                 })
             },
-            |cta| ht::combine_wait(cta, ctx, args.seq),
+            |cta| ht::combine_wait(cta, ctx, seq),
             |num_tokens| {
                 let (t, nt) = (global_thread_x() as usize, grid_threads_x() as usize);
-                ht::combine_reduce::<T>(t, nt, ctx, a.rank_pos as *const u32, num_tokens, args.out as *mut T)
+                ht::combine_reduce::<T>(t, nt, ctx, rank_pos, num_tokens, out as *mut T)
             },
         )
     }
