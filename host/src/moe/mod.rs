@@ -195,7 +195,8 @@ pub struct EpConfig {
     /// rank); [`LlCombine::PerRank`] by default, the faster.
     pub ll_combine: LlCombine,
     /// High-throughput mode: how the dispatch leaves what it received (the
-    /// same on every rank); [`HtLayout::PerExpert`] by default.
+    /// same on every rank); [`HtLayout::PerExpert`] by default. Ignored in
+    /// low-latency mode.
     pub ht_layout: HtLayout,
 }
 
