@@ -651,7 +651,7 @@ mod tests {
     #[test]
     fn layouts() {
         assert_eq!(size_of::<MoeContext>(), size_of::<DevComm>() + 40 + 24 + 40 + 16);
-        assert_eq!(size_of::<MoeHtArgs>(), size_of::<MoeArgs>() + 16);
+        assert_eq!(size_of::<MoeHtArgs>(), size_of::<MoeArgs>() + 40);
         assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 11 * 8 + 8);
         assert_eq!(core::mem::offset_of!(MoeContext, window), size_of::<DevComm>());
         assert_eq!(core::mem::offset_of!(MoeContext, slot_bytes), size_of::<DevComm>() + 64);
