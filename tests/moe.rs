@@ -695,6 +695,38 @@ fn bad_input(comm: &Communicator, stream: &Stream, shape: Shape, mode: EpMode) {
     comm.bootstrap_barrier().unwrap();
 }
 
+/// Bad input to a per-source group: another layout's outputs and a
+/// combine input of the per-expert shape are typed errors, nothing is
+/// sent, and the group then runs a normal round.
+fn per_source_bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
+    let s = shape;
+    let dev = comm.device();
+    let ht = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(EpMode::HighThroughput);
+    let mut cfg = ht.clone();
+    cfg.ht_layout = HtLayout::PerSource;
+    let ep = EpGroup::new(comm, &cfg).unwrap();
+    let per_expert = EpGroup::new(comm, &ht).unwrap();
+    let inv = |r: devcomm::Result<()>, what: &str, says: &str| match r {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains(says), "{what}: {m}"),
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    };
+    let x = dev.alloc_from(&vec![0.25f32; s.h]).unwrap();
+    let idx = dev.alloc_from(&vec![0i32; s.k]).unwrap();
+    let w = dev.alloc_from(&vec![1.0f32; s.k]).unwrap();
+    let mut other = per_expert.alloc_output::<f32>().unwrap();
+    inv(ep.dispatch_into(&x, &idx, &w, &mut other, stream), "a per-expert output", "alloc_output");
+    let d = ep.dispatch(&x, &idx, &w, stream).unwrap();
+    let wrong = dev.alloc_from(&vec![0.0f32; s.l() * s.n * s.m * s.h]).unwrap();
+    inv(ep.combine(&wrong, &d.handle, stream).map(|_| ()), "a per-expert combine input", "ranks");
+    let y = ep.combine(&d.recv_x, &d.handle, stream).unwrap();
+    ep.synchronize(stream).unwrap();
+    // Every token names expert 0 (rank 0's) k times: rank 0 receives each
+    // rank's token once, and its row comes back as it is.
+    let got = stream.read_vec(&y).unwrap();
+    assert!(got.iter().all(|&v| v == 0.25), "rank {}: {got:?}", comm.rank());
+    comm.bootstrap_barrier().unwrap();
+}
+
 /// A dispatch's arguments for a user kernel: the group's context, the
 /// inputs `(x, topk_idx, topk_weights)`, `d`'s outputs and handle, a new
 /// sequence number.
@@ -972,6 +1004,7 @@ fn child_body(comm: &Communicator) {
     let mut split = EpConfig::new(f32_shape.e, f32_shape.h, f32_shape.k, f32_shape.m).with_mode(EpMode::HighThroughput);
     (split.threads, split.channels, split.ctas, split.ht_layout) = (256, 8, 4, HtLayout::PerSource);
     battery_of::<f32>(comm, &stream, f32_shape, &split, 1, few);
+    per_source_bad_input(comm, &stream, f32_shape);
     ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
     stage_stamps(comm, &stream, f32_shape, EpMode::LowLatency);
     stage_stamps(comm, &stream, f32_shape, EpMode::HighThroughput);
