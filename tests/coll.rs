@@ -148,22 +148,40 @@ fn check_one<T: TestElem>(r: R, xs: &[T], got: T) -> Result<(), String> {
     }
 }
 
-/// A poisoned output of `len` elements with guards.
+/// A poisoned output of `len` elements with guards of `GUARD` elements
+/// (so its elements start at an address that is a multiple of 16 bytes for
+/// no type: the collectives' unaligned paths).
 fn output<T: TestElem>(c: &Ctx, len: usize) -> DeviceBuffer<T> {
-    let mut b = c.comm.device().alloc::<T>(len + 2 * GUARD).unwrap();
+    output_with(c, len, GUARD)
+}
+
+/// A poisoned output of `len` elements with guards of `guard` elements.
+fn output_with<T: TestElem>(c: &Ctx, len: usize, guard: usize) -> DeviceBuffer<T> {
+    let mut b = c.comm.device().alloc::<T>(len + 2 * guard).unwrap();
     c.stream.memset(&mut b, POISON).unwrap();
     b
 }
 
+/// Guard elements of an output whose elements start 16-byte aligned (the
+/// collectives' vector paths).
+fn aligned_guard<T>() -> usize {
+    16 / std::mem::size_of::<T>()
+}
+
 /// The output's elements, after checking its guards kept their poison.
 fn read_out<T: TestElem>(stream: &Stream, b: &DeviceBuffer<T>, what: &str) -> Vec<T> {
+    read_out_with(stream, b, GUARD, what)
+}
+
+/// [`read_out`] of an output with guards of `guard` elements.
+fn read_out_with<T: TestElem>(stream: &Stream, b: &DeviceBuffer<T>, guard: usize, what: &str) -> Vec<T> {
     let all = stream.read_vec(b).unwrap();
-    let len = all.len() - 2 * GUARD;
+    let len = all.len() - 2 * guard;
     let bytes: &[u8] = bytemuck::cast_slice(&all);
     let size = std::mem::size_of::<T>();
-    let guard_ok = bytes[..GUARD * size].iter().chain(&bytes[(GUARD + len) * size..]).all(|&x| x == POISON);
+    let guard_ok = bytes[..guard * size].iter().chain(&bytes[(guard + len) * size..]).all(|&x| x == POISON);
     assert!(guard_ok, "{what}: bytes around the output were written");
-    all[GUARD..GUARD + len].to_vec()
+    all[guard..guard + len].to_vec()
 }
 
 struct Ctx<'c> {
@@ -192,15 +210,20 @@ fn reductions<T: TestElem>(c: &mut Ctx, len: usize, algorithm: Algorithm) {
         let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, len * n, prod)).collect();
         let send = c.comm.device().alloc_from(&ins[me]).unwrap();
         let what = format!("{:?} {r:?} len {len} {algorithm:?}", T::DTYPE);
-        // all_reduce of the first `len` elements.
-        let out = output::<T>(c, len);
+        // all_reduce of the first `len` elements, into an output at an
+        // odd element offset and into one at a 16-byte aligned offset (the
+        // pushed one-shot's vector path, `coll::all_reduce_pushed`).
         let s = Operand::range(&send, 0, len).unwrap();
-        c.coll.all_reduce_with(s, Operand::range(&out, GUARD, len).unwrap(), op(r), algorithm, c.stream).unwrap();
-        c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("all_reduce {what}: {e}"));
-        let got = read_out(c.stream, &out, &what);
-        for (i, g) in got.iter().enumerate() {
-            let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
-            check_one(r, &xs, *g).unwrap_or_else(|e| panic!("all_reduce {what} element {i}: got {g:?}, {e}"));
+        for guard in [GUARD, aligned_guard::<T>()] {
+            let out = output_with::<T>(c, len, guard);
+            c.coll.all_reduce_with(s, Operand::range(&out, guard, len).unwrap(), op(r), algorithm, c.stream).unwrap();
+            c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("all_reduce {what} guard {guard}: {e}"));
+            let got = read_out_with(c.stream, &out, guard, &what);
+            for (i, g) in got.iter().enumerate() {
+                let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
+                check_one(r, &xs, *g)
+                    .unwrap_or_else(|e| panic!("all_reduce {what} guard {guard} element {i}: got {g:?}, {e}"));
+            }
         }
         // reduce: direct to the last rank, relayed and LL to roots that
         // move with the case (Auto: all three, LL where the slots hold it).
@@ -1084,6 +1107,7 @@ fn child_body(comm: &Communicator) {
     if one_team {
         stage_stamps(comm, &stream);
         all_reduce_sequence(comm, &stream);
+        pushed_steps(comm, &stream);
     }
     comm.finalize().unwrap();
 }
@@ -1122,6 +1146,52 @@ fn all_reduce_sequence(comm: &Communicator, stream: &Stream) {
         }
     }
     assert!(coll.error().is_none());
+}
+
+/// The pushed one-shot all-reduce of local inputs with parts larger than
+/// one step of their CTA (256 threads × 4 packs of 16 bytes) but within one
+/// staging chunk: the path by packs (`coll::all_reduce_pushed`) with more
+/// than two steps per thread and a partial last one, out of place into a
+/// 16-byte aligned output and in place; the first part whole packs, the
+/// last with the tail (the general path). Every type and reduction. The
+/// `tiny` scratch of the other cases leaves that path parts of a few packs.
+fn pushed_steps(comm: &Communicator, stream: &Stream) {
+    // Two parts of 512 KiB staging each: one chunk holds 64 KiB per rank on
+    // 8 ranks.
+    let config = CollConfig { max_ctas: 2, stage_bytes: 1 << 20, ..CollConfig::default() };
+    let coll = comm.collectives_with(&config).unwrap();
+    let mut c = Ctx { comm, coll, stream, n: comm.count(), me: comm.rank(), case: 1000 };
+    every_type!(pushed_steps_of, &mut c);
+    stream.synchronize().unwrap();
+    assert!(c.coll.error().is_none());
+}
+
+/// [`pushed_steps`] for `T`: two parts of ~2.1 steps of packs each, and 3
+/// elements past the last whole pack.
+fn pushed_steps_of<T: TestElem>(c: &mut Ctx) {
+    let (n, me) = (c.n, c.me);
+    let len = 2 * (2 * 1024 * 16 + 2000) / std::mem::size_of::<T>() + 3;
+    for r in REDS {
+        let case = c.next_case();
+        let ins: Vec<Vec<T>> = (0..n).map(|q| input::<T>(case, q, len, r == R::Prod)).collect();
+        let what = format!("pushed steps {:?} {r:?} len {len}", T::DTYPE);
+        let check = |got: &[T], how: &str| {
+            for (i, g) in got.iter().enumerate() {
+                let xs: Vec<T> = ins.iter().map(|v| v[i]).collect();
+                check_one(r, &xs, *g).unwrap_or_else(|e| panic!("{what} {how} element {i}: got {g:?}, {e}"));
+            }
+        };
+        let send = c.comm.device().alloc_from(&ins[me]).unwrap();
+        let guard = aligned_guard::<T>();
+        let out = output_with::<T>(c, len, guard);
+        let to = Operand::range(&out, guard, len).unwrap();
+        c.coll.all_reduce_with(&send, to, op(r), Algorithm::OneShot, c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("{what}: {e}"));
+        check(&read_out_with(c.stream, &out, guard, &what), "out of place");
+        c.coll.all_reduce_with(&send, &send, op(r), Algorithm::OneShot, c.stream).unwrap();
+        c.coll.synchronize(c.stream).unwrap_or_else(|e| panic!("{what} in place: {e}"));
+        check(&c.stream.read_vec(&send).unwrap(), "in place");
+    }
 }
 
 /// `CollConfig::stage_stamps`: an LL, a one-shot and a two-shot all-reduce

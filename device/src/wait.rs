@@ -225,6 +225,34 @@ pub unsafe fn poll_after<T: atomic::AtomicWord>(
     }
 }
 
+/// As [`wait_ge_u32`] with every poll an acquire load: the wait ends with
+/// the load that saw the target, no re-read. For waits whose threads'
+/// neighbours wait too (a barrier: the rest of the coop waits at its
+/// `agree`), where the re-read of [`poll_acquire`] would put one more
+/// memory round trip after the last arrival on every wait longer than
+/// [`ACQUIRE_POLLS`] polls, and the L1 invalidation of each acquire slows
+/// nobody of the coop.
+///
+/// # Safety
+/// As for [`wait_ge_u64`].
+#[inline(always)]
+pub unsafe fn wait_ge_u32_acquiring(
+    p: *const u32,
+    target: u32,
+    scope: Scope,
+    deadline: &mut Deadline,
+) -> Result<u32, WaitError> {
+    loop {
+        // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
+        // and aligned, written only atomically.
+        let v = unsafe { atomic::load_acquire(p, scope) };
+        if rolling_ge_u32(v, target) {
+            return Ok(v);
+        }
+        deadline.poll()?;
+    }
+}
+
 /// As [`wait_ge_u32`] but with a relaxed load (for waits whose data needs no
 /// ordering, or that are followed by an explicit fence).
 ///

@@ -192,12 +192,14 @@ macro_rules! reducing_kernels {
             pub unsafe fn $pushed(args: CollArgs) {
                 let cta = Cta::new();
                 args.ctx.stamp(&cta, Part::block(), CollStage::Start);
-                let r = reduction::<$t>(&args).and_then(|red| {
-                    coll::all_reduce_pushed(
+                // SAFETY: the kernel's contract; `reduction` reads the same
+                // arguments on every rank.
+                let r = unsafe {
+                    coll::all_reduce_pushed_by(
                         &cta, &args.ctx, Part::block(), args.src.ptr as *const $t, args.dst.ptr as *mut $t,
-                        args.count as usize, &red,
+                        args.count as usize, || reduction::<$t>(&args),
                     )
-                });
+                };
                 report(&cta, &args, r);
                 args.ctx.stamp(&cta, Part::block(), CollStage::Done);
             }

@@ -89,7 +89,7 @@ pub use movement::{all_gather, all_to_all, broadcast, gather, scatter};
 pub use op::{RedOp, Reduction};
 pub use p2p::{p2p_chunks, recv, send};
 pub use pack::reduce_blocks;
-pub use reduce::{all_reduce, all_reduce_pushed, reduce, reduce_scatter};
+pub use reduce::{all_reduce, all_reduce_pushed, all_reduce_pushed_by, reduce, reduce_scatter};
 
 use crate::arch;
 use crate::comm::SymPtr;

@@ -234,6 +234,81 @@ unsafe fn reduce_groups<T: Element, R: Reducer<T>>(
     }
 }
 
+/// For the 16-byte packs `0..packs`: pack `k` of `out` = `red` over `p <
+/// n` (in that order) of pack `k` of `src(p)`, by thread `t` of `nt`:
+/// [`UNROLL`] packs per thread and step, the loads of source `p + 1` issued
+/// before source `p`'s are reduced, the last step's packs guarded (no
+/// separate tail loop, no division). What the pushed one-shot all-reduce
+/// runs after its barrier (`reduce::pushed_packs`), where every address is
+/// known before the barrier and nothing but loads, the reduction and
+/// stores should stand between the barrier and the kernel's end.
+///
+/// # Safety
+/// `src(p)` for `p < n` are valid for reads and `out` for writes of
+/// `packs * 16` bytes, all 16-byte aligned, written before (and made
+/// visible) / read after by barriers; `out` may be one of the sources (each
+/// pack is read before it is written, by the same thread); `n >= 1`; every
+/// thread `t < nt` calls with the same arguments.
+#[inline(always)]
+pub(crate) unsafe fn reduce_packs<T: Element, R: Reducer<T>>(
+    t: usize,
+    nt: usize,
+    n: u32,
+    src: &impl Fn(u32) -> *const u8,
+    out: *mut u8,
+    packs: usize,
+    red: &R,
+) {
+    let lanes = 16 / size_of::<T>();
+    let step = nt * UNROLL;
+    let mut base = t;
+    while base < packs {
+        // SAFETY (the closure's callers): pack `base + u * nt < packs` lies
+        // in every source (the contract: valid, 16-byte aligned).
+        let load = |p: u32| {
+            let s = src(p);
+            let mut v = [[0u32; 4]; UNROLL];
+            each_lane!(UNROLL, |u| {
+                let i = base + u * nt;
+                if i < packs {
+                    // SAFETY: see above.
+                    v[u] = unsafe { load16(s.add(i * 16)) };
+                }
+            });
+            v
+        };
+        let mut next = load(0);
+        // The accumulator's initial value must not come from a load (see
+        // `reduce_groups`).
+        let mut acc = [[red.first(T::from_bits64(0)); 16]; UNROLL];
+        for p in 0..n {
+            let cur = next;
+            if p + 1 < n {
+                next = load(p + 1);
+            }
+            each_lane!(UNROLL, |u| {
+                each_lane!(lanes, |l| {
+                    let x = lane::<T>(&cur[u], l);
+                    acc[u][l] = if p == 0 { red.first(x) } else { red.step(acc[u][l], x) };
+                });
+            });
+        }
+        each_lane!(UNROLL, |u| {
+            let i = base + u * nt;
+            if i < packs {
+                let mut r = [0u32; 4];
+                each_lane!(lanes, |l| {
+                    set_lane::<T>(&mut r, l, red.finish(acc[u][l]));
+                });
+                // SAFETY: pack `i < packs` lies in `out` (the contract),
+                // and is this thread's alone.
+                unsafe { store16(out.add(i * 16), r) };
+            }
+        });
+        base += step;
+    }
+}
+
 /// `dst[i] = red over b < blocks of src[b * stride + i]` for `i < count`,
 /// by thread `t` of `nt` (any set of threads: a coop, or a whole grid with
 /// `t` the global thread index): reduces blocks that already sit in local

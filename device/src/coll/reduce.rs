@@ -2,13 +2,17 @@
 //! reduce-scatter.
 
 use super::element::Element;
-use super::op::Reduction;
-use super::pack::reduce_into;
-use super::staging::{area, part_barrier, part_range, piece, Staged};
+use super::op::{ReducerKind, Reduction, SumOf};
+use super::pack::{each_lane, reduce_into, reduce_packs};
+use super::staging::{self, area, part_barrier, part_range, piece, Staged};
 use super::{check_part, chunk_elems, ll, ll_rooted, relay, Algorithm, CollContext, CollError, CollStage, Input, Part};
+use crate::arch::{load16, store16};
 use crate::atomic::Order;
 use crate::coop::Coop;
-use crate::lsa::{ops::copy_strided, LsaBarrierSession};
+use crate::lsa::{
+    ops::{copy_strided, UNROLL},
+    LsaBarrierSession,
+};
 use core::mem::size_of;
 
 /// Whether `count` elements at `a` and at `b` share a byte.
@@ -382,6 +386,20 @@ unsafe fn pushed_range<C: Coop, T: Element>(
 /// start to its first push, and 1.7 after its barrier, through the
 /// general kernel's calls (`benches/results/`, session 18).
 ///
+/// When the part's piece fits one chunk as whole 16-byte packs at aligned
+/// addresses (every part of a 2 MiB all-reduce on two ranks), it moves
+/// them by *packs*: the barrier's epoch load and the first step's input
+/// loads go out first (only the pushes' addresses wait for the epoch),
+/// the reduce's addresses are known before the barrier, and
+/// nothing else (no division, no per-peer alignment check, no tail loop)
+/// stands between the barrier and the loads. Its data movement is the
+/// general path's (the same slots, one barrier, the same reduction
+/// order), so ranks that take different paths for a part (different
+/// alignments) still work together. Both paths share the loop and its one
+/// barrier call: a second call site made LLVM compile the barrier's wait
+/// out of line, and the kernels copy their whole parameter to local memory
+/// for such a call (`entry_copy` test).
+///
 /// # Safety
 /// As for [`all_reduce`], with `src` local device memory.
 #[inline(always)]
@@ -395,14 +413,144 @@ pub unsafe fn all_reduce_pushed<C: Coop, T: Element>(
     count: usize,
     red: &Reduction<T>,
 ) -> Result<(), CollError> {
+    // SAFETY: this function's contract.
+    unsafe { all_reduce_pushed_by(coop, ctx, part, src, dst, count, || Ok(*red)) }
+}
+
+/// [`all_reduce_pushed`] with its reduction made by `make`, once, after the
+/// part's first pushes are issued and before its barrier (an error then
+/// returns on every rank before anyone arrives, when every rank gets it,
+/// as with the host's arguments: nobody waits). The host collectives'
+/// kernels decode the operator and read a device scalar from their
+/// parameter there, off the way of the first loads and pushes: at entry,
+/// every instruction before the first push delays it (see
+/// `benches/results/2026-11-28-h200x2-allreduce-packs.md`).
+///
+/// # Safety
+/// As for [`all_reduce_pushed`]; `make` gives every rank the same result.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn all_reduce_pushed_by<C: Coop, T: Element>(
+    coop: &C,
+    ctx: &CollContext,
+    part: Part,
+    src: *const T,
+    dst: *mut T,
+    count: usize,
+    make: impl Fn() -> Result<Reduction<T>, CollError>,
+) -> Result<(), CollError> {
+    let mut reduction: Option<Reduction<T>> = None;
     check_part(ctx, part)?;
     if count == 0 {
         return Ok(());
     }
-    let (pb, pe) = part_range::<T>(count, part);
+    // The barrier's epoch load goes out first: the pushes' addresses wait
+    // for it, and nothing else does.
     // SAFETY: `ctx` is live and its barriers are the collectives' (the contract).
     let mut bar = unsafe { part_barrier(coop, ctx, part) }?;
+    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    let scratch = ctx.scratch();
+    let (me, n) = (scratch.lsa_rank(), scratch.lsa_size());
+    let size = size_of::<T>();
+    let (pb, pe) = part_range::<T>(count, part);
+    let (from, to) = (src.wrapping_add(pb), dst.wrapping_add(pb));
+    // Whole aligned packs: the first step's loads go out at once; whether
+    // the packs fit one chunk is asked after.
+    let whole = (pe - pb) % (16 / size) == 0 && (from as usize | to as usize) % 16 == 0;
+    let packs = if whole { (pe - pb) * size / 16 } else { 0 };
+    let step = nt * UNROLL;
+    // Step `base`'s packs of the input (those below `packs`).
+    let load_step = |base: usize| {
+        let mut v = [[0u32; 4]; UNROLL];
+        each_lane!(UNROLL, |u| {
+            let i = base + u * nt;
+            if i < packs {
+                // SAFETY: pack `i < packs` lies in the part's piece of the
+                // input (valid: the contract; 16-byte aligned: `whole`).
+                v[u] = unsafe { load16((from as *const u8).add(i * 16)) };
+            }
+        });
+        v
+    };
+    let first = load_step(t);
     ctx.stamp(coop, part, CollStage::Ready);
-    // SAFETY: this function's contract; the part's piece of the one block.
-    unsafe { pushed_range(coop, ctx, part, &mut bar, src, 0, pb, pe, dst.wrapping_add(pb), red, None) }
+    // The part's slice, once (a division). Whole packs fit one chunk when
+    // `n` copies of them fit the slice: `packs * 16 <= chunk_elems * size`
+    // for a multiple of 16, without `chunk_elems`' divisions.
+    let (slice_at, slice_bytes) = staging::slice(ctx, part);
+    let packed = whole && packs * 16 * n as usize <= slice_bytes;
+    let chunk = if packed { pe - pb } else { chunk_elems::<T>(ctx, part, n) };
+    let mut c0 = pb;
+    while c0 < pe {
+        let m = chunk.min(pe - c0);
+        // Slot `p` of a receiver's slice: sender `p`'s chunk (at `area`).
+        let at = ctx.stage_area_offset(bar.epoch()) + slice_at;
+        let slots = Staged::new(scratch, at, (m * size) as u64);
+        if packed {
+            // Step `base`'s packs `v` into the caller's slot of every other
+            // rank's slice.
+            let push = |base: usize, v: &[[u32; 4]; UNROLL]| {
+                for k in 1..n {
+                    let to = slots.at((me + k) % n, me, 0);
+                    each_lane!(UNROLL, |u| {
+                        let i = base + u * nt;
+                        if i < packs {
+                            // SAFETY: pack `i < packs` of the slot (one
+                            // chunk: `packed`), last read before that rank
+                            // arrived at this epoch (`staging`); this
+                            // thread's alone.
+                            unsafe { store16(to.add(i * 16), v[u]) };
+                        }
+                    });
+                }
+            };
+            push(t, &first);
+            let mut base = t + step;
+            while base < packs {
+                push(base, &load_step(base));
+                base += step;
+            }
+        } else {
+            for k in 1..n {
+                // SAFETY: the input holds the chunk; receiver `p`'s slot
+                // holds `m <= chunk` elements and was last read before `p`
+                // arrived at this epoch (`staging`).
+                unsafe { copy_strided(t, nt, slots.at((me + k) % n, me, 0), src.add(c0) as *const u8, m * size) };
+            }
+        }
+        ctx.stamp(coop, part, CollStage::Sent);
+        // The reduction is needed from here on only: made after the first
+        // pushes are out, off their way. An error returns before the
+        // barrier on every rank alike (`red`'s contract), so nobody waits.
+        let red = &match reduction {
+            Some(r) => r,
+            None => {
+                let r = make()?;
+                reduction = Some(r);
+                r
+            }
+        };
+        // SAFETY: as above.
+        unsafe { bar.sync(coop, Order::AcqRel) }?;
+        ctx.stamp(coop, part, CollStage::Synced);
+        let input = |p: u32| if p == me { src.wrapping_add(c0) } else { slots.at(me, p, 0) as *const T };
+        // Every sender stored its chunk into the caller's slots before the
+        // barrier; the caller's own is its input; `dst` holds the range
+        // (and may be `src`: each element is read before it is written,
+        // by the same thread).
+        if packed {
+            let input = |p: u32| input(p) as *const u8;
+            match red.kind() {
+                // SAFETY: as just said; whole aligned packs (`packed`).
+                ReducerKind::Sum => unsafe { reduce_packs(t, nt, n, &input, to as *mut u8, packs, &SumOf::<T>::new()) },
+                // SAFETY: as above.
+                ReducerKind::Any => unsafe { reduce_packs(t, nt, n, &input, to as *mut u8, packs, red) },
+            }
+        } else {
+            // SAFETY: as just said.
+            unsafe { reduce_into(t, nt, n, &input, 1, &|_| dst.add(c0), 0, m, red) };
+        }
+        c0 += m;
+    }
+    Ok(())
 }

@@ -145,7 +145,12 @@ impl<'a> LsaBarrierSession<'a> {
             // only store to atomically.
             let r = unsafe {
                 match order {
-                    Order::Acquire | Order::AcqRel => wait::wait_ge_u32(p, self.epoch, Scope::Sys, &mut deadline),
+                    // Every poll acquires: the coop waits with this
+                    // thread, and a re-read after the last arrival would
+                    // cost every long barrier one more round trip.
+                    Order::Acquire | Order::AcqRel => {
+                        wait::wait_ge_u32_acquiring(p, self.epoch, Scope::Sys, &mut deadline)
+                    }
                     Order::Relaxed | Order::Release => {
                         wait::wait_ge_u32_relaxed(p, self.epoch, Scope::Sys, &mut deadline)
                     }
