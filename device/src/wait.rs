@@ -242,10 +242,17 @@ pub unsafe fn wait_ge_u32_acquiring(
     scope: Scope,
     deadline: &mut Deadline,
 ) -> Result<u32, WaitError> {
+    // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid and
+    // aligned, written only atomically.
+    spin_ge_u32(target, deadline, || unsafe { atomic::load_acquire(p, scope) })
+}
+
+/// Polls `load` until its value has reached `target` (rolling), with
+/// `deadline`'s checks between misses.
+#[inline(always)]
+fn spin_ge_u32(target: u32, deadline: &mut Deadline, load: impl Fn() -> u32) -> Result<u32, WaitError> {
     loop {
-        // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
-        // and aligned, written only atomically.
-        let v = unsafe { atomic::load_acquire(p, scope) };
+        let v = load();
         if rolling_ge_u32(v, target) {
             return Ok(v);
         }
@@ -265,15 +272,9 @@ pub unsafe fn wait_ge_u32_relaxed(
     scope: Scope,
     deadline: &mut Deadline,
 ) -> Result<u32, WaitError> {
-    loop {
-        // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
-        // and aligned, written only atomically.
-        let v = unsafe { atomic::load_relaxed(p, scope) };
-        if rolling_ge_u32(v, target) {
-            return Ok(v);
-        }
-        deadline.poll()?;
-    }
+    // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid and
+    // aligned, written only atomically.
+    spin_ge_u32(target, deadline, || unsafe { atomic::load_relaxed(p, scope) })
 }
 
 #[cfg(test)]
