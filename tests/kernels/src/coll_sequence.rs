@@ -3,7 +3,8 @@
 //! checked element by element by the tests (`tests/coll.rs`).
 
 use devcomm_device::arch::thread_rank_in_block;
-use devcomm_device::coll::{self, Algorithm, CollContext, Input, Part, RedOp, Reduction};
+use devcomm_device::atomic::{self, Order, Scope};
+use devcomm_device::coll::{self, Algorithm, CollContext, CollError, Input, Part, RedOp, Reduction};
 use devcomm_device::coop::{Coop, Cta, Warp};
 use devcomm_device::kernel;
 
@@ -48,6 +49,45 @@ kernel! {
                     unsafe { report(errors as *mut u32, e.code()) };
                 }
                 return;
+            }
+        }
+    }
+}
+
+kernel! {
+    /// The pushed one-shot all-reduce whose reduction fails on every rank,
+    /// then the same call that works: `coll::all_reduce_pushed_by` makes
+    /// the reduction after the part's pushes, and an error there must
+    /// return on every rank before anyone arrives at the barrier (nothing
+    /// waits) and leave the barrier's epochs as they were (the next call
+    /// meets). f32 sums of `count` elements from `src` into `dst`, by every
+    /// CTA (CTA `b` is part `b`). `codes[0]` counts the CTAs whose first
+    /// call returned `BadArgument`; `codes[1]` gets the second call's first
+    /// error code (0 when every CTA's worked).
+    ///
+    /// # Safety
+    /// As for [`all_reduce_sequence_f32`]; `src` and `dst` hold `count`
+    /// floats; `codes` two `u32`s, zeroed.
+    pub unsafe fn all_reduce_pushed_failing_f32(ctx: CollContext, src: u64, dst: u64, count: u64, codes: u64) {
+        let cta = Cta::new();
+        let (s, d, n) = (src as *const f32, dst as *mut f32, count as usize);
+        let codes = codes as *mut u32;
+        let failing = || Err(CollError::BadArgument);
+        // SAFETY: the kernel's contract; the block is the part's coop;
+        // `failing` fails alike on every rank.
+        let first = unsafe { coll::all_reduce_pushed_by(&cta, &ctx, Part::block(), s, d, n, failing) };
+        let red = Reduction::new(RedOp::Sum, 0.0f32, ctx.scratch().lsa_size());
+        // SAFETY: as above.
+        let second = unsafe { coll::all_reduce_pushed(&cta, &ctx, Part::block(), s, d, n, &red) };
+        if cta.is_leader() {
+            // SAFETY: the kernel's contract: `codes` holds two `u32`s.
+            unsafe {
+                if matches!(first, Err(CollError::BadArgument)) {
+                    atomic::red_add_relaxed(codes, 1u32, Scope::Gpu);
+                }
+                if let Err(e) = second {
+                    atomic::compare_exchange(codes.add(1), 0, e.code(), Order::Relaxed, Scope::Gpu);
+                }
             }
         }
     }
