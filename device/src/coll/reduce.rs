@@ -521,7 +521,7 @@ pub unsafe fn all_reduce_pushed_by<C: Coop, T: Element>(
         ctx.stamp(coop, part, CollStage::Sent);
         // The reduction is needed from here on only: made after the first
         // pushes are out, off their way. An error returns before the
-        // barrier on every rank alike (`red`'s contract), so nobody waits.
+        // barrier on every rank alike (`make`'s contract), so nobody waits.
         let red = &match reduction {
             Some(r) => r,
             None => {
