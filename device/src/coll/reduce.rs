@@ -491,7 +491,7 @@ pub unsafe fn all_reduce_pushed_by<C: Coop, T: Element>(
             // rank's slice.
             let push = |base: usize, v: &[[u32; 4]; UNROLL]| {
                 for k in 1..n {
-                    let to = slots.at((me + k) % n, me, 0);
+                    let slot = slots.at((me + k) % n, me, 0);
                     each_lane!(UNROLL, |u| {
                         let i = base + u * nt;
                         if i < packs {
@@ -499,7 +499,7 @@ pub unsafe fn all_reduce_pushed_by<C: Coop, T: Element>(
                             // chunk: `packed`), last read before that rank
                             // arrived at this epoch (`staging`); this
                             // thread's alone.
-                            unsafe { store16(to.add(i * 16), v[u]) };
+                            unsafe { store16(slot.add(i * 16), v[u]) };
                         }
                     });
                 }
