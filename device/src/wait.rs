@@ -73,13 +73,24 @@ pub const fn rolling_ge_u64(a: u64, b: u64) -> bool {
 /// therefore runs from a few polls after the wait began.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {
+    /// Failed polls so far: counted in a register, apart from the clock,
+    /// which only the out-of-line check touches.
+    misses: u32,
+    clock: Clock,
+}
+
+/// What a [`Deadline`]'s checks read and update, handed to the
+/// out-of-line check and back by value: a reference to it would keep the
+/// whole deadline, its miss count too, in local memory, a load and a store
+/// on every poll.
+#[derive(Clone, Copy, Debug)]
+struct Clock {
     flag: *const u32,
     timeout_ns: u64,
     /// 0 until the first check; then the absolute end (`u64::MAX`: none).
     end_ns: u64,
     /// When the abort flag is next read (set at the first check).
     flag_ns: u64,
-    misses: u32,
 }
 
 impl Deadline {
@@ -92,7 +103,7 @@ impl Deadline {
     /// A deadline `timeout_ns` from now (0: no time limit), watching `abort.flag`.
     #[inline(always)]
     pub fn with_timeout(abort: &AbortInfo, timeout_ns: u64) -> Self {
-        Deadline { flag: abort.flag as *const u32, timeout_ns, end_ns: 0, flag_ns: 0, misses: 0 }
+        Deadline { misses: 0, clock: Clock { flag: abort.flag as *const u32, timeout_ns, end_ns: 0, flag_ns: 0 } }
     }
 
     /// Call after each failed poll: every [`CHECK_EVERY`] calls, backs off
@@ -104,11 +115,15 @@ impl Deadline {
         if self.misses % CHECK_EVERY != 0 {
             return Ok(());
         }
-        self.check()
+        self.clock = self.clock.check()?;
+        Ok(())
     }
+}
 
+impl Clock {
+    /// The clock after one more check, or why the wait ends.
     #[inline(never)]
-    fn check(&mut self) -> Result<(), WaitError> {
+    fn check(mut self) -> Result<Clock, WaitError> {
         let now = arch::global_timer_ns();
         if self.end_ns == 0 {
             self.end_ns = if self.timeout_ns == 0 { u64::MAX } else { now.saturating_add(self.timeout_ns) };
@@ -124,7 +139,7 @@ impl Deadline {
             }
         }
         arch::spin_backoff(20);
-        Ok(())
+        Ok(self)
     }
 }
 

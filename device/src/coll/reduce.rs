@@ -4,7 +4,7 @@
 use super::element::Element;
 use super::op::{ReducerKind, Reduction, SumOf};
 use super::pack::{each_lane, reduce_into, reduce_packs};
-use super::staging::{self, area, part_barrier, part_range, piece, Staged};
+use super::staging::{self, area, part_barrier, part_range, piece, unit_piece, Staged};
 use super::{check_part, chunk_elems, ll, ll_rooted, relay, Algorithm, CollContext, CollError, CollStage, Input, Part};
 use crate::arch::{load16, store16};
 use crate::atomic::Order;
@@ -452,12 +452,17 @@ pub unsafe fn all_reduce_pushed_by<C: Coop, T: Element>(
     let scratch = ctx.scratch();
     let (me, n) = (scratch.lsa_rank(), scratch.lsa_size());
     let size = size_of::<T>();
-    let (pb, pe) = part_range::<T>(count, part);
+    // The part's piece in 16-byte units (`part_range`'s cut, without its
+    // clamps): `[ub, ue)`, of which all but a last partial one are whole.
+    let unit = 16 / size;
+    let (ub, ue) = unit_piece(count.div_ceil(unit), part.count, part.index);
+    let (pb, pe) = ((ub * unit).min(count), (ue * unit).min(count));
     let (from, to) = (src.wrapping_add(pb), dst.wrapping_add(pb));
-    // Whole aligned packs: the first step's loads go out at once; whether
-    // the packs fit one chunk is asked after.
-    let whole = (pe - pb) % (16 / size) == 0 && (from as usize | to as usize) % 16 == 0;
-    let packs = if whole { (pe - pb) * size / 16 } else { 0 };
+    // Whole aligned packs (none partial, `src` and `dst` 16-byte aligned,
+    // so `from` and `to` are): the first step's loads go out at once;
+    // whether the packs fit one chunk is asked after.
+    let whole = ue * unit <= count && (src as usize | dst as usize) % 16 == 0;
+    let packs = if whole { ue - ub } else { 0 };
     let step = nt * UNROLL;
     // Step `base`'s packs of the input (those below `packs`).
     let load_step = |base: usize| {

@@ -39,6 +39,23 @@ pub(crate) fn piece(len: usize, unit: usize, pieces: usize, i: usize) -> (usize,
     ((ub * unit).min(len), (ue * unit).min(len))
 }
 
+/// `[begin, end)` of piece `i < pieces` of `units` whole units ([`piece`]
+/// with `unit` 1), in 32-bit arithmetic when `units` fits: where a
+/// kernel's first loads wait for the cut, the 64-bit one's longer chain
+/// delays them.
+#[inline(always)]
+pub(crate) fn unit_piece(units: usize, pieces: u32, i: u32) -> (usize, usize) {
+    if units <= u32::MAX as usize {
+        let u = units as u32;
+        let (base, rem) = (u / pieces, u % pieces);
+        // `i * base + min(i, rem) <= u`: no overflow.
+        let ub = i * base + i.min(rem);
+        (ub as usize, (ub + base + (i < rem) as u32) as usize)
+    } else {
+        piece(units, 1, pieces as usize, i as usize)
+    }
+}
+
 /// `[begin, end)` of part `part`'s piece of `count` elements of `T`, cut
 /// at whole 16-byte units (see [`piece`]).
 #[inline(always)]

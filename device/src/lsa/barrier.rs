@@ -15,7 +15,9 @@
 //! take part with the same index.
 
 use crate::atomic::{self, Order, Scope};
-use crate::comm::DevComm;
+use core::marker::PhantomData;
+
+use crate::comm::{AbortInfo, DevComm};
 use crate::coop::Coop;
 use crate::wait::{self, Deadline, WaitError};
 
@@ -59,9 +61,24 @@ impl BarrierError {
 /// ```
 #[doc(alias = "ncclLsaBarrierSession")]
 pub struct LsaBarrierSession<'a> {
-    comm: &'a DevComm,
-    index: u32,
+    /// Slot `[index][0]` of LSA peer 0's inbox array (an address in this
+    /// process); peer `p`'s is `stride * p` further, source `s`'s slot
+    /// `4 * s` further.
+    slots: u64,
+    /// Distance between consecutive LSA peers' mappings of the resources.
+    stride: u64,
+    /// This rank's epoch word of the barrier.
+    epoch_word: *mut u32,
+    /// The caller's LSA rank and the team's size.
+    me: u32,
+    n: u32,
+    abort: AbortInfo,
     epoch: u32,
+    /// Held by value, so that no reference into the kernel's parameter
+    /// escapes into the session: one that did made LLVM copy the
+    /// communicator to local memory at every kernel's entry and read it
+    /// back there on every arrival.
+    _comm: PhantomData<&'a DevComm>,
 }
 
 impl<'a> LsaBarrierSession<'a> {
@@ -75,23 +92,35 @@ impl<'a> LsaBarrierSession<'a> {
         if index >= comm.lsa_barrier_count {
             return Err(BarrierError::IndexOutOfRange);
         }
+        let r = &comm.resources;
+        let (me, n) = (comm.lsa_rank, comm.lsa_size);
+        // The contract: the resource window holds, on every LSA peer, the
+        // inboxes (`lsa_barrier_count * lsa_size` words at
+        // `lsa_barrier_offset`) and this rank's epochs (at
+        // `lsa_epoch_offset`), so no address below needs a range check.
+        let slots = r.lsa_base + comm.lsa_barrier_offset + index as u64 * n as u64 * 4;
+        let epoch_word = (r.lsa_base + me as u64 * r.stride + comm.lsa_epoch_offset + index as u64 * 4) as *mut u32;
         // SAFETY: the caller's contract: `comm` is live and its resource
         // window mapped, so barrier `index < lsa_barrier_count` (checked
         // above) has its epoch word, a 4-byte aligned `u32` of this rank's
         // resource window, accessed only atomically.
-        let epoch = unsafe { atomic::load_relaxed(Self::epoch_ptr(comm, index), Scope::Gpu) };
-        Ok(LsaBarrierSession { comm, index, epoch })
+        let epoch = unsafe { atomic::load_relaxed(epoch_word, Scope::Gpu) };
+        Ok(LsaBarrierSession {
+            slots,
+            stride: r.stride,
+            epoch_word,
+            me,
+            n,
+            abort: comm.abort,
+            epoch,
+            _comm: PhantomData,
+        })
     }
 
-    fn epoch_ptr(comm: &DevComm, index: u32) -> *mut u32 {
-        comm.resources.local_ptr(comm.lsa_epoch_offset + index as u64 * 4)
-    }
-
-    /// Inbox slot `[index][src]` in LSA peer `peer`'s resource window.
+    /// Inbox slot `[index][src]` in LSA peer `peer < n`'s resource window.
+    #[inline(always)]
     fn inbox(&self, peer: u32, src: u32) -> *mut u32 {
-        let c = self.comm;
-        let slot = (self.index as u64 * c.lsa_size as u64 + src as u64) * 4;
-        c.resources.lsa_ptr(c.lsa_barrier_offset + slot, peer)
+        (self.slots + peer as u64 * self.stride + src as u64 * 4) as *mut u32
     }
 
     /// The epoch the next `wait` waits for.
@@ -107,7 +136,7 @@ impl<'a> LsaBarrierSession<'a> {
     pub unsafe fn arrive<C: Coop>(&mut self, coop: &C, order: Order) {
         coop.sync();
         self.epoch = self.epoch.wrapping_add(1);
-        let (me, n) = (self.comm.lsa_rank, self.comm.lsa_size);
+        let (me, n) = (self.me, self.n);
         let mut peer = coop.thread_rank();
         while peer < n {
             let p = self.inbox(peer, me);
@@ -134,8 +163,8 @@ impl<'a> LsaBarrierSession<'a> {
     /// As for [`LsaBarrierSession::arrive`].
     #[inline]
     pub unsafe fn wait<C: Coop>(&mut self, coop: &C, order: Order) -> Result<(), BarrierError> {
-        let (me, n) = (self.comm.lsa_rank, self.comm.lsa_size);
-        let mut deadline = Deadline::new(&self.comm.abort);
+        let (me, n) = (self.me, self.n);
+        let mut deadline = Deadline::new(&self.abort);
         let mut result = Ok(());
         let mut src = coop.thread_rank();
         while src < n && result.is_ok() {
@@ -181,6 +210,6 @@ impl Drop for LsaBarrierSession<'_> {
     /// the same value).
     fn drop(&mut self) {
         // SAFETY: the epoch word is the caller's own, valid per `new`'s contract.
-        unsafe { atomic::store_relaxed(Self::epoch_ptr(self.comm, self.index), self.epoch, Scope::Gpu) };
+        unsafe { atomic::store_relaxed(self.epoch_word, self.epoch, Scope::Gpu) };
     }
 }
