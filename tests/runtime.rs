@@ -634,6 +634,76 @@ fn device_math_matches_the_host() {
     }
 }
 
+/// `F16`'s conversions on the device (the hardware's `cvt` on a GPU)
+/// against the integer ones the host and the emulator run: every f16 code
+/// to f32, and to f16 every code's value, the midpoints between
+/// neighbouring codes (ties to even), values next to them, the subnormal
+/// range, overflow, infinities, and random f32s over every binade. Exact;
+/// a NaN only has to stay a NaN (the hardware's is canonical).
+#[test]
+fn f16_conversions_match_the_host() {
+    use devcomm_device::coll::F16;
+    use devcomm_test_kernels::selftest::f16_conversions;
+    let dev = test_device(0);
+    let s = dev.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(47);
+    let mut x: Vec<f32> = Vec::new();
+    for code in 0..=u16::MAX {
+        let v = F16(code).to_f32_soft();
+        let next = F16(code.wrapping_add(1)).to_f32_soft();
+        x.push(v);
+        if v.is_finite() && next.is_finite() {
+            let mid = ((v as f64 + next as f64) / 2.0) as f32; // exact: f16 midpoints fit f32
+            x.extend([mid, f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1)]);
+        }
+    }
+    x.extend([
+        65504.0,
+        65519.0,
+        65520.0,
+        1e6,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-10,
+        -1e-10,
+    ]);
+    x.extend((0..20_000).map(|_| f32::from_bits(rng.gen::<u32>())));
+    x.extend((0..20_000).map(|_| rng.gen_range(-1.0f32..1.0) * 2f32.powi(rng.gen_range(-30..20))));
+    let n = x.len();
+    let dx = dev.alloc_from(&x).unwrap();
+    let wide = dev.alloc_from(&vec![0xdead_beefu32; 65536]).unwrap();
+    let narrow = dev.alloc_from(&vec![0xdead_beefu32; n]).unwrap();
+    // SAFETY: `wide` holds 65536 elements, `dx` and `narrow` n.
+    unsafe {
+        s.launch_in::<f16_conversions>(
+            &test_kernels(&dev),
+            LaunchConfig::new(64, 256),
+            (dx.as_ptr(), n as u32, wide.as_mut_ptr(), narrow.as_mut_ptr()),
+        )
+    }
+    .unwrap();
+    let (wide, narrow) = (s.read_vec(&wide).unwrap(), s.read_vec(&narrow).unwrap());
+    for (code, &got) in wide.iter().enumerate() {
+        let want = F16(code as u16).to_f32_soft();
+        if want.is_nan() {
+            assert!(f32::from_bits(got).is_nan(), "f16 {code:#06x}: {got:#010x}, not a NaN");
+        } else {
+            assert_eq!(got, want.to_bits(), "f16 {code:#06x} to f32: {} vs {want}", f32::from_bits(got));
+        }
+    }
+    for (i, (&v, &got)) in x.iter().zip(&narrow).enumerate() {
+        assert!(got <= 0xffff, "element {i}: {got:#x} is not a 16-bit code");
+        let want = F16::from_f32_soft(v).0;
+        if v.is_nan() {
+            assert!(F16(got as u16).to_f32_soft().is_nan(), "f32 NaN {:#010x}: f16 {got:#06x}", v.to_bits());
+        } else {
+            assert_eq!(got as u16, want, "{v:e} ({:#010x}) to f16, element {i}", v.to_bits());
+        }
+    }
+}
+
 /// Warp, tile and block reductions (sum, max, a custom op) on every thread,
 /// over full and partial warps, against host results.
 #[test]

@@ -368,20 +368,56 @@ impl Bf16 {
 impl F16 {
     /// The value as `f32` (exact).
     ///
-    /// Integer arithmetic on both targets: on sm_90 with the current
-    /// toolchain, `cvt.rn.f16.f32` through a 16-bit inline-asm register
-    /// gave wrong low bytes once stored into a byte array (seen on an
-    /// H100: `0x3c66` came back `0x3c01`), so the hardware conversion is
-    /// not used until that is understood.
+    /// On a GPU the hardware conversion (`cvt.f32.f16`), its 16-bit operand
+    /// kept inside the `asm` block: the block takes and gives 32-bit
+    /// registers only (a 16-bit inline-asm register once gave wrong low
+    /// bytes on an H100, `0x3c66` read back as `0x3c01`). The integer
+    /// version, [`F16::to_f32_soft`], made every f16 vector a long integer
+    /// sequence and kept LLVM from inlining the f16 MoE combines' loops
+    /// (`tests/runtime.rs` checks the two agree on every code).
     #[inline(always)]
     pub fn to_f32(self) -> f32 {
-        self.to_f32_soft()
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let bits: u32;
+            // SAFETY: register-only conversion instructions, no memory.
+            unsafe {
+                core::arch::asm!(
+                    "{{ .reg .b16 h; .reg .f32 f; cvt.u16.u32 h, {x}; cvt.f32.f16 f, h; mov.b32 {y}, f; }}",
+                    x = in(reg32) self.0 as u32, y = out(reg32) bits, options(pure, nomem, nostack)
+                );
+            }
+            f32::from_bits(bits)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            self.to_f32_soft()
+        }
     }
 
     /// `x` rounded to nearest even (overflow to infinity, NaN to NaN).
+    ///
+    /// On a GPU `cvt.rn.f16.f32`, with 32-bit operands as in
+    /// [`F16::to_f32`] (a NaN comes back as the hardware's canonical NaN,
+    /// where [`F16::from_f32_soft`] keeps the payload's top bits).
     #[inline(always)]
     pub fn from_f32(x: f32) -> Self {
-        Self::from_f32_soft(x)
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let bits: u32;
+            // SAFETY: register-only conversion instructions, no memory.
+            unsafe {
+                core::arch::asm!(
+                    "{{ .reg .b16 h; .reg .f32 f; mov.b32 f, {x}; cvt.rn.f16.f32 h, f; cvt.u32.u16 {y}, h; }}",
+                    x = in(reg32) x.to_bits(), y = out(reg32) bits, options(pure, nomem, nostack)
+                );
+            }
+            F16(bits as u16)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            Self::from_f32_soft(x)
+        }
     }
 
     /// [`F16::to_f32`] in integer arithmetic (what the host runs).

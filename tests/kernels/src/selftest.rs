@@ -331,3 +331,25 @@ kernel! {
         *uo.add(7) = reduce::block_reduce(&cta, u, |a: u32, b: u32| a.min(b), us);
     }
 }
+
+kernel! {
+    /// `F16`'s conversions as the device runs them, grid-stride: for each
+    /// `i < 65536`, `wide[i]` = the bits of `F16(i).to_f32()`; for each
+    /// `i < n`, `narrow[i] = F16::from_f32(x[i])` (its bits, widened).
+    ///
+    /// # Safety
+    /// `wide` holds 65536 elements, `x` and `narrow` `n`.
+    pub unsafe fn f16_conversions(x: *const f32, n: u32, wide: *mut u32, narrow: *mut u32) {
+        use devcomm_device::coll::F16;
+        let mut i = global_thread_x();
+        while i < 65536 {
+            *wide.add(i as usize) = F16(i as u16).to_f32().to_bits();
+            i += grid_threads_x();
+        }
+        let mut i = global_thread_x();
+        while i < n {
+            *narrow.add(i as usize) = F16::from_f32(*x.add(i as usize)).0 as u32;
+            i += grid_threads_x();
+        }
+    }
+}
