@@ -452,8 +452,9 @@ pub unsafe fn all_reduce_pushed_by<C: Coop, T: Element>(
     let scratch = ctx.scratch();
     let (me, n) = (scratch.lsa_rank(), scratch.lsa_size());
     let size = size_of::<T>();
-    // The part's piece in 16-byte units (`part_range`'s cut, without its
-    // clamps): `[ub, ue)`, of which all but a last partial one are whole.
+    // The part's piece in 16-byte units, `[ub, ue)` (`part_range`'s cut):
+    // all whole but a last partial one. `whole` and `packs` come from the
+    // units; the element bounds are clamped to `count`.
     let unit = 16 / size;
     let (ub, ue) = unit_piece(count.div_ceil(unit), part.count, part.index);
     let (pb, pe) = ((ub * unit).min(count), (ue * unit).min(count));
