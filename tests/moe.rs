@@ -261,13 +261,17 @@ struct Ctx<'a> {
     sum: Sum,
     /// High-throughput with `HtLayout::PerSource`: tokens per source, no pack.
     per_source: bool,
+    /// `HtLayout::PerSourceInWindow`: those tokens left in the group's window.
+    in_window: bool,
 }
 
 impl<'a> Ctx<'a> {
     /// The checks of a group made with `cfg` (its mode and its combine's order).
     fn new(comm: &'a Communicator, stream: &'a Stream, shape: Shape, cfg: &EpConfig) -> Self {
-        let per_source = cfg.mode == EpMode::HighThroughput && cfg.ht_layout == HtLayout::PerSource;
-        Ctx { comm, stream, shape, mode: cfg.mode, sum: Sum::of(cfg, comm), per_source }
+        let ht = cfg.mode == EpMode::HighThroughput;
+        let in_window = ht && cfg.ht_layout == HtLayout::PerSourceInWindow;
+        let per_source = in_window || (ht && cfg.ht_layout == HtLayout::PerSource);
+        Ctx { comm, stream, shape, mode: cfg.mode, sum: Sum::of(cfg, comm), per_source, in_window }
     }
 }
 
@@ -299,11 +303,18 @@ fn check_recv<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, seed: u64) 
 /// and weight 0 for another rank's), the per-source counts, and the
 /// tokens per local expert (a token naming one twice counts once). Rows
 /// past a source's count keep the poison the caller wrote.
-fn check_recv_per_source<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, seed: u64, poison: Option<u64>) {
+fn check_recv_per_source<T: MoeType>(
+    c: &Ctx,
+    ep: &EpGroup,
+    d: &Dispatched<T>,
+    kind: Routing,
+    seed: u64,
+    poison: Option<u64>,
+) {
     let s = &c.shape;
     let me = c.comm.rank();
     let h = &d.handle;
-    let got = c.stream.read_vec(&d.recv_x).unwrap();
+    let got = received(c, ep, d);
     let counts = c.stream.read_vec(&d.recv_count).unwrap();
     let src_counts = c.stream.read_vec(h.recv_source_counts().unwrap()).unwrap();
     let ridx = c.stream.read_vec(h.recv_topk_idx().unwrap()).unwrap();
@@ -355,15 +366,27 @@ fn check_recv_per_source<T: MoeType>(c: &Ctx, d: &Dispatched<T>, kind: Routing, 
     assert_eq!(counts, per_expert, "rank {me} {kind:?} seed {seed}: tokens per local expert");
 }
 
+/// The per-source rows of `d`: its `recv_x`, or with
+/// `HtLayout::PerSourceInWindow` the group's window rows (`recv_x` empty).
+fn received<T: MoeType>(c: &Ctx, ep: &EpGroup, d: &Dispatched<T>) -> Vec<T> {
+    if !c.in_window {
+        return c.stream.read_vec(&d.recv_x).unwrap();
+    }
+    assert!(d.recv_x.is_empty(), "rank {}: recv_x of an in-window dispatch holds {}", c.comm.rank(), d.recv_x.len());
+    let rows = ep.recv_rows::<T>().unwrap();
+    assert_eq!(rows.len(), c.shape.n * c.shape.m * c.shape.h);
+    rows.read_vec(c.stream).unwrap()
+}
+
 /// What a per-source combine takes for `d`: row `s·M + p` this rank's
 /// experts' outputs for that token, weighted and added in f32 in top-k
 /// order and rounded (the caller's part of `HtLayout::PerSource`: the
 /// reference's `Sum::Ranks` partial).
-fn source_outputs<T: MoeType>(c: &Ctx, d: &Dispatched<T>) -> DeviceBuffer<T> {
+fn source_outputs<T: MoeType>(c: &Ctx, ep: &EpGroup, d: &Dispatched<T>) -> DeviceBuffer<T> {
     let s = &c.shape;
     let me = c.comm.rank();
     let h = &d.handle;
-    let x = c.stream.read_vec(&d.recv_x).unwrap();
+    let x = received(c, ep, d);
     let src_counts = c.stream.read_vec(h.recv_source_counts().unwrap()).unwrap();
     let ridx = c.stream.read_vec(h.recv_topk_idx().unwrap()).unwrap();
     let rw = c.stream.read_vec(h.recv_topk_weights().unwrap()).unwrap();
@@ -411,9 +434,13 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     let mut poison = None;
     let d = match reuse {
         Some(d) => {
-            c.stream.memset(&mut d.recv_x, 0xA5).unwrap();
-            poison =
-                Some(bytemuck::pod_read_unaligned::<T>(&vec![0xA5u8; std::mem::size_of::<T>()]).to_f64().to_bits());
+            // (In the window, rows past a source's count hold what earlier
+            // dispatches left: no poison to check there.)
+            if !c.in_window {
+                c.stream.memset(&mut d.recv_x, 0xA5).unwrap();
+                poison =
+                    Some(bytemuck::pod_read_unaligned::<T>(&vec![0xA5u8; std::mem::size_of::<T>()]).to_f64().to_bits());
+            }
             ep.dispatch_into(&x, &idx, &w, d, c.stream).unwrap();
             d
         }
@@ -424,13 +451,20 @@ fn round<T: MoeType>(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64, reuse: Opt
     };
     ep.synchronize(c.stream).unwrap();
     let out = if c.per_source {
-        check_recv_per_source(c, d, kind, seed, poison);
-        source_outputs(c, d)
+        check_recv_per_source(c, ep, d, kind, seed, poison);
+        source_outputs(c, ep, d)
     } else {
         check_recv(c, d, kind, seed);
         expert_outputs(c, d)
     };
-    let y = ep.combine(&out, &d.handle, c.stream).unwrap();
+    // In the window, every other round combines in place (the rows
+    // overwritten with the outputs, the LSA ranks' read over NVLink).
+    let y = if c.in_window && seed % 2 == 1 {
+        ep.recv_rows::<T>().unwrap().copy_from(&out, c.stream).unwrap();
+        ep.combine_in_window::<T>(&d.handle, c.stream).unwrap()
+    } else {
+        ep.combine(&out, &d.handle, c.stream).unwrap()
+    };
     ep.synchronize(c.stream).unwrap();
     let got = c.stream.read_vec(&y).unwrap();
     let want = expected_y::<T>(s, me, kind, seed, c.sum);
@@ -471,9 +505,26 @@ fn per_source_battery<T: MoeType>(
     channels: u32,
     kinds: &[Routing],
 ) {
+    layout_battery::<T>(comm, stream, shape, channels, HtLayout::PerSource, kinds);
+}
+
+/// The same with the tokens left in the window (`HtLayout::PerSourceInWindow`).
+fn in_window_battery<T: MoeType>(comm: &Communicator, stream: &Stream, shape: Shape, channels: u32, kinds: &[Routing]) {
+    layout_battery::<T>(comm, stream, shape, channels, HtLayout::PerSourceInWindow, kinds);
+}
+
+/// Routings `kinds` on a high-throughput group of layout `layout`.
+fn layout_battery<T: MoeType>(
+    comm: &Communicator,
+    stream: &Stream,
+    shape: Shape,
+    channels: u32,
+    layout: HtLayout,
+    kinds: &[Routing],
+) {
     let mut cfg =
         EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_dtype(T::DTYPE).with_mode(EpMode::HighThroughput);
-    (cfg.channels, cfg.ht_layout) = (channels, HtLayout::PerSource);
+    (cfg.channels, cfg.ht_layout) = (channels, layout);
     battery_of::<T>(comm, stream, shape, &cfg, 1, kinds);
 }
 
@@ -724,6 +775,53 @@ fn per_source_bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
     // rank's token once, and its row comes back as it is.
     let got = stream.read_vec(&y).unwrap();
     assert!(got.iter().all(|&v| v == 0.25), "rank {}: {got:?}", comm.rank());
+    comm.bootstrap_barrier().unwrap();
+}
+
+/// `HtLayout::PerSourceInWindow` refuses tokens that are not whole
+/// window slots (13 f32: 52 bytes), `recv_rows` and `combine_in_window` of
+/// another layout or type, and a `copy_to` of another length; a `copy_to`
+/// of the right length gives the rows as `recv_rows` reads them; the
+/// rows combined in place as they arrived give each token back.
+fn in_window_bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
+    let s = shape;
+    let mut cfg = EpConfig::new(s.e, s.h, s.k, s.m).with_mode(EpMode::HighThroughput);
+    cfg.ht_layout = HtLayout::PerSourceInWindow;
+    match EpGroup::new(comm, &cfg) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("multiple of 16 bytes"), "{m}"),
+        other => panic!("13 f32 in the window: expected InvalidArgument, got {other:?}"),
+    }
+    let mut per_source = cfg.clone();
+    per_source.ht_layout = HtLayout::PerSource;
+    let other = EpGroup::new(comm, &per_source).unwrap();
+    assert!(matches!(other.recv_rows::<f32>(), Err(Error::InvalidUsage(_))), "recv_rows of a PerSource group");
+    cfg.hidden = 8;
+    let ep = EpGroup::new(comm, &cfg).unwrap();
+    assert!(matches!(ep.recv_rows::<bf16>(), Err(Error::InvalidArgument(_))), "recv_rows of another type");
+    let dev = comm.device();
+    let x = dev.alloc_from(&[0.5f32; 8]).unwrap();
+    let idx = dev.alloc_from(&vec![0i32; s.k]).unwrap();
+    let w = dev.alloc_from(&vec![1.0f32; s.k]).unwrap();
+    let d = ep.dispatch(&x, &idx, &w, stream).unwrap();
+    let rows = ep.recv_rows::<f32>().unwrap();
+    let mut short = dev.alloc::<f32>(rows.len() - 1).unwrap();
+    assert!(matches!(rows.copy_to(&mut short, stream), Err(Error::InvalidArgument(_))), "copy_to a shorter buffer");
+    let mut copy = dev.alloc::<f32>(rows.len()).unwrap();
+    rows.copy_to(&mut copy, stream).unwrap();
+    // Every token names expert 0 (rank 0's): rank 0 has one row from each
+    // rank, and the copy's combine gives each token back as it was.
+    assert_eq!(stream.read_vec(&copy).unwrap(), rows.read_vec(stream).unwrap());
+    let in_window = |g: &EpGroup| g.combine_in_window::<f32>(&d.handle, stream).map(|_| ());
+    assert!(matches!(in_window(&other), Err(Error::InvalidUsage(_))), "combine_in_window on a PerSource group");
+    assert!(
+        matches!(ep.combine_in_window::<bf16>(&d.handle, stream), Err(Error::InvalidArgument(_))),
+        "combine_in_window of another type"
+    );
+    // The rows as they arrived are the outputs (identity experts, weight 1 each).
+    let y = ep.combine_in_window::<f32>(&d.handle, stream).unwrap();
+    ep.synchronize(stream).unwrap();
+    let got = stream.read_vec(&y).unwrap();
+    assert!(got.iter().all(|&v| v == 0.5), "rank {}: {got:?}", comm.rank());
     comm.bootstrap_barrier().unwrap();
 }
 
@@ -1005,6 +1103,18 @@ fn child_body(comm: &Communicator) {
     (split.threads, split.channels, split.ctas, split.ht_layout) = (256, 8, 4, HtLayout::PerSource);
     battery_of::<f32>(comm, &stream, f32_shape, &split, 1, few);
     per_source_bad_input(comm, &stream, f32_shape);
+    // The per-source layout left in the window: tokens of 32 bytes (f32
+    // hidden 8), every routing, default and odd channels, more tokens than
+    // a warp, a top-k of 10, bf16 of 48 bytes, 16 KiB tokens.
+    let slots = Shape { n, e: 2 * n, h: 8, k: 2, m: 45 };
+    in_window_battery::<f32>(comm, &stream, slots, 0, &ROUTINGS);
+    in_window_battery::<f32>(comm, &stream, slots, 3, few);
+    in_window_battery::<f32>(comm, &stream, wide, 0, few);
+    if !quick {
+        in_window_battery::<bf16>(comm, &stream, half_shape, 0, few);
+        in_window_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, &[Routing::OneRank]);
+    }
+    in_window_bad_input(comm, &stream, f32_shape);
     ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
     stage_stamps(comm, &stream, f32_shape, EpMode::LowLatency);
     stage_stamps(comm, &stream, f32_shape, EpMode::HighThroughput);

@@ -106,6 +106,10 @@ struct Args {
     /// token, here made on the host once: the token times its local gates' sum).
     #[arg(long)]
     per_source: bool,
+    /// High-throughput per source, the tokens left in the group's window
+    /// (`HtLayout::PerSourceInWindow`: no copy out of the window).
+    #[arg(long)]
+    in_window: bool,
     /// Small shapes (hidden 256, 16 experts, top-4, 32 tokens): a smoke run.
     #[arg(long)]
     quick: bool,
@@ -232,7 +236,9 @@ fn run_tokens<T: MoeType>(
     let ht = a.mode == "ht";
     if ht {
         cfg = cfg.with_mode(EpMode::HighThroughput);
-        if a.per_source {
+        if a.in_window {
+            cfg.ht_layout = HtLayout::PerSourceInWindow;
+        } else if a.per_source {
             cfg.ht_layout = HtLayout::PerSource;
         }
     }
@@ -272,7 +278,7 @@ fn run_tokens<T: MoeType>(
         // weighs the received rows itself; per source it takes each
         // received row times its local gates' sum (made on the host once:
         // the routing stays the same).
-        let rows_in = if ht && a.per_source {
+        let rows_in = if ht && a.per_source && !a.in_window {
             ep.synchronize(stream)?;
             let rx = stream.read_vec(&out.recv_x)?;
             let rw = stream.read_vec(out.handle.recv_topk_weights().expect("per-source tables"))?;
@@ -287,13 +293,30 @@ fn run_tokens<T: MoeType>(
         } else {
             None
         };
+        // In the window (`--in-window`), combine in place: the rows are the
+        // tokens as they arrived (identity experts, weight 1 on each
+        // rank), so each token comes back times the ranks it went to.
         let combine = |out: &Dispatched<T>, y: &mut DeviceBuffer<T>| {
-            ep.combine_into(rows_in.as_ref().unwrap_or(&out.recv_x), &out.handle, y, stream)
+            if a.in_window {
+                ep.combine_in_window_into(&out.handle, y, stream)
+            } else {
+                ep.combine_into(rows_in.as_ref().unwrap_or(&out.recv_x), &out.handle, y, stream)
+            }
         };
         combine(&out, &mut y)?;
         ep.synchronize(stream)?;
         let eps = if T::DTYPE == DataType::F32 { 1e-5 } else { 1.0 / 64.0 };
-        let wrong = count_wrong(a, &w, &xs, &stream.read_vec(&y)?, tokens, eps);
+        let gates = if a.in_window {
+            let l = a.experts / n;
+            let mut g = vec![0.0f32; tokens * a.topk];
+            for t in 0..tokens {
+                g[t * a.topk] = dest_ranks(a, &idx, l, t).len() as f32;
+            }
+            g
+        } else {
+            w.clone()
+        };
+        let wrong = count_wrong(a, &gates, &xs, &stream.read_vec(&y)?, tokens, eps);
         let mut step = |phase: u32| {
             if phase == 0 {
                 ep.dispatch_into(&x, &idxd, &wd, &mut out, stream)
@@ -434,7 +457,12 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
             a.topk,
             a.dtype,
             if a.fp8 { " (fp8 e4m3 dispatch, per-128 scales)" } else { "" },
-            if a.mode == "ht" { "high-throughput" } else { "low-latency" },
+            match (a.mode == "ht", a.in_window, a.per_source) {
+                (false, ..) => "low-latency",
+                (true, true, _) => "high-throughput (per source, in the window)",
+                (true, false, true) => "high-throughput (per source)",
+                (true, false, false) => "high-throughput (per expert)",
+            },
             a.iters,
             a.warmup,
             a.reps

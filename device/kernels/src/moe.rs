@@ -539,12 +539,16 @@ kernel! {
 /// rows are sent as they are, and then span `s` takes channels `s, s + S,
 /// ...` of this rank's tokens and adds each as soon as every rank's
 /// partials of it are in (`ht::combine_reduce_channel`), no grid-wide wait.
+/// With `PULL` (`HtLayout::PerSourceInWindow`'s in-place combine: `x` is
+/// this rank's window rows), CTA 0 first announces the rows
+/// (`ht::combine_rows_ready`), only ranks outside the LSA team get rows
+/// pushed, and the reduce reads the LSA ranks' rows from their windows.
 ///
 /// # Safety
 /// As for `moe_ht_dispatch`, `a` made by `devcomm::moe::EpGroup::combine`
 /// for the dispatch with the same `seq`, `T` of the context's element size.
 #[inline(always)]
-unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
+unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool, const PULL: bool>(a: &MoeHtArgs) {
     let args = &a.args;
     let cta = Cta::new();
     // SAFETY: every thread of the CTA, first; the contract.
@@ -569,8 +573,15 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
         // `num_tokens * hidden`.
         unsafe {
             stamp(&cta, args, Stage::Start);
+            if PULL && block_idx().x == 0 {
+                ht::combine_rows_ready(&cta, ctx, seq);
+            }
             for_items(&span, at, n * g, args, |i| {
-                ht::combine_send_rows(&span, ctx, (me + 1 + i / g) % n, i % g, x, seq)
+                let src = (me + 1 + i / g) % n;
+                if PULL && moe::is_lsa(ctx, src) {
+                    return Ok(());
+                }
+                ht::combine_send_rows(&span, ctx, src, i % g, x, seq)
             });
             stamp(&cta, args, Stage::Sent);
             stamp(&cta, args, Stage::Waited);
@@ -582,7 +593,7 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool>(a: &MoeHtArgs) {
             let (span, at) = Items::spans(g);
             let tokens = args.num_tokens.min(ctx.max_tokens());
             for_items(&span, at, g, args, |c| {
-                ht::combine_reduce_channel::<T, _>(&span, ctx, c, rank_pos, tokens, x, out as *mut T, seq)
+                ht::combine_reduce_channel::<T, _, PULL>(&span, ctx, c, rank_pos, tokens, x, out as *mut T, seq)
             });
             stamp(&cta, args, Stage::Done);
         }
@@ -615,7 +626,7 @@ kernel! {
     /// # Safety
     /// As for `moe_ht_dispatch`, `a` made by `devcomm::moe::EpGroup::combine`.
     pub unsafe fn moe_ht_combine_f32(a: MoeHtArgs) {
-        ht_combine::<f32, false>(&a);
+        ht_combine::<f32, false, false>(&a);
     }
 
     /// A high-throughput combine of bf16 tokens.
@@ -623,7 +634,7 @@ kernel! {
     /// # Safety
     /// As for `moe_ht_combine_f32`.
     pub unsafe fn moe_ht_combine_bf16(a: MoeHtArgs) {
-        ht_combine::<Bf16, false>(&a);
+        ht_combine::<Bf16, false, false>(&a);
     }
 
     /// A high-throughput combine of f16 tokens.
@@ -631,7 +642,7 @@ kernel! {
     /// # Safety
     /// As for `moe_ht_combine_f32`.
     pub unsafe fn moe_ht_combine_f16(a: MoeHtArgs) {
-        ht_combine::<F16, false>(&a);
+        ht_combine::<F16, false, false>(&a);
     }
 
     /// A high-throughput combine in the per-source layout
@@ -643,7 +654,7 @@ kernel! {
     /// As for `moe_ht_combine_f32`, on a per-source context, `x` of
     /// `nranks * max_tokens` rows.
     pub unsafe fn moe_ht_combine_rows_f32(a: MoeHtArgs) {
-        ht_combine::<f32, true>(&a);
+        ht_combine::<f32, true, false>(&a);
     }
 
     /// The same of bf16 tokens.
@@ -651,7 +662,7 @@ kernel! {
     /// # Safety
     /// As for `moe_ht_combine_rows_f32`.
     pub unsafe fn moe_ht_combine_rows_bf16(a: MoeHtArgs) {
-        ht_combine::<Bf16, true>(&a);
+        ht_combine::<Bf16, true, false>(&a);
     }
 
     /// The same of f16 tokens.
@@ -659,6 +670,34 @@ kernel! {
     /// # Safety
     /// As for `moe_ht_combine_rows_f32`.
     pub unsafe fn moe_ht_combine_rows_f16(a: MoeHtArgs) {
-        ht_combine::<F16, true>(&a);
+        ht_combine::<F16, true, false>(&a);
+    }
+
+    /// The in-window combine (`HtLayout::PerSourceInWindow`) of f32
+    /// tokens: `a.args.x` is this rank's window rows (`ht::window_rows`),
+    /// overwritten in place with its output per received token; the LSA
+    /// ranks read each other's rows there (see `ht_combine`'s `PULL`).
+    ///
+    /// # Safety
+    /// As for `moe_ht_combine_rows_f32`, `x` this rank's window rows, every
+    /// rank of the group running this kernel for the dispatch.
+    pub unsafe fn moe_ht_combine_window_f32(a: MoeHtArgs) {
+        ht_combine::<f32, true, true>(&a);
+    }
+
+    /// The same of bf16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_ht_combine_window_f32`.
+    pub unsafe fn moe_ht_combine_window_bf16(a: MoeHtArgs) {
+        ht_combine::<Bf16, true, true>(&a);
+    }
+
+    /// The same of f16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_ht_combine_window_f32`.
+    pub unsafe fn moe_ht_combine_window_f16(a: MoeHtArgs) {
+        ht_combine::<F16, true, true>(&a);
     }
 }

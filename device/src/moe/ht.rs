@@ -32,7 +32,12 @@
 //! output with their top-k entries as local expert indices, so the
 //! receive of a channel overlaps the sends of the others; combine takes
 //! one row per received token (this rank's experts already summed by the
-//! caller) and sends it back as it is ([`combine_send_rows`]).
+//! caller) and sends it back as it is ([`combine_send_rows`]). With `out`
+//! the receive slots themselves ([`window_rows`]) nothing is copied: the
+//! output is the window (valid until the next dispatch). The in-window
+//! combine then reads the LSA ranks' rows there: each rank announces its
+//! rows ([`combine_rows_ready`]) and [`combine_reduce_channel`] with
+//! `PULL` loads them over NVLink (GIN ranks still push theirs).
 //!
 //! **Combine.** For each received token the rank sums its local experts'
 //! gate-weighted outputs in f32 (top-k order, rounded once to the element
@@ -73,6 +78,20 @@ pub const fn channel_tokens(num_tokens: u32, channels: u32, channel: u32) -> (u3
     let g = if channels == 0 { 1 } else { channels } as u64;
     let n = num_tokens as u64;
     ((n * channel as u64 / g) as u32, (n * (channel as u64 + 1) / g) as u32)
+}
+
+/// This rank's receive slots as a per-source output (`[ranks * max_tokens]`
+/// rows of `token_bytes`, `(source, position)`), for
+/// [`dispatch_send_channel`]'s `own_out` and [`dispatch_recv_channel`]'s
+/// `out`: the tokens are then left where they land, no copy out (the
+/// output is valid until the next dispatch's tokens arrive). Null unless
+/// `ctx` is a per-source high-throughput context whose slots are the
+/// tokens' size (`token_bytes` a multiple of 16).
+pub fn window_rows(ctx: &MoeContext) -> *mut u8 {
+    if !ctx.high_throughput() || !ctx.ht_per_source() || ctx.slot_bytes() != ctx.token_bytes() {
+        return core::ptr::null_mut();
+    }
+    local_ptr(ctx, ctx.ht_recv_slot_offset(0, 0))
 }
 
 /// The channel words of source (or rank) `s`, at `off(s, c)` of this
@@ -499,6 +518,8 @@ unsafe fn wait_channel<C: Coop>(
 /// receive slots stay as they were (combine reuses them for GIN). With
 /// `own_direct`, the rows from this rank itself are in `out` already
 /// ([`dispatch_send_channel`]'s `own_out`) and only their routing is copied.
+/// `out` may be the receive slots themselves ([`window_rows`]): then no
+/// token is copied at all, the channel's tokens stay where they landed.
 ///
 /// # Safety
 /// `ctx` a live high-throughput context; `out`, `recv_idx`,
@@ -576,11 +597,12 @@ const BLOCK_UNROLL: usize = 16;
 
 /// Copies `count` rows of `row` bytes from `src` (rows `src_stride`
 /// bytes apart) to `dst` (`dst_stride` apart): one copy when both are
-/// contiguous, else a row at a time.
+/// contiguous, else a row at a time; nothing when `dst` is `src` with the
+/// same stride (the rows are in place already).
 ///
 /// # Safety
-/// Both valid for `count` rows of their strides (`>= row`), not
-/// overlapping; threads `t` of `nt`, each once.
+/// Both valid for `count` rows of their strides (`>= row`), the same rows
+/// or not overlapping; threads `t` of `nt`, each once.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn copy_row_block(
@@ -593,6 +615,10 @@ unsafe fn copy_row_block(
     row: usize,
     count: usize,
 ) {
+    if core::ptr::eq(dst, src) && dst_stride == src_stride {
+        // The rows are where they are to go (an output in the window: [`window_rows`]).
+        return;
+    }
     if dst_stride == row && src_stride == row {
         // SAFETY: the contract: `count` whole rows, contiguous on both sides.
         unsafe { copy_strided_by::<BLOCK_UNROLL>(t, nt, dst, src, count * row) };
@@ -892,6 +918,34 @@ pub unsafe fn combine_send_rows<C: Coop>(
     unsafe { send_back(coop, ctx, src, channel, seq, fill) }
 }
 
+/// The in-window combine's announcement: this rank's [`window_rows`] hold
+/// its output for every token it received in dispatch `seq` (written in
+/// place by earlier work on its stream), so every LSA rank (this one
+/// included) may read its tokens' rows there: a release at system scope
+/// of word `(seq << 32)` into that rank's combine word `(this rank,
+/// channel 0)`, which [`combine_reduce_channel`] with `PULL` waits for.
+/// Call once per combine, by one coop of the grid, before any of its
+/// coops waits.
+///
+/// # Safety
+/// `ctx` a live per-source high-throughput context; every thread of `coop`
+/// calls it; the rows' writes happen before this call (earlier kernels on
+/// the stream, or this grid after a grid-wide barrier).
+pub unsafe fn combine_rows_ready<C: Coop>(coop: &C, ctx: &MoeContext, seq: u32) {
+    let (n, me) = (ctx.comm().nranks(), ctx.comm().rank());
+    let mut d = coop.thread_rank();
+    while d < n {
+        let p = peer_ptr(ctx, d, ctx.ht_combine_word_offset(me, 0)) as *mut u64;
+        if !p.is_null() {
+            atomic::fence_acq_rel(Scope::Sys);
+            // SAFETY: the combine word `(me, 0)` of LSA rank `d`'s window,
+            // written only atomically.
+            unsafe { atomic::store_release(p, word(seq, 0), Scope::Sys) };
+        }
+        d += coop.size();
+    }
+}
+
 /// A combine's send of channel `channel` to source `src`: `fill(p0, rows,
 /// dst)` writes the outputs of positions `p0..p0 + rows` into `dst` (rows
 /// `slot_bytes` apart: `src`'s send slots `(this rank, p0..)` over LSA, or
@@ -953,13 +1007,19 @@ unsafe fn send_back<C: Coop>(
 /// [`combine_send_rows`] took, `[ranks * max_tokens][hidden]`), not
 /// through the window.
 ///
+/// With `PULL` (the in-window combine: every rank's rows are its
+/// [`window_rows`], announced by [`combine_rows_ready`]), an LSA rank's
+/// partials are read straight from its window rows over NVLink once its
+/// ready word is in; nothing was pushed.
+///
 /// # Safety
 /// As for [`combine_reduce`]; `own_rows` as [`combine_send_rows`]'s
-/// `rows_in`; every thread of `coop` calls with the same arguments; no
-/// other coop reduces `channel`.
+/// `rows_in` (with `PULL`: this rank's [`window_rows`]); every thread of
+/// `coop` calls with the same arguments; no other coop reduces `channel`;
+/// with `PULL`, every rank of the group combines with `PULL`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
+pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop, const PULL: bool>(
     coop: &C,
     ctx: &MoeContext,
     channel: u32,
@@ -974,7 +1034,7 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
     if !ctx.high_throughput() || channel >= ctx.channels() || num_tokens > ctx.max_tokens() {
         return coop.agree(Err(MoeError::BadArgument));
     }
-    let off = |d: u32| ctx.ht_combine_word_offset(d, channel);
+    let off = |d: u32| ctx.ht_combine_word_offset(d, if PULL && is_lsa(ctx, d) { 0 } else { channel });
     let r = (|| -> Result<(), MoeError> {
         let mut deadline = Deadline::new(&comm.abort());
         let mut d = coop.thread_rank();
@@ -1017,6 +1077,10 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop>(
         if d as u32 == me {
             let r = me as usize * ctx.max_tokens() as usize + p as usize;
             return Some((own_rows.wrapping_add(r * row), 1.0));
+        }
+        if PULL && is_lsa(ctx, d as u32) {
+            // `d`'s window row of this rank's token at position `p`.
+            return Some((peer_ptr(ctx, d as u32, ctx.ht_recv_slot_offset(me, p)) as *const u8, 1.0));
         }
         Some((local_ptr(ctx, ctx.ht_send_slot_offset(d as u32, p)) as *const u8, 1.0))
     };

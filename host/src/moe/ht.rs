@@ -6,8 +6,10 @@
 use super::{EpConfig, EpGroup, EpMode, Handle, HtLayout, MoeType};
 use crate::coll::DataType;
 use crate::error::{Error, Result};
+use crate::memory::SymmetricMemory;
 use crate::runtime::{DeviceBuffer, RuntimeKind, Stream};
 use devcomm_device::moe::{MoeArgs, MoeHtArgs};
+use std::marker::PhantomData;
 
 /// Channels per destination rank: the config's, else `512 / ranks` in
 /// `1..=256` on GPUs (about 512 streams in all, each taken by a span of warps) and 2 on the
@@ -101,9 +103,146 @@ impl EpGroup<'_> {
     /// Whether this group's dispatch leaves its tokens per source
     /// ([`HtLayout::PerSource`] in high-throughput mode).
     pub(super) fn per_source(&self) -> bool {
-        self.config.mode == EpMode::HighThroughput && self.config.ht_layout == HtLayout::PerSource
+        self.config.mode == EpMode::HighThroughput
+            && matches!(self.config.ht_layout, HtLayout::PerSource | HtLayout::PerSourceInWindow)
     }
 
+    /// Whether the per-source output stays in the window ([`HtLayout::PerSourceInWindow`]).
+    pub(super) fn in_window(&self) -> bool {
+        self.config.mode == EpMode::HighThroughput && self.config.ht_layout == HtLayout::PerSourceInWindow
+    }
+
+    /// Elements of a dispatch's `recv_x` (none when the output is the window's).
+    pub(super) fn recv_x_len(&self) -> usize {
+        if self.in_window() {
+            0
+        } else {
+            self.recv_rows_total() * self.config.hidden
+        }
+    }
+
+    /// Device address of this rank's receive slots (the in-window output:
+    /// `devcomm_device::moe::ht::window_rows`).
+    pub(super) fn window_rows_addr(&self) -> u64 {
+        self.mem.device_addr() + self.ctx.ht_recv_slot_offset(0, 0)
+    }
+
+    /// The tokens the latest dispatch left in the window, `[N·M × H]` by
+    /// (source rank, position) as [`HtLayout::PerSource`]'s `recv_x`:
+    /// source `s`'s first [`Handle::recv_source_counts`]`[s]` rows hold its
+    /// tokens. Valid from when the dispatch is done on the stream until the
+    /// next dispatch is queued (its tokens land here); rows past a source's
+    /// count hold whatever an earlier dispatch left.
+    ///
+    /// Errors: [`Error::InvalidUsage`] on a group without
+    /// [`HtLayout::PerSourceInWindow`]; [`Error::InvalidArgument`] for `T`
+    /// other than the group's element type.
+    #[doc(alias = "recv_x")]
+    pub fn recv_rows<T: MoeType>(&self) -> Result<WindowRows<'_, T>> {
+        if !self.in_window() {
+            return Err(Error::invalid_usage(
+                "recv_rows: the group's tokens are in Dispatched::recv_x (HtLayout::PerSourceInWindow leaves them in the window)",
+            ));
+        }
+        self.check_type::<T>()?;
+        Ok(WindowRows {
+            mem: &self.mem,
+            offset: self.ctx.ht_recv_slot_offset(0, 0) as usize,
+            len: self.recv_rows_total() * self.config.hidden,
+            _t: PhantomData,
+        })
+    }
+}
+
+/// Rows of `T` in an [`EpGroup`]'s window ([`EpGroup::recv_rows`]): a
+/// view, borrowed from the group, of memory its kernels write.
+pub struct WindowRows<'g, T> {
+    mem: &'g SymmetricMemory,
+    offset: usize,
+    len: usize,
+    _t: PhantomData<&'g [T]>,
+}
+
+impl<T> std::fmt::Debug for WindowRows<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowRows")
+            .field("addr", &format_args!("{:#x}", self.mem.device_addr() + self.offset as u64))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<T: MoeType> WindowRows<'_, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address of the first element, for kernel arguments.
+    pub fn device_addr(&self) -> u64 {
+        self.mem.device_addr() + self.offset as u64
+    }
+
+    /// The device address as a pointer, for kernel arguments (meaningful
+    /// to dereference on the host only on the emulated runtime).
+    pub fn as_ptr(&self) -> *const T {
+        self.device_addr() as *const T
+    }
+
+    /// Reads every element (waits for the work queued on `stream` first).
+    pub fn read_vec(&self, stream: &Stream) -> Result<Vec<T>> {
+        let mut v = vec![T::zeroed(); self.len];
+        self.mem.read(stream, self.offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// Queues a device-to-device copy of every element into `dst` (for
+    /// example a combine's input made from the received tokens).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for `dst` of another length or
+    /// device, or `stream` of another device.
+    pub fn copy_to(&self, dst: &mut DeviceBuffer<T>, stream: &Stream) -> Result<()> {
+        self.check_peer(dst)?;
+        stream.check_buffer(dst.device())?;
+        // SAFETY: both ranges are live device memory of the stream's device (the
+        // window borrowed for `'g`, `dst` borrowed mutably) of `len`
+        // elements each, and distinct allocations, so they do not overlap.
+        unsafe { stream.memcpy_raw(dst.device_addr(), self.device_addr(), self.len * std::mem::size_of::<T>()) }
+    }
+
+    /// Queues a device-to-device copy of `src` over every element (for
+    /// example outputs made elsewhere, before [`EpGroup::combine_in_window`]).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for `src` of another length or
+    /// device, or `stream` of another device.
+    pub fn copy_from(&self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
+        self.check_peer(src)?;
+        stream.check_buffer(src.device())?;
+        // SAFETY: as in `copy_to`, the other way round.
+        unsafe { stream.memcpy_raw(self.device_addr(), src.device_addr(), self.len * std::mem::size_of::<T>()) }
+    }
+
+    /// `Ok` when `buf` has this view's length and device.
+    fn check_peer(&self, buf: &DeviceBuffer<T>) -> Result<()> {
+        if buf.len() != self.len || buf.device().ordinal() != self.mem.device().ordinal() {
+            return Err(Error::invalid_argument(format!(
+                "WindowRows: {} elements on device {}, the buffer {} on device {}",
+                self.len,
+                self.mem.device().ordinal(),
+                buf.len(),
+                buf.device().ordinal()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl EpGroup<'_> {
     /// Rows of a dispatch's `recv_x` (and of a combine's input): `N·M`
     /// per source, else `L·N·M`.
     pub(super) fn recv_rows_total(&self) -> usize {
@@ -187,15 +326,31 @@ impl EpGroup<'_> {
 
     /// Queues the high-throughput combine kernel of `T` (`args` checked by
     /// `combine_into`).
-    pub(super) fn launch_ht_combine<T: MoeType>(&self, args: MoeArgs, handle: &Handle, stream: &Stream) -> Result<()> {
+    /// `in_window`: the in-window combine (`args.x` the window rows).
+    pub(super) fn launch_ht_combine<T: MoeType>(
+        &self,
+        args: MoeArgs,
+        handle: &Handle,
+        stream: &Stream,
+        in_window: bool,
+    ) -> Result<()> {
         let a = self.ht_args(args, handle)?;
         let cfg = self.launch_config();
         use devcomm_kernels::moe as k;
         // SAFETY: as in `combine_into`: live context, `expert_out` and `y`
         // of the checked shapes, the handle of this group's latest dispatch
         // (its tables written by that dispatch's kernel, earlier on the
-        // stream), the same combine on every rank; `T` matches the kernel.
+        // stream), the same combine on every rank; `T` matches the kernel;
+        // in window, `x` this rank's window rows (its whole receive area)
+        // and every rank's combine the in-window one (the collective contract).
         unsafe {
+            if in_window {
+                return match T::DTYPE {
+                    DataType::F32 => stream.launch::<k::moe_ht_combine_window_f32>(cfg, (a,)),
+                    DataType::Bf16 => stream.launch::<k::moe_ht_combine_window_bf16>(cfg, (a,)),
+                    _ => stream.launch::<k::moe_ht_combine_window_f16>(cfg, (a,)),
+                };
+            }
             match (T::DTYPE, self.per_source()) {
                 (DataType::F32, false) => stream.launch::<k::moe_ht_combine_f32>(cfg, (a,)),
                 (DataType::Bf16, false) => stream.launch::<k::moe_ht_combine_bf16>(cfg, (a,)),

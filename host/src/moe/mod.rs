@@ -89,6 +89,17 @@
 //! one row per received token (this rank's experts' outputs for it,
 //! already weighted and summed by the caller) and returns, for each
 //! token, the rows of the ranks it went to added in f32 in rank order.
+//!
+//! With [`HtLayout::PerSourceInWindow`] the same tokens stay where they
+//! landed, in the group's window ([`EpGroup::recv_rows`], a
+//! [`WindowRows`] valid until the next dispatch; `recv_x` is empty): no
+//! copy out, the dispatch ends when the last channel is in. The experts
+//! may then write their output rows over them in place, and
+//! [`EpGroup::combine_in_window`] adds them with no input buffer: ranks of
+//! one LSA team read each other's rows where they are (NVLink loads after
+//! a ready word per rank, nothing staged), ranks outside it get theirs by
+//! GIN. [`EpGroup::combine`] takes rows from a buffer as with
+//! [`HtLayout::PerSource`].
 
 use crate::coll::{CollType, DataType, Fp8E4M3};
 use crate::comm::Communicator;
@@ -107,6 +118,7 @@ pub use devcomm_device::moe::NO_POS;
 mod ht;
 mod stages;
 
+pub use ht::WindowRows;
 pub use stages::{KernelStages, StageTimes};
 
 mod sealed {
@@ -218,6 +230,15 @@ pub enum HtLayout {
     /// it is in, while the other channels still travel.
     #[doc(alias = "recv_topk_idx")]
     PerSource,
+    /// As [`HtLayout::PerSource`], but the tokens stay where they landed,
+    /// in the group's window: [`EpGroup::recv_rows`] is the `[N·M × H]`
+    /// output, valid until the next dispatch (DeepEP's low-latency
+    /// receive buffers work the same way), and [`Dispatched::recv_x`] is
+    /// empty. No copy out of the window: the dispatch ends when the last
+    /// channel has landed. Needs `hidden × element size` a multiple of 16
+    /// bytes (a token a whole number of window slots).
+    #[doc(alias = "zero_copy")]
+    PerSourceInWindow,
 }
 
 /// How a low-latency dispatch packs the tokens it received from the LSA
@@ -353,7 +374,9 @@ impl Handle {
 /// What a dispatch returns (see the [module docs](self) for shapes).
 #[derive(Debug)]
 pub struct Dispatched<T: MoeType> {
-    /// The received tokens, packed per local expert: `[L][N·M][hidden]`.
+    /// The received tokens, packed per local expert: `[L][N·M][hidden]`;
+    /// per source (`HtLayout::PerSource`): `[N·M][hidden]`; empty with
+    /// [`HtLayout::PerSourceInWindow`] (the tokens are in [`EpGroup::recv_rows`]).
     #[doc(alias = "packed_recv_x")]
     pub recv_x: DeviceBuffer<T>,
     /// Tokens received per local expert: `[L]`.
@@ -397,7 +420,7 @@ pub struct EpGroup<'c> {
     // Dropped in this order: the device communicator, the window, its memory.
     handle: DevCommHandle<'c>,
     window: Window<'c>,
-    _mem: SymmetricMemory,
+    mem: SymmetricMemory,
     ctx: MoeContext,
     config: EpConfig,
     ctas: u32,
@@ -472,6 +495,16 @@ impl<'c> EpGroup<'c> {
                 c.dtype, c.hidden
             )));
         }
+        if c.mode == EpMode::HighThroughput
+            && c.ht_layout == HtLayout::PerSourceInWindow
+            && (c.hidden * c.dtype.size()) % 16 != 0
+        {
+            return Err(Error::invalid_argument(format!(
+                "EpConfig: HtLayout::PerSourceInWindow needs tokens of a multiple of 16 bytes (hidden {} × {} bytes)",
+                c.hidden,
+                c.dtype.size()
+            )));
+        }
         let to_u32 = |v: usize, what: &str| {
             u32::try_from(v).map_err(|_| Error::invalid_argument(format!("EpConfig: {what} {v} above u32::MAX")))
         };
@@ -534,7 +567,7 @@ impl<'c> EpGroup<'c> {
         // the same config on every rank (the collective contract).
         let ctx = if c.fp8_dispatch { unsafe { ctx.with_fp8_dispatch() } } else { ctx };
         let ctx = if c.mode == EpMode::HighThroughput {
-            if c.ht_layout == HtLayout::PerSource {
+            if matches!(c.ht_layout, HtLayout::PerSource | HtLayout::PerSourceInWindow) {
                 ctx.with_ht_per_source()
             } else {
                 ctx
@@ -578,7 +611,7 @@ impl<'c> EpGroup<'c> {
             comm,
             handle,
             window,
-            _mem: mem,
+            mem,
             ctx,
             config: c.clone(),
             ctas,
@@ -755,7 +788,7 @@ impl<'c> EpGroup<'c> {
         let dev = self.comm.device();
         let l = self.local_experts();
         Ok(Dispatched {
-            recv_x: dev.alloc::<T>(self.recv_rows_total() * self.config.hidden)?,
+            recv_x: dev.alloc::<T>(self.recv_x_len())?,
             recv_count: dev.alloc::<u32>(l)?,
             handle: self.alloc_handle()?,
         })
@@ -833,9 +866,7 @@ impl<'c> EpGroup<'c> {
             return Err(Error::invalid_usage("this group dispatches fp8 (EpConfig::fp8_dispatch): use dispatch_fp8"));
         }
         let tokens = self.check_dispatch(x, topk_idx, topk_weights)?;
-        if out.recv_x.len() != self.recv_rows_total() * self.config.hidden
-            || out.recv_count.len() != self.local_experts()
-        {
+        if out.recv_x.len() != self.recv_x_len() || out.recv_count.len() != self.local_experts() {
             return Err(Error::invalid_argument("dispatch_into: the output was not made by this group's alloc_output"));
         }
         self.check_device("dispatch_into recv_x", out.recv_x.device().ordinal())?;
@@ -844,7 +875,8 @@ impl<'c> EpGroup<'c> {
             // The per-source receive adds to the counts (atomically).
             stream.memset(&mut out.recv_count, 0)?;
         }
-        let (o, c) = (out.recv_x.device_addr(), out.recv_count.device_addr());
+        let o = if self.in_window() { self.window_rows_addr() } else { out.recv_x.device_addr() };
+        let c = out.recv_count.device_addr();
         self.launch_dispatch(x.device_addr(), tokens, topk_idx, topk_weights, o, 0, c, &mut out.handle, stream)
     }
 
@@ -988,7 +1020,7 @@ impl<'c> EpGroup<'c> {
     ) -> Result<DeviceBuffer<T>> {
         self.check_combine(expert_out, handle)?;
         let mut y = self.comm.device().alloc::<T>(handle.num_tokens * self.config.hidden)?;
-        self.launch_combine(expert_out, handle, &mut y, stream)?;
+        self.launch_combine(expert_out.device_addr(), handle, &mut y, stream, false)?;
         Ok(y)
     }
 
@@ -1004,18 +1036,68 @@ impl<'c> EpGroup<'c> {
         stream: &Stream,
     ) -> Result<()> {
         self.check_combine(expert_out, handle)?;
-        self.launch_combine(expert_out, handle, y, stream)
+        self.launch_combine(expert_out.device_addr(), handle, y, stream, false)
     }
 
-    /// [`EpGroup::combine_into`] after [`EpGroup::check_combine`]: checks
-    /// `y`, takes the pending dispatch (checked again under the lock) and
-    /// queues the kernel.
-    fn launch_combine<T: MoeType>(
+    /// The combine of [`HtLayout::PerSourceInWindow`] with no input
+    /// buffer: the caller has overwritten [`EpGroup::recv_rows`] in place,
+    /// each received token's row with this rank's output for it (its local
+    /// experts' outputs, weighted and summed, as [`EpGroup::combine`]'s
+    /// rows); returns `y [tokens × hidden]` as [`EpGroup::combine`] does.
+    /// Ranks in one LSA team read each other's rows where they are (NVLink
+    /// loads, no copies, no staging); rows for ranks outside it are put by
+    /// GIN. Collective: every rank of the group calls it for the dispatch.
+    ///
+    /// Errors: [`Error::InvalidUsage`] on a group of another layout, and
+    /// as [`EpGroup::combine`].
+    #[doc(alias = "combine")]
+    pub fn combine_in_window<T: MoeType>(&self, handle: &Handle, stream: &Stream) -> Result<DeviceBuffer<T>> {
+        self.check_in_window_combine::<T>(handle)?;
+        let mut y = self.comm.device().alloc::<T>(handle.num_tokens * self.config.hidden)?;
+        self.launch_combine(self.window_rows_addr(), handle, &mut y, stream, true)?;
+        Ok(y)
+    }
+
+    /// [`EpGroup::combine_in_window`] into `y` (`tokens × hidden` elements).
+    ///
+    /// Errors as [`EpGroup::combine_in_window`], and [`Error::InvalidArgument`]
+    /// for `y` of another length.
+    pub fn combine_in_window_into<T: MoeType>(
         &self,
-        expert_out: &DeviceBuffer<T>,
         handle: &Handle,
         y: &mut DeviceBuffer<T>,
         stream: &Stream,
+    ) -> Result<()> {
+        self.check_in_window_combine::<T>(handle)?;
+        self.launch_combine(self.window_rows_addr(), handle, y, stream, true)
+    }
+
+    /// What [`EpGroup::combine_in_window`] checks before anything else: the
+    /// layout, the type, the handle's group and that its dispatch awaits its combine.
+    fn check_in_window_combine<T: MoeType>(&self, handle: &Handle) -> Result<()> {
+        if !self.in_window() {
+            return Err(Error::invalid_usage(
+                "combine_in_window: the group's layout is not HtLayout::PerSourceInWindow (use combine)",
+            ));
+        }
+        self.check_type::<T>()?;
+        if handle.group != self.id {
+            return Err(Error::invalid_argument("combine_in_window: the handle comes from another EpGroup"));
+        }
+        Self::awaits_combine(&self.state.lock().unwrap_or_else(|p| p.into_inner()), handle.seq)
+    }
+
+    /// [`EpGroup::combine_into`] after [`EpGroup::check_combine`] (and the
+    /// in-window combine after its check; `in_window`: `expert_out` is the
+    /// window rows): checks `y`, takes the pending dispatch (checked again
+    /// under the lock) and queues the kernel.
+    fn launch_combine<T: MoeType>(
+        &self,
+        expert_out: u64,
+        handle: &Handle,
+        y: &mut DeviceBuffer<T>,
+        stream: &Stream,
+        in_window: bool,
     ) -> Result<()> {
         let h = self.config.hidden;
         if y.len() != handle.num_tokens * h {
@@ -1035,7 +1117,7 @@ impl<'c> EpGroup<'c> {
         }
         let args = MoeArgs {
             ctx: self.ctx,
-            x: expert_out.device_addr(),
+            x: expert_out,
             topk_idx: handle.idx.device_addr(),
             topk_weights: handle.weights.device_addr(),
             out: y.device_addr(),
@@ -1050,7 +1132,7 @@ impl<'c> EpGroup<'c> {
             seq: handle.seq,
         };
         if self.config.mode == EpMode::HighThroughput {
-            return self.launch_ht_combine::<T>(args, handle, stream);
+            return self.launch_ht_combine::<T>(args, handle, stream, in_window);
         }
         let cfg = self.launch_config();
         use devcomm_kernels::moe as k;

@@ -1026,7 +1026,7 @@ impl Stream {
         }
     }
 
-    fn check_buffer(&self, dev: &Device) -> Result<()> {
+    pub(crate) fn check_buffer(&self, dev: &Device) -> Result<()> {
         if device_key(&dev.inner) == self.owner {
             Ok(())
         } else {
