@@ -825,6 +825,74 @@ fn in_window_bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
     comm.bootstrap_barrier().unwrap();
 }
 
+/// A dispatch and its combine captured once into a CUDA graph (identity
+/// experts: combine takes the rows as they arrived; in the window, in
+/// place) and replayed with new tokens each time, then a round of plain
+/// calls: every replay numbers itself from the device
+/// (`MoeArgs::seq_words`), so each result matches the host's.
+fn graphed(comm: &Communicator, stream: &Stream, shape: Shape, cfg: &EpConfig) {
+    let s = shape;
+    let me = comm.rank();
+    let dev = comm.device();
+    let ep = EpGroup::new(comm, cfg).unwrap();
+    let ht = cfg.mode == EpMode::HighThroughput;
+    let per_source = ht && cfg.ht_layout != HtLayout::PerExpert;
+    let in_window = ht && cfg.ht_layout == HtLayout::PerSourceInWindow;
+    let (tokens, idx, w) = routing(Routing::Random, 5, me, &s);
+    let mut x = dev.alloc::<f32>(tokens * s.h).unwrap();
+    let (idxd, wd) = (dev.alloc_from(&idx).unwrap(), dev.alloc_from(&w).unwrap());
+    let mut d = ep.alloc_output::<f32>().unwrap();
+    let mut y = dev.alloc::<f32>(tokens * s.h).unwrap();
+    let record = |st: &Stream, x: &DeviceBuffer<f32>, d: &mut Dispatched<f32>, y: &mut DeviceBuffer<f32>| {
+        ep.dispatch_into(x, &idxd, &wd, d, st)?;
+        if in_window {
+            ep.combine_in_window_into(&d.handle, y, st)
+        } else {
+            ep.combine_into(&d.recv_x, &d.handle, y, st)
+        }
+    };
+    let graph = stream.capture(|st| record(st, &x, &mut d, &mut y)).unwrap();
+    // Each token's factor: its gates (per source: the ranks it went to,
+    // each sending the row back as it came).
+    let factor: Vec<f64> = (0..tokens)
+        .map(|t| {
+            // (Entries of -1 are masked: they add nothing.)
+            let valid = (t * s.k..(t + 1) * s.k).filter(|&j| idx[j] >= 0);
+            if per_source {
+                let mut ranks: Vec<usize> = valid.map(|j| idx[j] as usize / s.l()).collect();
+                ranks.sort();
+                ranks.dedup();
+                ranks.len() as f64
+            } else {
+                valid.map(|j| w[j] as f64).sum()
+            }
+        })
+        .collect();
+    for r in 0..4u64 {
+        let xs = tokens_of::<f32>(100 + r, me, tokens, s.h);
+        stream.write(&mut x, &xs).unwrap();
+        if r < 3 {
+            // SAFETY: every buffer the capture used is alive and unchanged in size.
+            unsafe { graph.launch(stream) }.unwrap();
+        } else {
+            record(stream, &x, &mut d, &mut y).unwrap();
+        }
+        ep.synchronize(stream).unwrap();
+        let got = stream.read_vec(&y).unwrap();
+        for (i, g) in got.iter().enumerate() {
+            let want = xs[i] as f64 * factor[i / s.h];
+            assert!(
+                (*g as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "rank {me} {:?} {:?} run {r}: y[{i}] = {g}, want {want}",
+                cfg.mode,
+                cfg.ht_layout
+            );
+        }
+    }
+    assert!(ep.error().is_none());
+    comm.bootstrap_barrier().unwrap();
+}
+
 /// A dispatch's arguments for a user kernel: the group's context, the
 /// inputs `(x, topk_idx, topk_weights)`, `d`'s outputs and handle, a new
 /// sequence number.
@@ -849,6 +917,7 @@ fn user_args<T: MoeType>(
         handle_weights: h.topk_weights().device_addr(),
         errors: errors.device_addr(),
         stamps: 0,
+        seq_words: 0,
         num_tokens: tokens as u32,
         seq: ep.reserve_seq().unwrap(),
     }
@@ -1115,6 +1184,16 @@ fn child_body(comm: &Communicator) {
         in_window_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, &[Routing::OneRank]);
     }
     in_window_bad_input(comm, &stream, f32_shape);
+    // CUDA graphs: captured once, replayed (every mode and layout).
+    let ll = EpConfig::new(slots.e, slots.h, slots.k, slots.m);
+    graphed(comm, &stream, slots, &ll);
+    let ht = ll.clone().with_mode(EpMode::HighThroughput);
+    graphed(comm, &stream, slots, &ht);
+    for layout in [HtLayout::PerSource, HtLayout::PerSourceInWindow] {
+        let mut cfg = ht.clone();
+        cfg.ht_layout = layout;
+        graphed(comm, &stream, slots, &cfg);
+    }
     ht_fused(comm, &stream, f32_shape, if full { 3 } else { 2 });
     stage_stamps(comm, &stream, f32_shape, EpMode::LowLatency);
     stage_stamps(comm, &stream, f32_shape, EpMode::HighThroughput);

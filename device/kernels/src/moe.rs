@@ -5,7 +5,7 @@
 //! arguments in one [`MoeArgs`] ([`MoeHtArgs`]).
 
 use devcomm_device::arch::{
-    block_dim, block_idx, global_thread_x, global_timer_ns, grid_dim, grid_threads_x, warp_id, WARP_SIZE,
+    self, block_dim, block_idx, global_thread_x, global_timer_ns, grid_dim, grid_threads_x, warp_id, WARP_SIZE,
 };
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
@@ -95,14 +95,40 @@ unsafe fn for_items<C: Coop, T>(
 /// # Safety
 /// Every thread of the CTA calls it, first; `args.errors` a valid device `u32`.
 #[inline(always)]
-unsafe fn shared_context<'c>(cta: &'c Cta, args: &MoeArgs) -> Option<&'c MoeContext> {
+unsafe fn shared_context<'c>(cta: &'c Cta, args: &MoeArgs, kernel: Kernel) -> Option<(&'c MoeContext, u32)> {
+    // The sequence number (see `MoeArgs::seq`): the argument's, or one
+    // past this CTA's word when that is further on (read by every thread
+    // before the copy's barrier; a combine's leader stores its number
+    // back after that barrier, when every thread has read).
+    let words = args.seq_words as *mut u32;
+    let from_device = !words.is_null();
+    let b = block_idx().x as usize;
+    let seq = if from_device {
+        // SAFETY: the contract: `seq_words` holds a word per CTA of the
+        // grid, written only by this CTA's leader (below), between kernels.
+        args.seq.max(unsafe { arch::load_volatile(words.add(b)) }.wrapping_add(1))
+    } else {
+        args.seq
+    };
     // SAFETY: the contract; the MoE functions use no shared memory.
     let ctx = unsafe { cta_copy(cta, &args.ctx) };
     if ctx.is_none() && cta.is_leader() {
         // SAFETY: the contract.
         unsafe { report::<()>(args, Err(MoeError::BadArgument)) };
     }
-    ctx
+    if from_device && kernel == Kernel::Combine && ctx.is_some() && cta.is_leader() {
+        // SAFETY: as above; every thread of the CTA read the word before
+        // `cta_copy`'s barrier (passed: it returned the context).
+        unsafe { arch::store_volatile(words.add(b), seq) };
+    }
+    ctx.map(|c| (c, seq))
+}
+
+/// Which way a kernel goes (a combine advances the device's sequence words).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    Dispatch,
+    Combine,
 }
 
 /// A dispatch's first step (both modes): the token count (0, with the
@@ -161,13 +187,13 @@ kernel! {
     /// block size that is a multiple of 32; the same `seq` on every rank.
     pub unsafe fn moe_dispatch(args: MoeArgs) {
         let cta = Cta::new();
-        let Some(ctx) = shared_context(&cta, &args) else { return };
+        let Some((ctx, seq)) = shared_context(&cta, &args, Kernel::Dispatch) else { return };
         stamp(&cta, &args, Stage::Start);
         let num_tokens = prepare(&args, ctx);
         let pos = args.pos as *mut u32;
         let (x, idx, w) = (args.x as *const u8, args.topk_idx as *const i32, args.topk_weights as *const f32);
         for_items(&cta, Items::ctas(), ctx.max_tokens(), &args, |t| {
-            moe::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, args.seq)
+            moe::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, seq)
         });
         // A span of warps per expert of a rank outside the LSA team (its
         // scan is a warp's work, done by each warp alike); with a
@@ -180,13 +206,13 @@ kernel! {
                 if moe::is_lsa(ctx, e / l) && !per_expert_combine {
                     return Ok(0);
                 }
-                moe::dispatch_send_expert(&span, ctx, e, x, idx, num_tokens, pos, args.seq)
+                moe::dispatch_send_expert(&span, ctx, e, x, idx, num_tokens, pos, seq)
             });
         }
         stamp(&cta, &args, Stage::Sent);
         // Every LSA source's tokens, once for the CTA's experts (their
         // receive steps then wait for the GIN sources alone).
-        let waited = moe::dispatch_wait_lsa(&cta, ctx, args.seq);
+        let waited = moe::dispatch_wait_lsa(&cta, ctx, seq);
         if waited.is_err() && cta.is_leader() {
             report(&args, waited);
         }
@@ -196,7 +222,7 @@ kernel! {
             // A CTA per local expert packs its rows (no grid barrier).
             if waited.is_ok() {
                 for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
-                    moe::dispatch_pack_expert(&cta, ctx, l, out, scales, counts, args.seq)
+                    moe::dispatch_pack_expert(&cta, ctx, l, out, scales, counts, seq)
                 });
             }
             stamp(&cta, &args, Stage::Counted);
@@ -205,7 +231,7 @@ kernel! {
         }
         if waited.is_ok() {
             for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
-                moe::dispatch_count_expert(&cta, ctx, l, out, scales, counts, args.seq)
+                moe::dispatch_count_expert(&cta, ctx, l, out, scales, counts, seq)
             });
         }
         // Every CTA arrives, also after an error (the barrier counts them).
@@ -225,7 +251,7 @@ kernel! {
             if !moe::is_lsa(ctx, i / m) {
                 return Ok(());
             }
-            moe::dispatch_pack_token(&span, ctx, i / m, i % m, out, scales, args.seq)
+            moe::dispatch_pack_token(&span, ctx, i / m, i % m, out, scales, seq)
         });
         stamp(&cta, &args, Stage::Done);
     }
@@ -335,7 +361,7 @@ unsafe fn combine_steps(
 unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
     let cta = Cta::new();
     // SAFETY: every thread of the CTA, first; the contract.
-    let Some(ctx) = (unsafe { shared_context(&cta, args) }) else { return };
+    let Some((ctx, seq)) = (unsafe { shared_context(&cta, args, Kernel::Combine) }) else { return };
     let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
     let x = args.x as *const u8;
     let (span, at) = Items::spans(n * m);
@@ -356,16 +382,16 @@ unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
                         if !moe::is_lsa(ctx, s) {
                             return Ok(());
                         }
-                        moe::combine_send_token::<T, _>(&span, ctx, s, t, x, args.seq)
+                        moe::combine_send_token::<T, _>(&span, ctx, s, t, x, seq)
                     });
                 }
                 if moe::gin_ranks(ctx) > 0 || form == CombineForm::PerExpert {
                     for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
-                        moe::combine_send_expert(&cta, ctx, l, x, form, args.seq)
+                        moe::combine_send_expert(&cta, ctx, l, x, form, seq)
                     });
                 }
             },
-            |cta| moe::combine_wait(cta, ctx, form, args.seq),
+            |cta| moe::combine_wait(cta, ctx, form, seq),
             |num_tokens| {
                 moe::combine_reduce::<T>(
                     global_thread_x() as usize,
@@ -418,7 +444,7 @@ kernel! {
 /// Safety: as for `moe_ht_dispatch`; `$ctx` is `$a.args.ctx` (its shared
 /// copy); `$own_out` null or the per-source output (`dispatch_send_channel`).
 macro_rules! ht_send {
-    ($cta:expr, $a:expr, $ctx:expr, $own_out:expr) => {{
+    ($cta:expr, $a:expr, $ctx:expr, $seq:expr, $own_out:expr) => {{
         let (cta, a, ctx) = ($cta, $a, $ctx);
         let args = &a.args;
         stamp(cta, args, Stage::Start);
@@ -437,7 +463,7 @@ macro_rules! ht_send {
                 num_tokens,
                 a.rank_pos as *mut u32,
                 $own_out,
-                args.seq,
+                $seq,
             )
         });
         stamp(cta, args, Stage::Sent);
@@ -465,16 +491,16 @@ kernel! {
     pub unsafe fn moe_ht_dispatch(a: MoeHtArgs) {
         let args = &a.args;
         let cta = Cta::new();
-        let Some(ctx) = shared_context(&cta, args) else { return };
+        let Some((ctx, seq)) = shared_context(&cta, args, Kernel::Dispatch) else { return };
         if ctx.ht_per_source() {
             if cta.is_leader() {
                 report::<()>(args, Err(MoeError::BadArgument));
             }
             return;
         }
-        ht_send!(&cta, &a, ctx, core::ptr::null_mut());
+        ht_send!(&cta, &a, ctx, seq, core::ptr::null_mut());
         let n = ctx.comm().nranks();
-        let r = ht::dispatch_wait(&cta, ctx, args.seq);
+        let r = ht::dispatch_wait(&cta, ctx, seq);
         if r.is_err() {
             if cta.is_leader() {
                 report(args, r);
@@ -487,7 +513,7 @@ kernel! {
         for_items(&span, at, ctx.local_experts() * n, args, |i| {
             ht::dispatch_pack(
                 &span, ctx, i / n, i % n, args.out as *mut u8, args.counts as *mut u32, a.recv_rows as *mut u32,
-                args.seq,
+                seq,
             )
         });
         stamp(&cta, args, Stage::Done);
@@ -510,20 +536,20 @@ kernel! {
     pub unsafe fn moe_ht_dispatch_per_source(a: MoeHtArgs) {
         let args = &a.args;
         let cta = Cta::new();
-        let Some(ctx) = shared_context(&cta, args) else { return };
+        let Some((ctx, seq)) = shared_context(&cta, args, Kernel::Dispatch) else { return };
         if !ctx.ht_per_source() {
             if cta.is_leader() {
                 report::<()>(args, Err(MoeError::BadArgument));
             }
             return;
         }
-        ht_send!(&cta, &a, ctx, args.out as *mut u8);
+        ht_send!(&cta, &a, ctx, seq, args.out as *mut u8);
         let (n, g) = (ctx.comm().nranks(), ctx.channels());
         let (span, at) = Items::spans(n * g);
         for_items(&span, at, n * g, args, |i| {
             ht::dispatch_recv_channel(
                 &span, ctx, i / g, i % g, args.out as *mut u8, a.recv_idx as *mut i32, a.recv_weights as *mut f32,
-                args.counts as *mut u32, a.source_counts as *mut u32, true, args.seq,
+                args.counts as *mut u32, a.source_counts as *mut u32, true, seq,
             )
         });
         stamp(&cta, args, Stage::Waited);
@@ -552,7 +578,7 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool, const PULL: bool>(
     let args = &a.args;
     let cta = Cta::new();
     // SAFETY: every thread of the CTA, first; the contract.
-    let Some(ctx) = (unsafe { shared_context(&cta, args) }) else { return };
+    let Some((ctx, seq)) = (unsafe { shared_context(&cta, args, Kernel::Combine) }) else { return };
     if ctx.ht_per_source() != ROWS {
         if cta.is_leader() {
             // SAFETY: the contract.
@@ -564,7 +590,7 @@ unsafe fn ht_combine<T: Element<Acc = f32>, const ROWS: bool, const PULL: bool>(
     // The closures below take these copies, not the kernel parameter: one
     // compiled out of line (LLVM did so for f16) would otherwise make every
     // thread copy the parameter to local memory at entry (`entry_copy` test).
-    let (x, out, seq) = (args.x as *const u8, args.out, args.seq);
+    let (x, out) = (args.x as *const u8, args.out);
     let (rank_pos, recv_rows) = (a.rank_pos as *const u32, a.recv_rows as *const u32);
     let (span, at) = Items::spans(n * g);
     if ROWS {

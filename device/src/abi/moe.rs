@@ -602,10 +602,17 @@ pub struct MoeArgs {
     /// wait and last steps ([`STAGES`]; `devcomm::moe::EpConfig::stage_stamps`).
     /// Recording syncs the CTA at each stage; 0 costs nothing.
     pub stamps: u64,
+    /// 0, or `u32 [CTAs]` of device memory, zeroed when the group is made
+    /// (the library's kernels, launched with the same grid each way): CTA
+    /// `b`'s last combined sequence number. With it a kernel's CTA `b`
+    /// uses `max(seq, seq_words[b] + 1)`, and a combine's CTA `b` stores
+    /// that back, so a CUDA graph that captured a dispatch and its combine
+    /// numbers each replay on from the device (its `seq` baked in).
+    pub seq_words: u64,
     /// Tokens of this rank.
     pub num_tokens: u32,
     /// The dispatch's sequence number (non-zero, the same on every rank;
-    /// its combine passes the same).
+    /// its combine passes the same); see `seq_words`.
     pub seq: u32,
 }
 
@@ -652,12 +659,13 @@ mod tests {
     fn layouts() {
         assert_eq!(size_of::<MoeContext>(), size_of::<DevComm>() + 40 + 24 + 40 + 16);
         assert_eq!(size_of::<MoeHtArgs>(), size_of::<MoeArgs>() + 40);
-        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 11 * 8 + 8);
+        assert_eq!(size_of::<MoeArgs>(), size_of::<MoeContext>() + 12 * 8 + 8);
         assert_eq!(core::mem::offset_of!(MoeContext, window), size_of::<DevComm>());
         assert_eq!(core::mem::offset_of!(MoeContext, slot_bytes), size_of::<DevComm>() + 64);
         assert_eq!(core::mem::offset_of!(MoeArgs, errors), size_of::<MoeContext>() + 72);
         assert_eq!(core::mem::offset_of!(MoeArgs, stamps), size_of::<MoeContext>() + 80);
-        assert_eq!(core::mem::offset_of!(MoeArgs, seq), size_of::<MoeContext>() + 92);
+        assert_eq!(core::mem::offset_of!(MoeArgs, seq_words), size_of::<MoeContext>() + 88);
+        assert_eq!(core::mem::offset_of!(MoeArgs, seq), size_of::<MoeContext>() + 100);
     }
 
     #[test]

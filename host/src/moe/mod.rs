@@ -429,6 +429,8 @@ pub struct EpGroup<'c> {
     state: Mutex<State>,
     error: HostMappedWord,
     stamps: Option<DeviceBuffer<u64>>,
+    /// `u32 [ctas]`: the kernels' sequence words (`MoeArgs::seq_words`).
+    seq_words: DeviceBuffer<u32>,
 }
 
 impl std::fmt::Debug for EpGroup<'_> {
@@ -607,6 +609,8 @@ impl<'c> EpGroup<'c> {
         };
         let error = HostMappedWord::new(comm.device())?;
         let stamps = stages::alloc(c, comm.device(), ctas)?;
+        // Each CTA's last combined sequence number (`MoeArgs::seq_words`).
+        let seq_words = comm.device().alloc_from(&vec![0u32; ctas as usize])?;
         Ok(EpGroup {
             comm,
             handle,
@@ -620,6 +624,7 @@ impl<'c> EpGroup<'c> {
             state: Mutex::new(State { seq: 0, pending: None }),
             error,
             stamps,
+            seq_words,
         })
     }
 
@@ -660,7 +665,11 @@ impl<'c> EpGroup<'c> {
 
     /// A sequence number for a dispatch (and its combine) that a kernel of
     /// your own runs with [`EpGroup::context`]: every rank gets the same
-    /// numbers when it makes the same calls.
+    /// numbers when it makes the same calls. The library's own kernels
+    /// also count on the device (`MoeArgs::seq_words`), so CUDA-graph
+    /// replays of a captured dispatch and combine number themselves; after
+    /// such replays this host count is behind the device's, so do not mix
+    /// graph replays with kernels of your own on one group.
     ///
     /// Errors: [`Error::InvalidUsage`] when a host dispatch's combine is
     /// still to come, or after `u32::MAX` dispatches.
@@ -971,6 +980,7 @@ impl<'c> EpGroup<'c> {
             handle_weights: handle.weights.device_addr(),
             errors: self.error.device_addr(),
             stamps: self.stamps_addr(stages::Kernel::Dispatch),
+            seq_words: self.seq_words.device_addr(),
             num_tokens: tokens as u32,
             seq,
         };
@@ -1128,6 +1138,7 @@ impl<'c> EpGroup<'c> {
             handle_weights: 0,
             errors: self.error.device_addr(),
             stamps: self.stamps_addr(stages::Kernel::Combine),
+            seq_words: self.seq_words.device_addr(),
             num_tokens: handle.num_tokens as u32,
             seq: handle.seq,
         };
