@@ -89,11 +89,15 @@ unsafe fn for_items<C: Coop, T>(
 /// kernels with) and read from there by every thread: the MoE device
 /// functions take it by reference, and a reference into the kernel's
 /// parameter would make every thread copy the ~400-byte arguments to local
-/// memory at entry. `None`, with `BadArgument` reported, when the launch
-/// lacks the shared memory (on every thread).
+/// memory at entry. Returned with the kernel's sequence number
+/// (`MoeArgs::seq_words`: `max(args.seq, this CTA's word + 1)`, which a
+/// combine stores back). `None`, with `BadArgument` reported, when the
+/// launch lacks the shared memory (on every thread).
 ///
 /// # Safety
-/// Every thread of the CTA calls it, first; `args.errors` a valid device `u32`.
+/// Every thread of the CTA calls it, first; `args.errors` a valid device
+/// `u32`; `args.seq_words` 0 or a word per CTA of the grid, used by the
+/// group's kernels alone.
 #[inline(always)]
 unsafe fn shared_context<'c>(cta: &'c Cta, args: &MoeArgs, kernel: Kernel) -> Option<(&'c MoeContext, u32)> {
     // The sequence number (see `MoeArgs::seq`): the argument's, or one

@@ -1060,6 +1060,39 @@ impl<'c> EpGroup<'c> {
     ///
     /// Errors: [`Error::InvalidUsage`] on a group of another layout, and
     /// as [`EpGroup::combine`].
+    ///
+    /// ```
+    /// use devcomm::moe::{EpConfig, EpGroup, EpMode, HtLayout};
+    /// use devcomm::prelude::*;
+    ///
+    /// let comms = Communicator::init_all_count(RuntimeSelection::Emulated, 2)?;
+    /// std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|comm| {
+    ///             s.spawn(move || -> devcomm::Result<()> {
+    ///                 let mut cfg = EpConfig::new(4, 8, 2, 3).with_mode(EpMode::HighThroughput);
+    ///                 cfg.ht_layout = HtLayout::PerSourceInWindow;
+    ///                 let ep = EpGroup::new(comm, &cfg)?;
+    ///                 let (dev, stream) = (comm.device(), comm.device().stream());
+    ///                 let x = dev.alloc_from(&[1.0f32; 2 * 8])?; // 2 tokens
+    ///                 let idx = dev.alloc_from(&[0i32, 3, 1, 2])?; // each to both ranks
+    ///                 let w = dev.alloc_from(&[0.5f32, 0.25, 1.0, 2.0])?;
+    ///                 let d = ep.dispatch(&x, &idx, &w, stream)?;
+    ///                 // The experts would overwrite these rows in place; left as
+    ///                 // they arrived, each rank gives every token back as it came.
+    ///                 let rows = ep.recv_rows::<f32>()?;
+    ///                 assert_eq!(rows.read_vec(stream)?[..2 * 8], [1.0f32; 2 * 8]);
+    ///                 let y = ep.combine_in_window::<f32>(&d.handle, stream)?;
+    ///                 assert_eq!(stream.read_vec(&y)?, [2.0f32; 2 * 8]);
+    ///                 ep.synchronize(stream)
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().try_for_each(|r| r.join().expect("a rank panicked"))
+    /// })?;
+    /// # Ok::<(), devcomm::Error>(())
+    /// ```
     #[doc(alias = "combine")]
     pub fn combine_in_window<T: MoeType>(&self, handle: &Handle, stream: &Stream) -> Result<DeviceBuffer<T>> {
         self.check_in_window_combine::<T>(handle)?;
