@@ -110,6 +110,11 @@ struct Args {
     /// (`HtLayout::PerSourceInWindow`: no copy out of the window).
     #[arg(long)]
     in_window: bool,
+    /// Before each timed dispatch, line the ranks' streams up with an NCCL
+    /// exchange of 4 bytes a peer (needs `--nccl`; not timed): the
+    /// dispatch's time without the ranks' skew at its start.
+    #[arg(long)]
+    align: bool,
     /// Small shapes (hidden 256, 16 experts, top-4, 32 tokens): a smoke run.
     #[arg(long)]
     quick: bool,
@@ -156,11 +161,13 @@ fn count_wrong<T: MoeType, U: MoeType>(a: &Args, w: &[f32], xs: &[T], y: &[U], t
 }
 
 /// Median µs of `step(0)` (dispatch) and `step(1)` (combine), CUDA events
-/// around each, `iters` pairs per repetition after `warmup` untimed ones.
+/// around each, `iters` pairs per repetition after `warmup` untimed ones;
+/// `align()` queued before each pair, outside the events.
 fn time_pairs(
     comm: &Communicator,
     a: &Args,
     step: &mut dyn FnMut(u32) -> Result<()>,
+    align: &dyn Fn() -> Result<()>,
     ep: &EpGroup,
 ) -> Result<(f64, f64)> {
     let (dev, stream) = (comm.device(), comm.device().stream());
@@ -174,6 +181,7 @@ fn time_pairs(
         comm.bootstrap_barrier()?;
         let ev = events(dev, 3 * a.iters)?;
         for i in 0..a.iters {
+            align()?;
             stream.record(&ev[3 * i])?;
             step(0)?;
             stream.record(&ev[3 * i + 1])?;
@@ -244,6 +252,14 @@ fn run_tokens<T: MoeType>(
     }
     let ep = EpGroup::new(comm, &cfg)?;
     let (idx, w) = routing(a, me, tokens);
+    let (bar_s, bar_r) = (dev.alloc::<u32>(n)?, dev.alloc::<u32>(n)?);
+    let four = vec![4usize; n];
+    let align = || -> Result<()> {
+        match nccl {
+            Some(nc) if a.align => nc.exchange_v(bar_s.device_addr(), bar_r.device_addr(), &four, &four, stream),
+            _ => Ok(()),
+        }
+    };
     let mut rng = StdRng::seed_from_u64(me as u64 + 7);
     let xs: Vec<T> = (0..tokens * a.hidden).map(|_| T::from_f64(rng.gen_range(-1.0..1.0))).collect();
     let (x, idxd, wd) = (dev.alloc_from(&xs)?, dev.alloc_from(&idx)?, dev.alloc_from(&w)?);
@@ -268,7 +284,7 @@ fn run_tokens<T: MoeType>(
                 ep.combine_into(&eo, &out.handle, &mut y, stream)
             }
         };
-        let (td, tc) = time_pairs(comm, a, &mut step, &ep)?;
+        let (td, tc) = time_pairs(comm, a, &mut step, &align, &ep)?;
         (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
     } else {
         let mut out = ep.alloc_output::<T>()?;
@@ -324,7 +340,7 @@ fn run_tokens<T: MoeType>(
                 combine(&out, &mut y)
             }
         };
-        let (td, tc) = time_pairs(comm, a, &mut step, &ep)?;
+        let (td, tc) = time_pairs(comm, a, &mut step, &align, &ep)?;
         (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
     };
     let token_bytes = a.hidden * std::mem::size_of::<T>();
@@ -449,7 +465,7 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
     let nc = if a.nccl { Some(nccl::Nccl::new(&comm, stream)?) } else { None };
     if comm.rank() == 0 {
         println!(
-            "# moe_bench: {} ranks ({} runtime), {} experts, hidden {}, top-{}, {}{}, {} mode; iters {} warmup {} reps {} (median)",
+            "# moe_bench: {} ranks ({} runtime), {} experts, hidden {}, top-{}, {}{}, {} mode{}; iters {} warmup {} reps {} (median)",
             comm.count(),
             comm.device().kind(),
             a.experts,
@@ -463,6 +479,7 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
                 (true, false, true) => "high-throughput (per source)",
                 (true, false, false) => "high-throughput (per expert)",
             },
+            if a.align { ", ranks lined up before each dispatch (--align)" } else { "" },
             a.iters,
             a.warmup,
             a.reps
@@ -544,6 +561,10 @@ fn main() -> ExitCode {
     }
     if args.mode != "ll" && args.mode != "ht" {
         eprintln!("moe_bench: --mode ll or ht");
+        return ExitCode::FAILURE;
+    }
+    if args.align && !args.nccl {
+        eprintln!("moe_bench: --align lines the ranks up with NCCL (add --nccl)");
         return ExitCode::FAILURE;
     }
     if args.fp8 && args.mode == "ht" {
