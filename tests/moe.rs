@@ -1218,7 +1218,7 @@ fn child_moe() {
 
 /// Runs `child_moe` in `n` processes on the parent's runtime with `extra`
 /// set, and asserts every rank succeeded. Device waits get 60 s (unless
-/// `DEVCOMM_OP_TIMEOUT_MS` is set) and the job 300 s (600 s above 4
+/// `DEVCOMM_OP_TIMEOUT_MS` is set) and the job 300 s (1200 s above 4
 /// ranks: 8 emulated ranks took ~280 s alone on a 2-core machine after
 /// session 28, against ~120 s before; not yet explained, the suspect being
 /// the warp shuffles and syncs of `channel_sums`, each a rendezvous of
@@ -1232,7 +1232,7 @@ fn run_moe(n: usize, extra: &[(&'static str, &str)]) {
     let mut opts = common::child_job("child_moe", n)
         .env("DEVCOMM_RUNTIME", rt)
         .env("DEVCOMM_OP_TIMEOUT_MS", std::env::var("DEVCOMM_OP_TIMEOUT_MS").unwrap_or_else(|_| "60000".into()))
-        .timeout(Some(std::time::Duration::from_secs(if n > 4 { 600 } else { 300 })));
+        .timeout(Some(std::time::Duration::from_secs(if n > 4 { 1200 } else { 300 })));
     for (k, v) in extra {
         opts = opts.env(*k, *v);
     }
