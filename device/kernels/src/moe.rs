@@ -60,6 +60,23 @@ unsafe fn stamp(cta: &Cta, args: &MoeArgs, stage: Stage) {
     }
 }
 
+/// With `args.stamps` set: the coop's leader raises this CTA's stamp of
+/// `stage` to `%globaltimer` (an atomic max: each span of the CTA reaches
+/// the stage on its own, the CTA's stamp is the last of them). Nothing
+/// otherwise. Only for stages no [`stamp`] of the kernel writes.
+///
+/// # Safety
+/// `args.stamps` 0 or `u64 [grid CTAs][STAGES]`.
+#[inline(always)]
+unsafe fn stamp_span<C: Coop>(coop: &C, args: &MoeArgs, stage: Stage) {
+    if args.stamps == 0 || !coop.is_leader() {
+        return;
+    }
+    let at = block_idx().x as usize * STAGES + stage as usize;
+    // SAFETY: the contract: this CTA's stamp, written only atomically in this kernel.
+    unsafe { atomic::fetch_max((args.stamps as *mut u64).add(at), global_timer_ns(), Order::Relaxed, Scope::Gpu) };
+}
+
 /// `f(i)` for this coop's items `i < items` (`at`), each result reported
 /// by the coop's leader: the item loop of every kernel here.
 ///
@@ -531,6 +548,8 @@ kernel! {
     /// `s, s + S, ...`: each waits for its channel alone and copies it out
     /// (`ht::dispatch_recv_channel`), so early channels leave while late
     /// ones travel. Its own kernel: the pack's registers stay as they were.
+    /// Stage stamps: "waited" when the CTA's last channel word was seen,
+    /// "counted" when its last channel was copied out.
     ///
     /// # Safety
     /// As for `moe_ht_dispatch`, on a per-source context, with the
@@ -551,13 +570,23 @@ kernel! {
         let (n, g) = (ctx.comm().nranks(), ctx.channels());
         let (span, at) = Items::spans(n * g);
         for_items(&span, at, n * g, args, |i| {
-            ht::dispatch_recv_channel(
-                &span, ctx, i / g, i % g, args.out as *mut u8, a.recv_idx as *mut i32, a.recv_weights as *mut f32,
-                args.counts as *mut u32, a.source_counts as *mut u32, true, seq,
-            )
+            let r = ht::dispatch_recv_channel_with(
+                &span,
+                ctx,
+                i / g,
+                i % g,
+                args.out as *mut u8,
+                a.recv_idx as *mut i32,
+                a.recv_weights as *mut f32,
+                args.counts as *mut u32,
+                a.source_counts as *mut u32,
+                true,
+                seq,
+                || stamp_span(&span, args, Stage::Waited),
+            );
+            stamp_span(&span, args, Stage::Counted);
+            r
         });
-        stamp(&cta, args, Stage::Waited);
-        stamp(&cta, args, Stage::Counted);
         stamp(&cta, args, Stage::Done);
     }
 }

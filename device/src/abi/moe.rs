@@ -327,7 +327,7 @@ impl MoeContext {
             None => None,
         };
         let meta = nm.checked_mul(16 * top_k as u64);
-        let words = 16 * nranks as u64 * channels as u64;
+        let words = 24 * nranks as u64 * channels as u64;
         match (slots, meta) {
             (Some(a), Some(b)) => match a.checked_add(b) {
                 Some(ab) => ab.checked_add(words),
@@ -357,7 +357,11 @@ impl MoeContext {
     /// * dispatch words (`recv_count_offset`): `N × G` `u64`, word `(s,
     ///   c)` = `(seq << 32) | tokens` of source `s`'s channel `c`;
     /// * combine words (`comb_flag_offset`): `N × G` `u64`, word `(d, c)`
-    ///   the same for rank `d`'s partial sums of channel `c`.
+    ///   the same for rank `d`'s partial sums of channel `c`;
+    /// * dispatch positions: `N × G` `u64`, word `(s, c)` = `(seq << 32) |
+    ///   first position` of source `s`'s channel `c`, stored by LSA sources
+    ///   before the channel's dispatch word
+    ///   ([`MoeContext::ht_dispatch_pos_offset`]).
     ///
     /// GIN signal 0 counts dispatch words, signal 1 combine words (from
     /// ranks outside the LSA team).
@@ -441,6 +445,16 @@ impl MoeContext {
     #[inline(always)]
     pub const fn ht_dispatch_word_offset(&self, src: u32, channel: u32) -> u64 {
         self.recv_count_offset + (src as u64 * self.channels as u64 + channel as u64) * 8
+    }
+
+    /// High-throughput: offset of dispatch position word `(source,
+    /// channel)`: the channel's first position among the tokens `source`
+    /// sends here, so that a receiver of one channel waits for that
+    /// channel's word alone (LSA sources; from GIN sources every word is
+    /// in before any channel is read).
+    #[inline(always)]
+    pub const fn ht_dispatch_pos_offset(&self, src: u32, channel: u32) -> u64 {
+        self.comb_flag_offset + (self.comm.nranks as u64 + src as u64) * self.channels as u64 * 8 + channel as u64 * 8
     }
 
     /// High-throughput: offset of combine word `(rank, channel)`.
@@ -698,6 +712,7 @@ mod tests {
         assert_eq!(h.ht_meta_offset(2, 4) + 16, h.ht_send_meta_offset(0, 0));
         assert_eq!(h.ht_send_meta_offset(2, 4) + 16, h.ht_dispatch_word_offset(0, 0));
         assert_eq!(h.ht_dispatch_word_offset(2, 1) + 8, h.ht_combine_word_offset(0, 0));
-        assert_eq!(h.ht_combine_word_offset(2, 1) + 8, MoeContext::window_bytes_ht(3, 2, 5, 16, 2).unwrap());
+        assert_eq!(h.ht_combine_word_offset(2, 1) + 8, h.ht_dispatch_pos_offset(0, 0));
+        assert_eq!(h.ht_dispatch_pos_offset(2, 1) + 8, MoeContext::window_bytes_ht(3, 2, 5, 16, 2).unwrap());
     }
 }

@@ -147,32 +147,6 @@ fn channel_sums<C: Coop>(
     Ok((before as u32, own as u32, total as u32))
 }
 
-/// [`channel_sums`] of every channel: (tokens before `channel`, of
-/// `channel`, of all).
-fn channel_counts<C: Coop>(
-    coop: &C,
-    ctx: &MoeContext,
-    s: u32,
-    seq: u32,
-    channel: u32,
-    off: impl Fn(u32, u32) -> u64,
-) -> Result<(u32, u32, u32), MoeError> {
-    channel_sums(coop, ctx, s, seq, channel, ctx.channels(), off)
-}
-
-/// [`channel_sums`] of channels `0..=channel` (those a per-channel
-/// receiver has waited for): (tokens before `channel`, of `channel`).
-fn channel_prefix<C: Coop>(
-    coop: &C,
-    ctx: &MoeContext,
-    s: u32,
-    seq: u32,
-    channel: u32,
-    off: impl Fn(u32, u32) -> u64,
-) -> Result<(u32, u32), MoeError> {
-    channel_sums(coop, ctx, s, seq, channel, channel + 1, off).map(|(b, o, _)| (b, o))
-}
-
 /// A warp's scan of `count` routing rows (`k` expert ids each, rows
 /// `stride` `i32`s apart from `idx`) for the tokens naming one of experts
 /// `lo..lo + l`, a group of 32 rows at a time in order: [`RowHits::group`]
@@ -313,7 +287,9 @@ unsafe fn publish<C: Coop>(
 /// expert of `dest` its position among the tokens sent to `dest`
 /// (`rank_pos[t * nranks + dest]`, [`NO_POS`] for the others of the
 /// range), stores or puts the tokens and their routing rows into `dest`'s
-/// receive slots, then publishes the channel's word. Returns the tokens sent.
+/// receive slots, then publishes the channel's word (to an LSA `dest`,
+/// after its first position: [`MoeContext::ht_dispatch_pos_offset`]).
+/// Returns the tokens sent.
 ///
 /// `own_out`: null, or (the per-source layout) the output
 /// [`dispatch_recv_channel`] fills: the tokens this rank sends itself go
@@ -362,6 +338,14 @@ pub unsafe fn dispatch_send_channel<C: Coop>(
         )
     };
     let gin = gin_for(coop, ctx, dest)?;
+    if gin.is_none() && coop.is_leader() {
+        let at = peer_ptr(ctx, dest, ctx.ht_dispatch_pos_offset(me, channel)) as *mut u64;
+        // SAFETY: this channel's position word at `dest`, written only by
+        // this coop's leader, atomically; its release of the channel's word
+        // (`publish`) comes after, so a receiver that acquires the word
+        // reads this position (`wait_dispatch_channel`).
+        unsafe { atomic::store_relaxed(at, word(seq, start), Scope::Sys) };
+    }
     let mut base = start;
     let mut pending = start;
     let mut c0 = first;
@@ -474,48 +458,65 @@ unsafe fn wait_words<C: Coop>(
     coop.agree(r)?;
     let mut r = Ok(());
     for s in 0..n {
-        if let Err(e) = channel_counts(coop, ctx, s, seq, 0, off) {
+        if let Err(e) = channel_sums(coop, ctx, s, seq, 0, ctx.channels(), off) {
             r = Err(e);
         }
     }
     coop.agree(r)
 }
 
-/// Waits until source `src`'s channels `0..=channel` of dispatch `seq`
-/// are in (their words; from a GIN source, every GIN rank's channels: its
-/// signal counts them all), then returns (the channel's first position,
-/// its tokens).
+/// Waits until source `src`'s channel `channel` of dispatch `seq` is in,
+/// then returns (the channel's first position, its tokens). From an LSA
+/// source every thread acquires the channel's word and reads the position
+/// word its sender stored before it ([`MoeContext::ht_dispatch_pos_offset`]):
+/// one round trip, where waiting for channels `0..=channel` and summing
+/// them was a chain of system-scope acquires after the last send. Both
+/// words are written once per dispatch and not again before this rank's
+/// combine, so every thread reads the same values. From a GIN source the
+/// leader waits for the signal to count every GIN rank's channels, then the
+/// coop sums the words of channels `0..=channel` ([`channel_sums`]).
 ///
 /// # Safety
 /// `ctx` a live high-throughput context; every thread of `coop` calls it.
-unsafe fn wait_channel<C: Coop>(
+unsafe fn wait_dispatch_channel<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
     src: u32,
     channel: u32,
     seq: u32,
-    signal: u32,
-    off: impl Fn(u32, u32) -> u64 + Copy,
 ) -> Result<(u32, u32), MoeError> {
     let comm = ctx.comm();
-    let r = (|| -> Result<(), MoeError> {
+    let lsa = is_lsa(ctx, src);
+    let r = (|| -> Result<(u32, u32), MoeError> {
         let mut deadline = Deadline::new(&comm.abort());
-        if is_lsa(ctx, src) {
-            let mut c = coop.thread_rank();
-            while c <= channel {
-                let p = local_ptr(ctx, off(src, c)) as *const u64;
-                // SAFETY: this rank's word, written only atomically.
-                unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
-                c += coop.size();
+        if lsa {
+            let p = local_ptr(ctx, ctx.ht_dispatch_word_offset(src, channel)) as *const u64;
+            // SAFETY: (both) this rank's words, written only atomically; the
+            // wait acquires the dispatch word, which the sender's release
+            // stored after the position word.
+            let (w, at) = unsafe {
+                let w = wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline)?;
+                let q = local_ptr(ctx, ctx.ht_dispatch_pos_offset(src, channel)) as *const u64;
+                (w, atomic::load_relaxed(q, Scope::Sys))
+            };
+            let (count, first, m) = (w as u32, at as u32, ctx.max_tokens());
+            if (w >> 32) as u32 != seq || (at >> 32) as u32 != seq || count > m || first > m - count {
+                return Err(MoeError::OutOfStep);
             }
-        } else if coop.is_leader() {
-            let total = seq as u64 * gin_ranks(ctx) as u64 * ctx.channels() as u64;
-            Gin::new(comm, 0)?.wait_signal(&ThreadCoop, signal, total)?;
+            return Ok((first, count));
         }
-        Ok(())
+        if coop.is_leader() {
+            let total = seq as u64 * gin_ranks(ctx) as u64 * ctx.channels() as u64;
+            Gin::new(comm, 0)?.wait_signal(&ThreadCoop, DISPATCH_SIGNAL, total)?;
+        }
+        Ok((0, 0))
     })();
-    coop.agree(r)?;
-    coop.agree(channel_prefix(coop, ctx, src, seq, channel, off))
+    let r = coop.agree(r)?;
+    if lsa {
+        return Ok(r);
+    }
+    let sums = channel_sums(coop, ctx, src, seq, channel, channel + 1, |s, c| ctx.ht_dispatch_word_offset(s, c));
+    coop.agree(sums.map(|(before, own, _)| (before, own)))
 }
 
 /// The per-source layout's receive ([`MoeContext::HT_PER_SOURCE`], DeepEP's
@@ -554,14 +555,55 @@ pub unsafe fn dispatch_recv_channel<C: Coop>(
     own_direct: bool,
     seq: u32,
 ) -> Result<u32, MoeError> {
+    // SAFETY: the contract.
+    unsafe {
+        dispatch_recv_channel_with(
+            coop,
+            ctx,
+            src,
+            channel,
+            out,
+            recv_idx,
+            recv_weights,
+            counts,
+            source_counts,
+            own_direct,
+            seq,
+            || {},
+        )
+    }
+}
+
+/// [`dispatch_recv_channel`], calling `waited()` on every thread once the
+/// channel is in, before its tokens are read (the library's kernels stamp
+/// their stages there).
+///
+/// # Safety
+/// As for [`dispatch_recv_channel`].
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn dispatch_recv_channel_with<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    src: u32,
+    channel: u32,
+    out: *mut u8,
+    recv_idx: *mut i32,
+    recv_weights: *mut f32,
+    counts: *mut u32,
+    source_counts: *mut u32,
+    own_direct: bool,
+    seq: u32,
+    waited: impl FnOnce(),
+) -> Result<u32, MoeError> {
     let (n, l) = (ctx.comm().nranks(), ctx.local_experts());
     if !ctx.high_throughput() || src >= n || channel >= ctx.channels() {
         return coop.agree(Err(MoeError::BadArgument));
     }
     // SAFETY: the contract.
-    let (first, count) = unsafe {
-        wait_channel(coop, ctx, src, channel, seq, DISPATCH_SIGNAL, |s, c| ctx.ht_dispatch_word_offset(s, c))
-    }?;
+    let (first, count) = unsafe { wait_dispatch_channel(coop, ctx, src, channel, seq) }?;
+    waited();
     let (k, m) = (ctx.top_k() as usize, ctx.max_tokens() as usize);
     let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
     let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
@@ -574,25 +616,45 @@ pub unsafe fn dispatch_recv_channel<C: Coop>(
     }
     let lo = ctx.comm().rank() * l;
     let meta = local_ptr(ctx, ctx.ht_meta_offset(src, first)) as *const i32;
-    let mut i = tr;
-    while i < count as usize * k {
-        let (p, j) = (i / k, i % k);
-        // SAFETY: entry `j < k` of received routing row `p < count` (ids,
-        // then weights, `2k` `i32`s a row); the output entries (`r0 + p`,
-        // `j`) are this coop's alone; `counts` holds `l` words, accessed
-        // atomically.
+    // 32-bit index arithmetic: a 64-bit division is a called routine on
+    // the GPU. (Every thread has the same `count`: all return or none.)
+    let k32 = ctx.top_k();
+    let Some(entries) = count.checked_mul(k32) else { return Err(MoeError::BadArgument) };
+    let mut i = tr as u32;
+    while i < entries {
+        let (p, j) = ((i / k32) as usize, (i % k32) as usize);
+        // SAFETY: entries `j < k` and `q < j` of received routing row `p <
+        // count` (ids, then weights, `2k` `i32`s a row); the output entries
+        // (`r0 + p`, `j`) are this coop's alone; `counts` holds `l` words,
+        // accessed atomically.
         unsafe {
             let ids = meta.add(p * 2 * k);
+            // The entry, its weight and the ids before it are loaded before
+            // any is compared (one round trip): comparing each id as it
+            // came made a chain of loads, one per earlier entry.
             let e = *ids.add(j);
             let w = *(ids.add(k + j) as *const f32);
+            let mut head = [0i32; ROW_HEAD];
+            for (q, h) in head.iter_mut().enumerate() {
+                if q < j {
+                    *h = *ids.add(q);
+                }
+            }
+            let mut dup = false;
+            for (q, h) in head.iter().enumerate() {
+                dup |= q < j && *h == e;
+            }
+            for q in ROW_HEAD..j {
+                dup |= *ids.add(q) == e;
+            }
             let local = is_one_of(e, lo, l);
             *recv_idx.add((r0 + p) * k + j) = if local { e - lo as i32 } else { -1 };
             *recv_weights.add((r0 + p) * k + j) = if local { w } else { 0.0 };
-            if local && !(0..j).any(|q| *ids.add(q) == e) {
+            if local && !dup {
                 atomic::red_add_relaxed(counts.add((e as u32 - lo) as usize), 1u32, Scope::Gpu);
             }
         }
-        i += nt;
+        i += nt as u32;
     }
     if channel == ctx.channels() - 1 && coop.is_leader() {
         // SAFETY: `src < nranks`.
@@ -601,6 +663,11 @@ pub unsafe fn dispatch_recv_channel<C: Coop>(
     coop.sync();
     Ok(count)
 }
+
+/// Ids of a received routing row that [`dispatch_recv_channel`] loads at
+/// once to find an entry's earlier duplicates (those beyond, with a top-k
+/// above it, one at a time).
+const ROW_HEAD: usize = 8;
 
 /// 16-byte vectors in flight per thread in [`copy_row_block`]'s
 /// contiguous copies (a channel's rows at once: the per-source receive and
@@ -659,7 +726,7 @@ pub fn source_tokens<C: Coop>(coop: &C, ctx: &MoeContext, src: u32, seq: u32) ->
     if !ctx.high_throughput() || src >= ctx.comm().nranks() {
         return Err(MoeError::BadArgument);
     }
-    channel_counts(coop, ctx, src, seq, 0, |s, c| ctx.ht_dispatch_word_offset(s, c)).map(|c| c.2)
+    channel_sums(coop, ctx, src, seq, 0, ctx.channels(), |s, c| ctx.ht_dispatch_word_offset(s, c)).map(|c| c.2)
 }
 
 /// Packs source `src`'s `count` received tokens that name local expert
@@ -985,8 +1052,8 @@ unsafe fn send_back<C: Coop>(
     if !ctx.high_throughput() || src >= n || channel >= ctx.channels() {
         return coop.agree(Err(MoeError::BadArgument));
     }
-    let (first, count, _) =
-        coop.agree(channel_counts(coop, ctx, src, seq, channel, |s, c| ctx.ht_dispatch_word_offset(s, c)))?;
+    let (first, count, _) = coop
+        .agree(channel_sums(coop, ctx, src, seq, channel, ctx.channels(), |s, c| ctx.ht_dispatch_word_offset(s, c)))?;
     let gin = gin_for(coop, ctx, src)?;
     let chunk = (PUT_BYTES / ctx.slot_bytes()).max(WARP_SIZE as u64) as u32;
     let mut p0 = first;

@@ -1124,10 +1124,7 @@ impl<'c> EpGroup<'c> {
             ));
         }
         self.check_type::<T>()?;
-        if handle.group != self.id {
-            return Err(Error::invalid_argument("combine_in_window: the handle comes from another EpGroup"));
-        }
-        Self::awaits_combine(&self.state.lock().unwrap_or_else(|p| p.into_inner()), handle.seq)
+        self.check_handle("combine_in_window", handle)
     }
 
     /// [`EpGroup::combine_into`] after [`EpGroup::check_combine`] (and the
@@ -1213,8 +1210,14 @@ impl<'c> EpGroup<'c> {
             )));
         }
         self.check_device("combine expert_out", expert_out.device().ordinal())?;
+        self.check_handle("combine", handle)
+    }
+
+    /// That `handle` comes from this group and that its dispatch awaits
+    /// its combine (`call`: the entry, for the message).
+    fn check_handle(&self, call: &str, handle: &Handle) -> Result<()> {
         if handle.group != self.id {
-            return Err(Error::invalid_argument("combine: the handle comes from another EpGroup"));
+            return Err(Error::invalid_argument(format!("{call}: the handle comes from another EpGroup")));
         }
         Self::awaits_combine(&self.state.lock().unwrap_or_else(|p| p.into_inner()), handle.seq)
     }
