@@ -1180,6 +1180,10 @@ fn child_body(comm: &Communicator) {
     let slots = Shape { n, e: 2 * n, h: 8, k: 2, m: 45 };
     in_window_battery::<f32>(comm, &stream, slots, 0, if quick { few } else { &ROUTINGS });
     if !quick {
+        // More channels than a warp has lanes (the channel sums' warp
+        // path; fewer take the per-thread one): 40 channels over 45 tokens.
+        ht_battery::<f32>(comm, &stream, slots, 40, 1, &[Routing::Random, Routing::Duplicates]);
+        per_source_battery::<f32>(comm, &stream, slots, 40, &[Routing::Random, Routing::SomeEmpty]);
         in_window_battery::<f32>(comm, &stream, slots, 3, few);
         in_window_battery::<f32>(comm, &stream, wide, 0, few);
         in_window_battery::<bf16>(comm, &stream, half_shape, 0, few);

@@ -98,13 +98,14 @@ pub fn window_rows(ctx: &MoeContext) -> *mut u8 {
 /// `off(s, c)` of this rank's window, checked against `seq` and the
 /// maximum: returns (tokens of the channels before `channel`, tokens of
 /// `channel`, tokens of all `c < upto`), and every thread of `coop` may
-/// then read what those words cover (each word is acquired by one thread,
-/// then the coop syncs, which orders memory). Every thread of `coop`
-/// calls it with the same arguments, once the words are in. Each lane of a
-/// whole-warp coop takes every 32nd word (no branch on the values: the
-/// loads overlap) and a warp sums them: one thread walking 256 channels,
-/// a branch after each acquire, was ~100 µs of a 4096-token dispatch on
-/// 2 × H200.
+/// then read what those words cover. Every thread of `coop` calls it with
+/// the same arguments, once the words are in. Above 32 words, each lane
+/// of a whole-warp coop acquires every 32nd word (no branch on the
+/// values: the loads overlap), a warp sums them by shuffles and the coop
+/// syncs, which orders every thread's reads after the lanes' acquires:
+/// one thread walking 256 channels, a branch after each acquire, was
+/// ~100 µs of a 4096-token dispatch on 2 × H200. Up to 32 words (and in
+/// coops of partial warps) every thread acquires them all itself.
 fn channel_sums<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
@@ -115,7 +116,10 @@ fn channel_sums<C: Coop>(
     off: impl Fn(u32, u32) -> u64,
 ) -> Result<(u32, u32, u32), MoeError> {
     let m = ctx.max_tokens() as u64;
-    let whole = coop.size() % WARP_SIZE == 0;
+    // Up to a warp's worth of words every thread reads them all itself
+    // (its own acquires: no shuffles, no sync; the emulator runs each of
+    // those as a meeting of 32 threads).
+    let whole = coop.size() % WARP_SIZE == 0 && upto > WARP_SIZE;
     let (mut c, step) = if whole { (lane_id(), WARP_SIZE) } else { (0, 1) };
     let (mut before, mut own, mut total, mut bad) = (0u64, 0u64, 0u64, 0u64);
     while c < upto {
@@ -139,8 +143,8 @@ fn channel_sums<C: Coop>(
             bad |= arch::shfl(u32::MAX, bad, from);
             d *= 2;
         }
+        coop.sync();
     }
-    coop.sync();
     if bad != 0 || total > m || before + own > m {
         return Err(MoeError::OutOfStep);
     }
