@@ -1223,10 +1223,10 @@ fn child_moe() {
 /// Runs `child_moe` in `n` processes on the parent's runtime with `extra`
 /// set, and asserts every rank succeeded. Device waits get 60 s (unless
 /// `DEVCOMM_OP_TIMEOUT_MS` is set) and the job 300 s (1200 s above 4
-/// ranks: 8 emulated ranks took ~280 s alone on a 2-core machine after
-/// session 28, against ~120 s before; not yet explained, the suspect being
-/// the warp shuffles and syncs of `channel_sums`, each a rendezvous of
-/// emulated threads): many emulated ranks on a loaded 2-core machine are slow.
+/// ranks: 8 emulated ranks took ~280 s alone on a 2-core machine in
+/// session 28, the warp shuffles and syncs of `channel_sums` each a
+/// rendezvous of emulated threads; ~77 s since session 29 reads up to 32
+/// words without them): many emulated ranks on a loaded 2-core machine are slow.
 fn run_moe(n: usize, extra: &[(&'static str, &str)]) {
     let rt = common::runtime();
     if rt == "cuda" {

@@ -162,14 +162,16 @@ fn count_wrong<T: MoeType, U: MoeType>(a: &Args, w: &[f32], xs: &[T], y: &[U], t
 
 /// Median µs of `step(0)` (dispatch) and `step(1)` (combine), CUDA events
 /// around each, `iters` pairs per repetition after `warmup` untimed ones;
-/// `align()` queued before each pair, outside the events.
+/// `align()` queued before each pair, outside the events. Then the median
+/// µs of a pair back to back: `iters` pairs between two events (no event
+/// or `align()` between them; session 23's plain-CUDA floors were timed so).
 fn time_pairs(
     comm: &Communicator,
     a: &Args,
     step: &mut dyn FnMut(u32) -> Result<()>,
     align: &dyn Fn() -> Result<()>,
     ep: &EpGroup,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, f64)> {
     let (dev, stream) = (comm.device(), comm.device().stream());
     for _ in 0..a.warmup {
         step(0)?;
@@ -194,7 +196,20 @@ fn time_pairs(
             tc.push(ev[3 * i + 1].elapsed_ms(&ev[3 * i + 2])? as f64 * 1e3);
         }
     }
-    Ok((median(td), median(tc)))
+    let mut tp = Vec::new();
+    for _ in 0..a.reps {
+        comm.bootstrap_barrier()?;
+        let ev = events(dev, 2)?;
+        stream.record(&ev[0])?;
+        for _ in 0..a.iters {
+            step(0)?;
+            step(1)?;
+        }
+        stream.record(&ev[1])?;
+        ep.synchronize(stream)?;
+        tp.push(ev[0].elapsed_ms(&ev[1])? as f64 * 1e3 / a.iters.max(1) as f64);
+    }
+    Ok((median(td), median(tc), median(tp)))
 }
 
 /// With `--stages`: `iters` more dispatch/combine pairs, each read back
@@ -229,7 +244,7 @@ fn run_tokens<T: MoeType>(
     a: &Args,
     tokens: usize,
     nccl: Option<&nccl::Nccl>,
-) -> Result<(Vec<String>, Option<String>)> {
+) -> Result<(Vec<String>, Option<String>, String)> {
     let (n, me) = (comm.count(), comm.rank());
     let dev = comm.device();
     let stream = dev.stream();
@@ -263,7 +278,7 @@ fn run_tokens<T: MoeType>(
     let mut rng = StdRng::seed_from_u64(me as u64 + 7);
     let xs: Vec<T> = (0..tokens * a.hidden).map(|_| T::from_f64(rng.gen_range(-1.0..1.0))).collect();
     let (x, idxd, wd) = (dev.alloc_from(&xs)?, dev.alloc_from(&idx)?, dev.alloc_from(&w)?);
-    let (td, tc, wrong, stages) = if a.fp8 {
+    let (td, tc, tp, wrong, stages) = if a.fp8 {
         let xb = dev.alloc_from(bytemuck::cast_slice::<T, half::bf16>(&xs))?;
         let mut out = ep.alloc_output_fp8()?;
         let mut eo = dev.alloc::<half::bf16>(out.recv_x.len())?;
@@ -284,8 +299,8 @@ fn run_tokens<T: MoeType>(
                 ep.combine_into(&eo, &out.handle, &mut y, stream)
             }
         };
-        let (td, tc) = time_pairs(comm, a, &mut step, &align, &ep)?;
-        (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
+        let (td, tc, tp) = time_pairs(comm, a, &mut step, &align, &ep)?;
+        (td, tc, tp, wrong, stage_medians(a, &mut step, &ep)?)
     } else {
         let mut out = ep.alloc_output::<T>()?;
         let mut y = dev.alloc::<T>(tokens * a.hidden)?;
@@ -340,8 +355,8 @@ fn run_tokens<T: MoeType>(
                 combine(&out, &mut y)
             }
         };
-        let (td, tc) = time_pairs(comm, a, &mut step, &align, &ep)?;
-        (td, tc, wrong, stage_medians(a, &mut step, &ep)?)
+        let (td, tc, tp) = time_pairs(comm, a, &mut step, &align, &ep)?;
+        (td, tc, tp, wrong, stage_medians(a, &mut step, &ep)?)
     };
     let token_bytes = a.hidden * std::mem::size_of::<T>();
     let sent_bytes = if a.fp8 { a.hidden + a.hidden / 32 } else { token_bytes };
@@ -456,7 +471,12 @@ fn run_tokens<T: MoeType>(
     row.push(format!("{:8.1}", per_peer as f64 / tce / 1e3));
     comm.bootstrap_barrier()?;
     drop(win);
-    Ok((row, stages))
+    let pairs_line = format!(
+        "# back to back: {tp:.2} us a dispatch + combine pair ({} pairs between two events), against {:.2} = dispatch + combine with events around each",
+        a.iters,
+        td + tc
+    );
+    Ok((row, stages, pairs_line))
 }
 
 fn run<T: MoeType>(a: &Args) -> Result<()> {
@@ -488,9 +508,10 @@ fn run<T: MoeType>(a: &Args) -> Result<()> {
         println!("#  /rank |      (us)  (all)  (to peers)  |      (us)   (all) |        |        (us)          (us)");
     }
     for &t in &a.tokens {
-        let (row, stages) = run_tokens::<T>(&comm, a, t, nc.as_ref())?;
+        let (row, stages, pairs_line) = run_tokens::<T>(&comm, a, t, nc.as_ref())?;
         if comm.rank() == 0 {
             println!("{}", row.join(" "));
+            println!("{pairs_line}");
         }
         if let Some(line) = stages {
             // A rank at a time, in order.

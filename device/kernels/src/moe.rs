@@ -582,7 +582,7 @@ kernel! {
                 a.source_counts as *mut u32,
                 true,
                 seq,
-                || stamp_span(&span, args, Stage::Waited),
+                |_| stamp_span(&span, args, Stage::Waited),
             );
             stamp_span(&span, args, Stage::Counted);
             r

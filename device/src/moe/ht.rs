@@ -99,13 +99,15 @@ pub fn window_rows(ctx: &MoeContext) -> *mut u8 {
 /// maximum: returns (tokens of the channels before `channel`, tokens of
 /// `channel`, tokens of all `c < upto`), and every thread of `coop` may
 /// then read what those words cover. Every thread of `coop` calls it with
-/// the same arguments, once the words are in. Above 32 words, each lane
-/// of a whole-warp coop acquires every 32nd word (no branch on the
-/// values: the loads overlap), a warp sums them by shuffles and the coop
-/// syncs, which orders every thread's reads after the lanes' acquires:
-/// one thread walking 256 channels, a branch after each acquire, was
-/// ~100 µs of a 4096-token dispatch on 2 × H200. Up to 32 words (and in
-/// coops of partial warps) every thread acquires them all itself.
+/// the same arguments, once the words are in. A thread reads its words
+/// with relaxed loads (no branch on the values: the loads overlap) and
+/// then acquires them all with one system-scope fence: a chain of acquire
+/// loads costs a round trip each (one thread walking 256 channels that
+/// way, a branch after each, was ~100 µs of a 4096-token dispatch on
+/// 2 × H200). Above 32 words each lane of a whole-warp coop reads every
+/// 32nd word, a warp sums them by shuffles and the coop syncs, which
+/// orders every thread's reads after the lanes' fences; up to 32 words
+/// (and in coops of partial warps) every thread reads them all itself.
 fn channel_sums<C: Coop>(
     coop: &C,
     ctx: &MoeContext,
@@ -117,14 +119,15 @@ fn channel_sums<C: Coop>(
 ) -> Result<(u32, u32, u32), MoeError> {
     let m = ctx.max_tokens() as u64;
     // Up to a warp's worth of words every thread reads them all itself
-    // (its own acquires: no shuffles, no sync; the emulator runs each of
-    // those as a meeting of 32 threads).
+    // (no shuffles, no sync; the emulator runs each of those as a meeting
+    // of 32 threads).
     let whole = coop.size() % WARP_SIZE == 0 && upto > WARP_SIZE;
     let (mut c, step) = if whole { (lane_id(), WARP_SIZE) } else { (0, 1) };
     let (mut before, mut own, mut total, mut bad) = (0u64, 0u64, 0u64, 0u64);
     while c < upto {
-        // SAFETY: a word of this rank's window, written only atomically.
-        let w = unsafe { atomic::load_acquire(local_ptr(ctx, off(s, c)) as *const u64, Scope::Sys) };
+        // SAFETY: a word of this rank's window, written only atomically
+        // (the release that stored it is acquired by the fence below).
+        let w = unsafe { atomic::load_relaxed(local_ptr(ctx, off(s, c)) as *const u64, Scope::Sys) };
         let n = w & u32::MAX as u64;
         bad |= ((w >> 32) as u32 != seq || n > m) as u64;
         before += if c < channel { n } else { 0 };
@@ -132,6 +135,9 @@ fn channel_sums<C: Coop>(
         total += n;
         c += step;
     }
+    // The acquire of every word this thread read: what their releases
+    // covered is visible to this thread's reads after it.
+    atomic::fence_acq_rel(Scope::Sys);
     if whole {
         // A butterfly over the warp: every lane ends with the sums.
         let mut d = 1;
@@ -573,18 +579,19 @@ pub unsafe fn dispatch_recv_channel<C: Coop>(
             source_counts,
             own_direct,
             seq,
-            || {},
+            |_| {},
         )
     }
 }
 
-/// [`dispatch_recv_channel`], calling `waited()` on every thread once the
-/// channel is in, before its tokens are read (the library's kernels stamp
-/// their stages there).
+/// [`dispatch_recv_channel`] with a receive hook (DeepEP's idea): every
+/// thread calls `waited(count)` once the channel's `count` tokens are in,
+/// before they are read. Work that needs only the count, or a timestamp of
+/// the arrival (the library's per-source dispatch stamps its "waited"
+/// stage there), then runs at the earliest point without a second wait.
 ///
 /// # Safety
 /// As for [`dispatch_recv_channel`].
-#[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn dispatch_recv_channel_with<C: Coop>(
@@ -599,7 +606,7 @@ pub unsafe fn dispatch_recv_channel_with<C: Coop>(
     source_counts: *mut u32,
     own_direct: bool,
     seq: u32,
-    waited: impl FnOnce(),
+    waited: impl FnOnce(u32),
 ) -> Result<u32, MoeError> {
     let (n, l) = (ctx.comm().nranks(), ctx.local_experts());
     if !ctx.high_throughput() || src >= n || channel >= ctx.channels() {
@@ -607,7 +614,7 @@ pub unsafe fn dispatch_recv_channel_with<C: Coop>(
     }
     // SAFETY: the contract.
     let (first, count) = unsafe { wait_dispatch_channel(coop, ctx, src, channel, seq) }?;
-    waited();
+    waited(count);
     let (k, m) = (ctx.top_k() as usize, ctx.max_tokens() as usize);
     let (row, slot) = (ctx.token_bytes() as usize, ctx.slot_bytes() as usize);
     let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
@@ -954,7 +961,7 @@ pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
         // SAFETY: rows `0..rows` of `dst` (`send_back`'s: slots of the
         // window, 16-byte aligned, `slot` apart, this coop's alone); the
         // sources rows of `expert_out`.
-        unsafe { weighted_rows::<T>(tr, nt, rows as usize, h, k, out_row, (expert_out as usize) % 16 == 0, entry) };
+        unsafe { weighted_rows::<T, 2>(tr, nt, rows as usize, h, k, out_row, (expert_out as usize) % 16 == 0, entry) };
     };
     // SAFETY: the contract; `fill` writes only the rows it is given.
     unsafe { send_back(coop, ctx, src, channel, seq, fill) }
@@ -1174,7 +1181,7 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop, const PULL:
     // SAFETY: the contract: rows `first..end` of `out`, this coop's alone;
     // the partials are slots of the window (16-byte aligned).
     unsafe {
-        weighted_rows::<T>(
+        weighted_rows::<T, 2>(
             t,
             nt,
             (end - first) as usize,
@@ -1230,7 +1237,7 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     let out_row = |tok: usize| (out as *mut u8).wrapping_add(tok * row);
     // SAFETY: the contract; the partials are slots of the window (16-byte aligned).
     unsafe {
-        weighted_rows::<T>(
+        weighted_rows::<T, 2>(
             t,
             nt,
             num_tokens as usize,

@@ -69,6 +69,8 @@ pub mod ht;
 
 pub use crate::abi::moe::{MoeArgs, MoeContext, MoeHtArgs, STAGES};
 
+use core::mem::MaybeUninit;
+
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Order, Scope};
 use crate::coll::pack::each_lane;
@@ -1430,7 +1432,7 @@ pub unsafe fn combine_send_token<T: Element<Acc = f32>, C: Coop>(
         let aligned = (expert_out as usize) % 16 == 0;
         // SAFETY: the partial slot is a whole slot of `src`'s window
         // (16-byte aligned), this coop's alone; the rows are `expert_out`'s.
-        unsafe { weighted_rows::<T>(tr, nt, 1, ctx.hidden() as usize, ids, |_| dst, aligned, entry) };
+        unsafe { weighted_rows::<T, 1>(tr, nt, 1, ctx.hidden() as usize, ids, |_| dst, aligned, entry) };
     }
     // The coop's stores, then the leader's release at system scope.
     coop.sync();
@@ -1553,10 +1555,11 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
         }
         let d = e as u32 / l.max(1);
         if form == CombineForm::PerRank && is_lsa(ctx, d) {
-            // The partial at the first entry on `d`.
+            // The partial at the first entry on `d` (experts `d * l..`: no
+            // division per earlier entry).
             // SAFETY: entries `tok * k + i < at`: inside `topk_idx`.
             let seen =
-                (0..j).map(|i| unsafe { *topk_idx.add(tok * k + i) }).any(|x| valid(x) && x as u32 / l.max(1) == d);
+                (0..j).map(|i| unsafe { *topk_idx.add(tok * k + i) }).any(|x| valid(x) && is_one_of(x, d * l, l));
             let p = local_ptr(ctx, ctx.ll_partial_slot_offset(d, tok as u32)) as *const u8;
             return (!seen).then_some((p, 1.0));
         }
@@ -1571,7 +1574,7 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     // SAFETY: the contract: `out` holds `num_tokens` rows; the entries'
     // slots are the window's (16-byte aligned, whole tokens).
     unsafe {
-        weighted_rows::<T>(
+        weighted_rows::<T, 1>(
             t,
             nt,
             num_tokens as usize,
@@ -1597,13 +1600,51 @@ const ROW_ENTRIES: usize = 16;
 struct RowEntries {
     row: usize,
     len: usize,
-    at: [(*const u8, f32); ROW_ENTRIES],
+    /// Entries `0..len` written (no zeroing per call: 16 stores to local
+    /// memory a thread otherwise).
+    at: [MaybeUninit<(*const u8, f32)>; ROW_ENTRIES],
 }
 
 impl RowEntries {
     #[inline(always)]
     fn new() -> Self {
-        RowEntries { row: usize::MAX, len: 0, at: [(core::ptr::null(), 0.0); ROW_ENTRIES] }
+        RowEntries { row: usize::MAX, len: 0, at: [const { MaybeUninit::uninit() }; ROW_ENTRIES] }
+    }
+
+    /// Resolves row `r`'s entries (once per row, when `k <= ROW_ENTRIES`)
+    /// and returns how many [`RowEntries::get`] may then be asked for.
+    #[inline(always)]
+    fn resolve(&mut self, r: usize, k: usize, entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>) -> usize {
+        if k > ROW_ENTRIES {
+            return k;
+        }
+        if self.row != r {
+            self.len = 0;
+            for e in (0..k).filter_map(|j| entry(r, j)) {
+                if let Some(slot) = self.at.get_mut(self.len) {
+                    slot.write(e);
+                    self.len += 1;
+                }
+            }
+            self.row = r;
+        }
+        self.len
+    }
+
+    /// Entry `j` (below what [`RowEntries::resolve`] returned for row `r`).
+    #[inline(always)]
+    fn get(
+        &self,
+        r: usize,
+        j: usize,
+        k: usize,
+        entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
+    ) -> Option<(*const u8, f32)> {
+        if k > ROW_ENTRIES {
+            return entry(r, j);
+        }
+        // SAFETY: entries `0..len` were written by `resolve`.
+        self.at.get(j).filter(|_| j < self.len).map(|e| unsafe { e.assume_init() })
     }
 
     /// `add(src, w)` for each `entry(r, j) = Some((src, w))`, `j < k` in
@@ -1618,21 +1659,9 @@ impl RowEntries {
         entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
         mut add: impl FnMut(*const u8, f32),
     ) {
-        let cached = k <= ROW_ENTRIES;
-        if cached && self.row != r {
-            self.len = 0;
-            for e in (0..k).filter_map(|j| entry(r, j)) {
-                if let Some(slot) = self.at.get_mut(self.len) {
-                    *slot = e;
-                    self.len += 1;
-                }
-            }
-            self.row = r;
-        }
-        let count = if cached { self.len } else { k };
+        let count = self.resolve(r, k, entry);
         for j in 0..count {
-            let e = if cached { self.at.get(j).copied() } else { entry(r, j) };
-            if let Some((src, w)) = e {
+            if let Some((src, w)) = self.get(r, j, k, entry) {
                 add(src, w);
             }
         }
@@ -1649,6 +1678,14 @@ impl RowEntries {
 /// both modes' combines. A thread calls `entry` once per row it works on
 /// (up to [`ROW_ENTRIES`] entries; for larger `k`, once per vector).
 ///
+/// One row (`rows == 1`) goes by [`strided_row`]. Over several rows, a
+/// thread loads the vectors of `AHEAD` entries (1 or 2) before adding
+/// them. On 2 × H200 (session 30) two ahead made the high-throughput
+/// combines faster (per source 255.6 → 245.1 µs, in the window 195.3 →
+/// 192.5 at 4096 tokens) and the low-latency combine's reduce (one unit
+/// of 4 vectors a thread, two partials a row) slower (26.7 → 27.9 µs a
+/// combine): its callers pass 1.
+///
 /// # Safety
 /// `out_row(r)` for `r < rows` and every `src` of an entry are valid rows
 /// (16-byte aligned when `aligned`); no two rows overlap; the `nt` threads
@@ -1656,7 +1693,7 @@ impl RowEntries {
 /// often it is called (its inputs do not change during the call).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
+pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>, const AHEAD: usize>(
     t: usize,
     nt: usize,
     rows: usize,
@@ -1671,12 +1708,17 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
     let mut entries = RowEntries::new();
     if size <= 16 && 16 % size == 0 && row % 16 == 0 && aligned {
         let vecs = row / 16;
+        if rows == 1 {
+            // SAFETY: the contract; the row is `vecs` whole vectors.
+            unsafe { strided_row::<T, STRIDED_VECS>(t, nt, vecs, k, out_row(0), &entry) };
+            return;
+        }
         if vecs % (BLOCK_LANES * 4) == 0 {
             // SAFETY: the contract; a row is `vecs` whole vectors, a multiple of 32 * 4.
-            unsafe { vector_rows::<T, 4>(t, nt, rows, vecs, k, &out_row, &entry, &mut entries) };
+            unsafe { vector_rows::<T, 4, AHEAD>(t, nt, rows, vecs, k, &out_row, &entry, &mut entries) };
         } else {
             // SAFETY: the contract; a row is `vecs` whole vectors.
-            unsafe { vector_rows::<T, 1>(t, nt, rows, vecs, k, &out_row, &entry, &mut entries) };
+            unsafe { vector_rows::<T, 1, AHEAD>(t, nt, rows, vecs, k, &out_row, &entry, &mut entries) };
         }
         return;
     }
@@ -1698,6 +1740,81 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>>(
     }
 }
 
+/// Vectors of one entry a thread of [`strided_row`] loads before it adds
+/// them.
+const STRIDED_VECS: usize = 8;
+
+/// [`weighted_rows`]' path for a single row (a span's partial sum of one
+/// token, the low-latency combine's send): thread `t` takes vectors `t, t +
+/// nt, ...` (lanes adjacent), up to `V` of them a pass, and for each entry
+/// in order loads all of its vectors of the pass before adding them. A
+/// 7168-wide bf16 row over a span of 128 threads is then one pass, one
+/// round trip per entry; [`vector_rows`]' units of 4 vectors took it in
+/// two, and zeroed a table of resolved entries in local memory per call.
+///
+/// # Safety
+/// As for [`weighted_rows`] with its vector path's conditions, for the
+/// one row `out` of `vecs` vectors.
+#[inline(always)]
+unsafe fn strided_row<T: Element<Acc = f32>, const V: usize>(
+    t: usize,
+    nt: usize,
+    vecs: usize,
+    k: usize,
+    out: *mut u8,
+    entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
+) {
+    let size = core::mem::size_of::<T>();
+    let per = 16 / size;
+    let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
+    let nt = nt.max(1);
+    let mut base = t;
+    while base < vecs {
+        let mut acc = [[0.0f32; 16]; V];
+        for j in 0..k {
+            let Some((src, w)) = entry(0, j) else { continue };
+            let mut bits = [[0u32; 4]; V];
+            each_lane!(V, |x| {
+                let v = base + x * nt;
+                if v < vecs {
+                    // SAFETY: vector `v < vecs` of a source row (16-byte
+                    // aligned, `vecs` whole vectors: the contract).
+                    bits[x] = unsafe { arch::load16(src.add(v * 16)) };
+                }
+            });
+            // Vectors past the row add zeros to accumulators never stored.
+            add_vectors::<T, V>(&mut acc, &bits, w);
+        }
+        each_lane!(V, |x| {
+            let v = base + x * nt;
+            if v < vecs {
+                let mut o = [0u32; 4];
+                each_lane!(per, |q| {
+                    let b = q * size;
+                    o[b / 4] |= ((T::from_acc(acc[x][q]).to_bits64() as u32) & mask) << ((b % 4) * 8);
+                });
+                // SAFETY: vector `v < vecs` of the output row, 16-byte aligned.
+                unsafe { arch::store16(out.add(v * 16), o) };
+            }
+        });
+        base += V * nt;
+    }
+}
+
+/// `acc[x][q] += w * lane q of vectors[x]` (lanes of `T`), for `x < V`.
+#[inline(always)]
+fn add_vectors<T: Element<Acc = f32>, const V: usize>(acc: &mut [[f32; 16]; V], vectors: &[[u32; 4]; V], w: f32) {
+    let size = core::mem::size_of::<T>();
+    let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
+    each_lane!(V, |x| {
+        each_lane!(16 / size, |q| {
+            let o = q * size;
+            let e = (vectors[x][o / 4] >> ((o % 4) * 8)) & mask;
+            acc[x][q] += w * T::from_bits64(e as u64).to_acc();
+        });
+    });
+}
+
 /// Units of a row's vectors that [`vector_rows`] lays out lane-contiguous:
 /// `BLOCK_LANES` units of `V` vectors cover `BLOCK_LANES * V` vectors, the
 /// `x`-th vector of each unit side by side (one coalesced load per `x`).
@@ -1715,7 +1832,7 @@ const BLOCK_LANES: usize = 32;
 /// `vecs` vectors, `vecs % (32 * V) == 0` unless `V == 1`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn vector_rows<T: Element<Acc = f32>, const V: usize>(
+unsafe fn vector_rows<T: Element<Acc = f32>, const V: usize, const AHEAD: usize>(
     t: usize,
     nt: usize,
     rows: usize,
@@ -1746,21 +1863,33 @@ unsafe fn vector_rows<T: Element<Acc = f32>, const V: usize>(
         let mut acc = [[0.0f32; 16]; V];
         // `each_lane!` unrolls with constant indices: `acc` and `bits`
         // stay in registers (a loop over `x` put them in local memory).
-        entries.each(tok, k, entry, |slot, w| {
-            let mut bits = [[0u32; 4]; V];
+        // With `AHEAD == 2` two entries' vectors are loaded before either
+        // is added: one round trip for both.
+        let count = entries.resolve(tok, k, entry);
+        let mut j = 0;
+        while j < count {
+            let a = entries.get(tok, j, k, entry);
+            let b = if AHEAD >= 2 && j + 1 < count { entries.get(tok, j + 1, k, entry) } else { None };
+            let (mut bits_a, mut bits_b) = ([[0u32; 4]; V], [[0u32; 4]; V]);
             each_lane!(V, |x| {
-                // SAFETY: vector `at(u, x) < vecs` of a source row (16-byte
-                // aligned, `vecs` whole vectors: the contract).
-                bits[x] = unsafe { arch::load16(slot.add(at(u, x) * 16)) };
+                if let Some((src, _)) = a {
+                    // SAFETY: vector `at(u, x) < vecs` of a source row
+                    // (16-byte aligned, `vecs` whole vectors: the contract).
+                    bits_a[x] = unsafe { arch::load16(src.add(at(u, x) * 16)) };
+                }
+                if let Some((src, _)) = b {
+                    // SAFETY: as above.
+                    bits_b[x] = unsafe { arch::load16(src.add(at(u, x) * 16)) };
+                }
             });
-            each_lane!(V, |x| {
-                each_lane!(per, |q| {
-                    let o = q * size;
-                    let e = (bits[x][o / 4] >> ((o % 4) * 8)) & mask;
-                    acc[x][q] += w * T::from_bits64(e as u64).to_acc();
-                });
-            });
-        });
+            if let Some((_, w)) = a {
+                add_vectors::<T, V>(&mut acc, &bits_a, w);
+            }
+            if let Some((_, w)) = b {
+                add_vectors::<T, V>(&mut acc, &bits_b, w);
+            }
+            j += if AHEAD >= 2 { 2 } else { 1 };
+        }
         each_lane!(V, |x| {
             let mut o = [0u32; 4];
             each_lane!(per, |q| {
