@@ -121,10 +121,15 @@ impl EpGroup<'_> {
         }
     }
 
-    /// Device address of this rank's receive slots (the in-window output:
-    /// `devcomm_device::moe::ht::window_rows`).
+    /// Device address of this rank's receive slots (the in-window output),
+    /// as the kernels' own window pointer gives it
+    /// (`devcomm_device::moe::ht::window_rows`: the window's LSA mapping of
+    /// this rank), not `mem`'s address: the per-source receive skips its copy
+    /// out only when the output *is* that address. With `mem`'s, a second
+    /// mapping of the same bytes, every received row was copied onto itself
+    /// (~20 µs of each 4096-token dispatch on 2 × H200, session 30).
     pub(super) fn window_rows_addr(&self) -> u64 {
-        self.mem.device_addr() + self.ctx.ht_recv_slot_offset(0, 0)
+        self.ctx.window().local_ptr::<u8>(self.ctx.ht_recv_slot_offset(0, 0)) as u64
     }
 
     /// The tokens the latest dispatch left in the window, `[N·M × H]` by
@@ -147,6 +152,7 @@ impl EpGroup<'_> {
         self.check_type::<T>()?;
         Ok(WindowRows {
             mem: &self.mem,
+            addr: self.window_rows_addr(),
             offset: self.ctx.ht_recv_slot_offset(0, 0) as usize,
             len: self.recv_rows_total() * self.config.hidden,
             _t: PhantomData,
@@ -158,6 +164,9 @@ impl EpGroup<'_> {
 /// view, borrowed from the group, of memory its kernels write.
 pub struct WindowRows<'g, T> {
     mem: &'g SymmetricMemory,
+    /// The rows' device address as the kernels see them (the group's
+    /// `window_rows_addr`), for kernel arguments.
+    addr: u64,
     offset: usize,
     len: usize,
     _t: PhantomData<&'g [T]>,
@@ -165,10 +174,7 @@ pub struct WindowRows<'g, T> {
 
 impl<T> std::fmt::Debug for WindowRows<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WindowRows")
-            .field("addr", &format_args!("{:#x}", self.mem.device_addr() + self.offset as u64))
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("WindowRows").field("addr", &format_args!("{:#x}", self.addr)).field("len", &self.len).finish()
     }
 }
 
@@ -183,9 +189,12 @@ impl<T: MoeType> WindowRows<'_, T> {
         self.len == 0
     }
 
-    /// The device address of the first element, for kernel arguments.
+    /// The device address of the first element, for kernel arguments: the
+    /// address `devcomm_device::moe::ht::window_rows` gives in a kernel, so
+    /// a user kernel that passes it to `dispatch_recv_channel` as `out`
+    /// leaves the tokens where they landed (no copy).
     pub fn device_addr(&self) -> u64 {
-        self.mem.device_addr() + self.offset as u64
+        self.addr
     }
 
     /// The device address as a pointer, for kernel arguments (meaningful
