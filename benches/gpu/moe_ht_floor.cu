@@ -23,7 +23,9 @@
 //            writes the channel's routing entries (local expert index or -1,
 //            weight or 0) and counts each token once per distinct local
 //            expert (atomicAdd), the span's barrier. Variant `wait`: no
-//            routing (the wait alone).
+//            routing (the wait alone). Variant `rel`: `all` with the
+//            channel's word stored by one release store (devcomm's
+//            `publish`) instead of a fence and a relaxed store.
 //
 // Stamps (%globaltimer, medians over launches of the slowest CTA, us from
 // the first CTA's start; per span by atomicMax, as devcomm's `stamp_span`):
@@ -84,8 +86,8 @@ struct Side {
     int rank;
 };
 
-enum Variant { ALL = 0, LEAD = 1, WAIT = 2, VARIANTS = 3 };
-static const char* kVariantName[VARIANTS] = {"all", "lead", "wait"};
+enum Variant { ALL = 0, LEAD = 1, WAIT = 2, REL = 3, VARIANTS = 4 };
+static const char* kVariantName[VARIANTS] = {"all", "lead", "wait", "rel"};
 
 __device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
     __syncthreads();
@@ -129,8 +131,13 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
         span_sync(sp);
         if (st == 0) {
             st_relaxed_sys(s.peer_pos[dest] + s.rank * kChannels + c, ((uint64_t)seq << 32) | s.first[dest * kChannels + c]);
-            __threadfence_system();
-            st_relaxed_sys(s.peer_words[dest] + s.rank * kChannels + c, ((uint64_t)seq << 32) | count);
+            if (variant == REL) {
+                // devcomm's publish: a release store, no separate fence.
+                st_release_sys(s.peer_words[dest] + s.rank * kChannels + c, ((uint64_t)seq << 32) | count);
+            } else {
+                __threadfence_system();
+                st_relaxed_sys(s.peer_words[dest] + s.rank * kChannels + c, ((uint64_t)seq << 32) | count);
+            }
         }
     }
     stamp(s, launch, 1);
