@@ -1,5 +1,5 @@
 // Shared by the plain-CUDA floor programs here (proxy_floor.cu,
-// allreduce_floor.cu, moe_floor.cu, moe_combine_floor.cu): a CUDA runtime
+// allreduce_floor.cu, moe_floor.cu, moe_combine_floor.cu, moe_ht_floor.cu): a CUDA runtime
 // call checker, the .sys-scope acquire / relaxed / release accesses their
 // waits use, %globaltimer, and the host side's common steps (two GPUs with
 // peer access, the variants named on the command line, random top-k
