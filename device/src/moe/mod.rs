@@ -1600,8 +1600,8 @@ const ROW_ENTRIES: usize = 16;
 struct RowEntries {
     row: usize,
     len: usize,
-    /// Entries `0..len` written (no zeroing per call: 16 stores to local
-    /// memory a thread otherwise).
+    /// Entries `0..len` written (no zeroing per call: 32 stores to local
+    /// memory a thread otherwise, a pointer and a weight per entry).
     at: [MaybeUninit<(*const u8, f32)>; ROW_ENTRIES],
 }
 
