@@ -25,7 +25,13 @@
 //            expert (atomicAdd), the span's barrier. Variant `wait`: no
 //            routing (the wait alone). Variant `rel`: `all` with the
 //            channel's word stored by one release store (devcomm's
-//            `publish`) instead of a fence and a relaxed store.
+//            `publish`) instead of a fence and a relaxed store. Variant
+//            `pair`: `all`, each dispatch followed by a kernel that reads
+//            this GPU's tokens back from the peer's receive slots over
+//            NVLink (the traffic of devcomm's in-window combine, which
+//            reads the peer's rows in place): the time is then a pair's,
+//            and the dispatch's stamps show what following such a
+//            kernel costs it.
 //
 // Stamps (%globaltimer, medians over launches of the slowest CTA, us from
 // the first CTA's start; per span by atomicMax, as devcomm's `stamp_span`):
@@ -86,8 +92,8 @@ struct Side {
     int rank;
 };
 
-enum Variant { ALL = 0, LEAD = 1, WAIT = 2, REL = 3, VARIANTS = 4 };
-static const char* kVariantName[VARIANTS] = {"all", "lead", "wait", "rel"};
+enum Variant { ALL = 0, LEAD = 1, WAIT = 2, REL = 3, PAIR = 4, VARIANTS = 5 };
+static const char* kVariantName[VARIANTS] = {"all", "lead", "wait", "rel", "pair"};
 
 __device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
     __syncthreads();
@@ -180,6 +186,12 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
     }
 }
 
+// Reads `count` rows of this GPU's tokens back from the peer's receive
+// slots (rows `me * kTokens + p`) into `back`, 16 bytes a thread at a time.
+__global__ void __launch_bounds__(kThreads) pull(const uint4* peer_rows, uint4* back, size_t vecs) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < vecs; i += (size_t)gridDim.x * blockDim.x) back[i] = peer_rows[i];
+}
+
 int main(int argc, char** argv) {
     auto wanted = [&](int v) { return variant_wanted(argc, argv, kVariantName[v]); };
     std::string gpu = open_two_gpus("moe_ht_floor");
@@ -255,7 +267,15 @@ int main(int argc, char** argv) {
             side[d].peer_slots[p] = side[p].slots, side[d].peer_meta[p] = side[p].meta;
             side[d].peer_words[p] = side[p].words, side[d].peer_pos[p] = side[p].pos;
         }
-    printf("# variant | us/dispatch (%d back to back, median of %d) | #wrong | GPU 0 stamps (medians, us from the first CTA's start): sent, last word seen, last receive done | GPU 1's\n", iters, reps);
+    uint4* back[2];
+    int sent_to[2];
+    for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaMalloc(&back[d], (size_t)kTokens * kVec * 16));
+        sent_to[d] = 0;
+        for (int t = 0; t < kTokens; ++t) sent_to[d] += tpos[d][(1 - d) * kTokens + t] >= 0;
+    }
+    printf("# variant | us/dispatch (%d back to back, median of %d; `pair`: a dispatch and its read back) | #wrong | GPU 0 stamps (medians, us from the first CTA's start): sent, last word seen, last receive done | GPU 1's\n", iters, reps);
     uint32_t seq = 0;
     std::vector<uint64_t> hs(stamp_words);
     for (int v = 0; v < VARIANTS; ++v) {
@@ -267,7 +287,10 @@ int main(int argc, char** argv) {
                 if (!stamped) s.stamps = nullptr;
                 for (int it = 0; it < iters; ++it) {
                     CK(cudaMemsetAsync(s.counts, 0, kLocal * sizeof(uint32_t), st[d]));
-                    dispatch<<<kCtas, kThreads, 0, st[d]>>>(s, base + it, v, it);
+                    dispatch<<<kCtas, kThreads, 0, st[d]>>>(s, base + it, v == PAIR ? ALL : v, it);
+                    if (v == PAIR)
+                        pull<<<kCtas, kThreads, 0, st[d]>>>(s.peer_slots[1 - d] + (size_t)d * kTokens * kVec, back[d],
+                                                            (size_t)sent_to[d] * kVec);
                 }
             });
             seq += iters;
