@@ -804,6 +804,12 @@ fn in_window_bad_input(comm: &Communicator, stream: &Stream, shape: Shape) {
     let w = dev.alloc_from(&vec![1.0f32; s.k]).unwrap();
     let d = ep.dispatch(&x, &idx, &w, stream).unwrap();
     let rows = ep.recv_rows::<f32>().unwrap();
+    // The rows' address is the kernels' own (`ht::window_rows`): a kernel
+    // handed it as `dispatch_recv_channel`'s `out` leaves the tokens where
+    // they landed (another mapping of the same bytes made it copy each row
+    // onto itself).
+    let kernels = devcomm_device::moe::ht::window_rows(&ep.context()) as u64;
+    assert_eq!(rows.device_addr(), kernels, "recv_rows' address is window_rows'");
     let mut short = dev.alloc::<f32>(rows.len() - 1).unwrap();
     assert!(matches!(rows.copy_to(&mut short, stream), Err(Error::InvalidArgument(_))), "copy_to a shorter buffer");
     let mut copy = dev.alloc::<f32>(rows.len()).unwrap();
