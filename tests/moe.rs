@@ -1195,6 +1195,16 @@ fn child_body(comm: &Communicator) {
         in_window_battery::<bf16>(comm, &stream, half_shape, 0, few);
         in_window_battery::<f32>(comm, &stream, Shape { n, e: 2 * n, h: 4096, k: 2, m: 40 }, 1, &[Routing::OneRank]);
     }
+    // A top-k of 8 (DeepEP's) and of 4: routing rows of whole 16-byte
+    // vectors, which the sends write as one block per warp of tokens (other
+    // top-ks: a row at a time, above); 45 tokens: a second warp's block.
+    let top8 = Shape { n, e: 8 * n, h: 8, k: 8, m: 45 };
+    ht_battery::<f32>(comm, &stream, top8, 0, 1, few);
+    per_source_battery::<f32>(comm, &stream, top8, 0, few);
+    in_window_battery::<f32>(comm, &stream, top8, 0, few);
+    if !quick {
+        in_window_battery::<f32>(comm, &stream, Shape { n, e: 4 * n, h: 8, k: 4, m: 45 }, 1, few);
+    }
     in_window_bad_input(comm, &stream, f32_shape);
     // CUDA graphs: captured once, replayed (every mode and layout).
     let ll = EpConfig::new(slots.e, slots.h, slots.k, slots.m);
