@@ -1,10 +1,12 @@
 // Shared by the plain-CUDA floor programs here (proxy_floor.cu,
-// allreduce_floor.cu, moe_floor.cu, moe_combine_floor.cu, moe_ht_floor.cu): a CUDA runtime
-// call checker, the .sys-scope acquire / relaxed / release accesses their
+// allreduce_floor.cu, moe_floor.cu, moe_combine_floor.cu, moe_ht_floor.cu): CUDA runtime
+// and driver call checkers, VMM memory shared by both GPUs (`vmm_alloc`, as
+// devcomm's windows are made), the .sys-scope acquire / relaxed / release accesses their
 // waits use, %globaltimer, and the host side's common steps (two GPUs with
 // peer access, the variants named on the command line, random top-k
 // routing, per-launch stage stamps reduced to medians).
 #pragma once
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +27,44 @@
             exit(1);                                                                   \
         }                                                                              \
     } while (0)
+
+#define CU(x)                                                                          \
+    do {                                                                               \
+        CUresult r_ = (x);                                                             \
+        if (r_ != CUDA_SUCCESS) {                                                      \
+            const char* s_ = nullptr;                                                  \
+            cuGetErrorString(r_, &s_);                                                 \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
+            exit(1);                                                                   \
+        }                                                                              \
+    } while (0)
+
+// `bytes` of VMM memory on GPU `d` (`cuMemCreate` with a POSIX-fd handle
+// type, `cuMemMap`, `cuMemSetAccess`), readable and writable from both GPUs:
+// the kind of memory devcomm's windows are. Link with -lcuda.
+static inline void* vmm_alloc(int d, size_t bytes) {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = d;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CU(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    bytes = (bytes + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle h;
+    CU(cuMemCreate(&h, bytes, &prop, 0));
+    CUdeviceptr ptr;
+    CU(cuMemAddressReserve(&ptr, bytes, gran, 0, 0));
+    CU(cuMemMap(ptr, bytes, 0, h, 0));
+    CUmemAccessDesc acc[2] = {};
+    for (int g = 0; g < 2; ++g) {
+        acc[g].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        acc[g].location.id = g;
+        acc[g].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    CU(cuMemSetAccess(ptr, bytes, acc, 2));
+    return (void*)ptr;
+}
 
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
     uint64_t v;

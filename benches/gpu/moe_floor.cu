@@ -298,40 +298,6 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
     stamp(s, launch, 3);
 }
 
-#define CU(x)                                                                  \
-    do {                                                                       \
-        CUresult r_ = (x);                                                     \
-        if (r_ != CUDA_SUCCESS) {                                              \
-            fprintf(stderr, "%s:%d %s: CUresult %d\n", __FILE__, __LINE__, #x, (int)r_); \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
-
-// `bytes` of VMM memory on GPU `d`, readable and writable from both GPUs.
-static void* vmm_alloc(int d, size_t bytes) {
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = d;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size_t gran = 0;
-    CU(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-    bytes = (bytes + gran - 1) / gran * gran;
-    CUmemGenericAllocationHandle h;
-    CU(cuMemCreate(&h, bytes, &prop, 0));
-    CUdeviceptr ptr;
-    CU(cuMemAddressReserve(&ptr, bytes, gran, 0, 0));
-    CU(cuMemMap(ptr, bytes, 0, h, 0));
-    CUmemAccessDesc acc[2] = {};
-    for (int g = 0; g < 2; ++g) {
-        acc[g].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        acc[g].location.id = g;
-        acc[g].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    }
-    CU(cuMemSetAccess(ptr, bytes, acc, 2));
-    return (void*)ptr;
-}
-
 int main(int argc, char** argv) {
     auto wanted = [&](int v) { return variant_wanted(argc, argv, kVariantName[v]); };
     std::string gpu = open_two_gpus("moe_floor");

@@ -41,8 +41,12 @@
 // (both GPUs' received tokens, routing entries and counts against the
 // host's), the stamps.
 //
+// With FLOOR_VMM=1 the receive areas (slots, routing rows, words,
+// positions) are VMM memory (`vmm_alloc`: cuMemCreate / cuMemMap /
+// cuMemSetAccess for both GPUs), as devcomm's windows.
+//
 // Build and run on the GPU machine:
-//   nvcc -O3 -arch=sm_90 -Xcompiler -pthread -o moe_ht_floor benches/gpu/moe_ht_floor.cu && ./moe_ht_floor
+//   nvcc -O3 -arch=sm_90 -Xcompiler -pthread -o moe_ht_floor benches/gpu/moe_ht_floor.cu -lcuda && ./moe_ht_floor
 #include <cuda_runtime.h>
 
 #include "floor_common.cuh"
@@ -195,8 +199,10 @@ __global__ void __launch_bounds__(kThreads) pull(const uint4* peer_rows, uint4* 
 int main(int argc, char** argv) {
     auto wanted = [&](int v) { return variant_wanted(argc, argv, kVariantName[v]); };
     std::string gpu = open_two_gpus("moe_ht_floor");
-    printf("# moe_ht_floor: 2 x %s, plain-CUDA high-throughput MoE dispatch (per source, in the window), %d tokens/GPU x %d bf16, top-%d of %d, %d channels, %d CTAs x %d threads, spans of %d\n",
-           gpu.c_str(), kTokens, kHidden, kTopK, kExperts, kChannels, kCtas, kThreads, kSpan);
+    const bool vmm = getenv("FLOOR_VMM") && strcmp(getenv("FLOOR_VMM"), "1") == 0;
+    printf("# moe_ht_floor: 2 x %s, plain-CUDA high-throughput MoE dispatch (per source, in the window), %d tokens/GPU x %d bf16, top-%d of %d, %d channels, %d CTAs x %d threads, spans of %d; receive areas in %s\n",
+           gpu.c_str(), kTokens, kHidden, kTopK, kExperts, kChannels, kCtas, kThreads, kSpan,
+           vmm ? "VMM memory (FLOOR_VMM=1)" : "cudaMalloc memory");
     const int iters = 20, reps = 7;
     std::mt19937 rng(30);
     std::vector<int> idx[2], tpos[2];
@@ -241,10 +247,17 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&w, wts[d].size() * sizeof(float)));
         CK(cudaMalloc(&tp, tpos[d].size() * sizeof(int)));
         CK(cudaMalloc(&fi, first[d].size() * sizeof(uint32_t)));
-        CK(cudaMalloc(&slots, slot_bytes));
-        CK(cudaMalloc(&meta, meta_ints * sizeof(int)));
-        CK(cudaMalloc(&words, kRanks * kChannels * sizeof(uint64_t)));
-        CK(cudaMalloc(&pos, kRanks * kChannels * sizeof(uint64_t)));
+        if (vmm) {
+            slots = (uint4*)vmm_alloc(d, slot_bytes);
+            meta = (int*)vmm_alloc(d, meta_ints * sizeof(int));
+            words = (uint64_t*)vmm_alloc(d, kRanks * kChannels * sizeof(uint64_t));
+            pos = (uint64_t*)vmm_alloc(d, kRanks * kChannels * sizeof(uint64_t));
+        } else {
+            CK(cudaMalloc(&slots, slot_bytes));
+            CK(cudaMalloc(&meta, meta_ints * sizeof(int)));
+            CK(cudaMalloc(&words, kRanks * kChannels * sizeof(uint64_t)));
+            CK(cudaMalloc(&pos, kRanks * kChannels * sizeof(uint64_t)));
+        }
         CK(cudaMalloc(&ri, entries * sizeof(int)));
         CK(cudaMalloc(&rw, entries * sizeof(float)));
         CK(cudaMalloc(&counts, kLocal * sizeof(uint32_t)));

@@ -28,17 +28,6 @@
 #include <cstring>
 #include <vector>
 
-#define CU(x)                                                                          \
-    do {                                                                               \
-        CUresult r_ = (x);                                                             \
-        if (r_ != CUDA_SUCCESS) {                                                      \
-            const char* s_ = nullptr;                                                  \
-            cuGetErrorString(r_, &s_);                                                 \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
-
 // slots > 1: the signal is the sum of `slots` words at `sig` (one per writer).
 __global__ void responder(const uint64_t* sig, int slots, const uint64_t* data, uint64_t* ack, int rounds,
                           uint64_t* bad) {
