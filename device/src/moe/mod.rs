@@ -1764,9 +1764,6 @@ unsafe fn strided_row<T: Element<Acc = f32>, const V: usize>(
     out: *mut u8,
     entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
 ) {
-    let size = core::mem::size_of::<T>();
-    let per = 16 / size;
-    let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
     let nt = nt.max(1);
     let mut base = t;
     while base < vecs {
@@ -1788,17 +1785,26 @@ unsafe fn strided_row<T: Element<Acc = f32>, const V: usize>(
         each_lane!(V, |x| {
             let v = base + x * nt;
             if v < vecs {
-                let mut o = [0u32; 4];
-                each_lane!(per, |q| {
-                    let b = q * size;
-                    o[b / 4] |= ((T::from_acc(acc[x][q]).to_bits64() as u32) & mask) << ((b % 4) * 8);
-                });
                 // SAFETY: vector `v < vecs` of the output row, 16-byte aligned.
-                unsafe { arch::store16(out.add(v * 16), o) };
+                unsafe { arch::store16(out.add(v * 16), packed_vector::<T>(&acc[x])) };
             }
         });
         base += V * nt;
     }
+}
+
+/// The 16-byte vector of `T` lanes `acc[0..16 / size_of::<T>()]`, each
+/// rounded once from f32 ([`Element::from_acc`]).
+#[inline(always)]
+fn packed_vector<T: Element<Acc = f32>>(acc: &[f32; 16]) -> [u32; 4] {
+    let size = core::mem::size_of::<T>();
+    let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
+    let mut o = [0u32; 4];
+    each_lane!(16 / size, |q| {
+        let b = q * size;
+        o[b / 4] |= ((T::from_acc(acc[q]).to_bits64() as u32) & mask) << ((b % 4) * 8);
+    });
+    o
 }
 
 /// `acc[x][q] += w * lane q of vectors[x]` (lanes of `T`), for `x < V`.
@@ -1842,9 +1848,6 @@ unsafe fn vector_rows<T: Element<Acc = f32>, const V: usize, const AHEAD: usize>
     entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
     entries: &mut RowEntries,
 ) {
-    let size = core::mem::size_of::<T>();
-    let per = 16 / size;
-    let mask = if size >= 4 { u32::MAX } else { (1u32 << (8 * size)) - 1 };
     let units = vecs / V;
     // The vector `x` of unit `u`.
     let at = |u: usize, x: usize| {
@@ -1891,13 +1894,8 @@ unsafe fn vector_rows<T: Element<Acc = f32>, const V: usize, const AHEAD: usize>
             j += if AHEAD >= 2 { 2 } else { 1 };
         }
         each_lane!(V, |x| {
-            let mut o = [0u32; 4];
-            each_lane!(per, |q| {
-                let b = q * size;
-                o[b / 4] |= ((T::from_acc(acc[x][q]).to_bits64() as u32) & mask) << ((b % 4) * 8);
-            });
             // SAFETY: vector `at(u, x)` of output row `tok < rows`, 16-byte aligned.
-            unsafe { arch::store16(out_row(tok).add(at(u, x) * 16), o) };
+            unsafe { arch::store16(out_row(tok).add(at(u, x) * 16), packed_vector::<T>(&acc[x])) };
         });
         i += nt.max(1);
     }
