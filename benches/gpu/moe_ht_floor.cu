@@ -31,7 +31,10 @@
 //            NVLink (the traffic of devcomm's in-window combine, which
 //            reads the peer's rows in place): the time is then a pair's,
 //            and the dispatch's stamps show what following such a
-//            kernel costs it.
+//            kernel costs it. Variant `fence`: no receive; after its sends
+//            every thread runs a system fence, then "last word seen" and
+//            "done" are stamped: when this GPU's writes have landed (as
+//            devcomm's diagnostic vi, session 31).
 //
 // Stamps (%globaltimer, medians over launches of the slowest CTA, us from
 // the first CTA's start; per span by atomicMax, as devcomm's `stamp_span`):
@@ -96,8 +99,8 @@ struct Side {
     int rank;
 };
 
-enum Variant { ALL = 0, LEAD = 1, WAIT = 2, REL = 3, PAIR = 4, VARIANTS = 5 };
-static const char* kVariantName[VARIANTS] = {"all", "lead", "wait", "rel", "pair"};
+enum Variant { ALL = 0, LEAD = 1, WAIT = 2, REL = 3, PAIR = 4, FENCE = 5, VARIANTS = 6 };
+static const char* kVariantName[VARIANTS] = {"all", "lead", "wait", "rel", "pair", "fence"};
 
 __device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
     __syncthreads();
@@ -151,6 +154,14 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
         }
     }
     stamp(s, launch, 1);
+    if (variant == FENCE) {
+        // A system fence by every thread, then the stamps: when this GPU's
+        // writes have landed (devcomm's diagnostic vi, session 31). No receive.
+        __threadfence_system();
+        stamp(s, launch, 2);
+        stamp(s, launch, 3);
+        return;
+    }
     // Receive item (src, channel).
     {
         int src = item / kChannels, c = item % kChannels;
@@ -349,10 +360,10 @@ int main(int argc, char** argv) {
                         bool local = e / kLocal == d, dup = false;
                         for (int q = 0; q < j; ++q) dup |= idx[src][t * kTopK + q] == e;
                         if (local && !dup) want_c[e - d * kLocal]++;
-                        if (v != WAIT) wrong += hri[((size_t)src * kTokens + p) * kTopK + j] != (local ? e - d * kLocal : -1);
+                        if (v != WAIT && v != FENCE) wrong += hri[((size_t)src * kTokens + p) * kTopK + j] != (local ? e - d * kLocal : -1);
                     }
                 }
-            if (v != WAIT)
+            if (v != WAIT && v != FENCE)
                 for (int l = 0; l < kLocal; ++l) wrong += hc[l] != want_c[l];
         }
         printf("%-4s | %7.2f (min %.2f max %.2f) | %ld | %.1f %.1f %.1f | %.1f %.1f %.1f\n", kVariantName[v], per[reps / 2], per[0], per[reps - 1],
