@@ -152,9 +152,10 @@ enum Kernel {
     Combine,
 }
 
-/// A dispatch's first step (both modes): the token count (0, with the
-/// error reported, when above the maximum: the other ranks still wait for
-/// this rank's empty counts), and [`moe::dispatch_prepare`] over the grid.
+/// A dispatch's step (both modes; the high-throughput kernels take it
+/// first, the low-latency one after its sends): the token count (0, with
+/// the error reported, when above the maximum: the other ranks still wait
+/// for this rank's empty counts), and [`moe::dispatch_prepare`] over the grid.
 ///
 /// # Safety
 /// As for `moe_dispatch`; `ctx` is `args.ctx` (its shared copy).
@@ -210,7 +211,10 @@ kernel! {
         let cta = Cta::new();
         let Some((ctx, seq)) = shared_context(&cta, &args, Kernel::Dispatch) else { return };
         stamp(&cta, &args, Stage::Start);
-        let num_tokens = prepare(&args, ctx);
+        // The sends check the routing themselves; `prepare` (the handle's
+        // copy of it, and the count check) comes after them, its loads
+        // overlapping the other ranks' sends rather than delaying ours.
+        let num_tokens = if args.num_tokens > ctx.max_tokens() { 0 } else { args.num_tokens };
         let pos = args.pos as *mut u32;
         let (x, idx, w) = (args.x as *const u8, args.topk_idx as *const i32, args.topk_weights as *const f32);
         for_items(&cta, Items::ctas(), ctx.max_tokens(), &args, |t| {
@@ -230,6 +234,7 @@ kernel! {
                 moe::dispatch_send_expert(&span, ctx, e, x, idx, num_tokens, pos, seq)
             });
         }
+        prepare(&args, ctx);
         stamp(&cta, &args, Stage::Sent);
         // Every LSA source's tokens, once for the CTA's experts (their
         // receive steps then wait for the GIN sources alone).
@@ -330,7 +335,9 @@ impl Items {
 
 /// A combine's steps (both modes): `send()` (this CTA's sends, each
 /// reported), then `wait(cta)` (every CTA waits for every partner's
-/// outputs), then, if it succeeded, `reduce(tokens)` over the grid;
+/// outputs; the low-latency combine within one LSA team receives and adds
+/// up each token there, its `reduce` doing nothing), then, if it
+/// succeeded, `reduce(tokens)` over the grid;
 /// failures reported in `args.errors`.
 ///
 /// # Safety
@@ -369,9 +376,12 @@ unsafe fn combine_steps(
 /// A low-latency combine of elements `T`, per rank
 /// ([`CombineForm::PerRank`]): spans of warps send the partial sums of
 /// the LSA sources' token slots (span `s` of the grid's `S` takes items
-/// `s, s + S, ...` of (LSA source, slot)); when some ranks are outside the
-/// LSA team, CTA `b` then sends local experts `b, b + B, ...` to them;
-/// then every CTA waits for every partial and output, and the grid reduces.
+/// `s, s + S, ...` of (LSA source, slot)). With every rank in the LSA
+/// team, each span then adds up its items that are this rank's own token
+/// slots, each as soon as its partials are in ([`moe::combine_recv_token`]).
+/// Otherwise CTA `b` sends local experts `b, b + B, ...` to the ranks
+/// outside the LSA team, every CTA waits for every partial and output, and
+/// the grid reduces.
 /// With [`MoeContext::COMBINE_PER_EXPERT`], per expert to every source
 /// (CTA `b` takes local experts `b, b + B, ...`).
 ///
@@ -387,6 +397,13 @@ unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
     let x = args.x as *const u8;
     let (span, at) = Items::spans(n * m);
     let form = if ctx.combine_per_expert() { CombineForm::PerExpert } else { CombineForm::PerRank };
+    // Every rank in the LSA team, per rank: each span, after its sends,
+    // adds up the items among its own that are this rank's token slots, as
+    // soon as their partials are in (no wait for every token, no second
+    // pass over the grid). One call site per device function: a second one
+    // made the sends a call instead of inlined code (2 µs on one H200).
+    let by_token = form == CombineForm::PerRank && moe::gin_ranks(ctx) == 0;
+    let me = ctx.comm().rank();
     // SAFETY: (all three steps) the contract: this group's live context,
     // `x` the experts' outputs of the dispatch this kernel follows (every
     // local expert packed: an earlier kernel), the handle's buffers, `out`
@@ -412,8 +429,33 @@ unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
                     });
                 }
             },
-            |cta| moe::combine_wait(cta, ctx, form, seq),
+            |cta| {
+                if !by_token {
+                    return moe::combine_wait(cta, ctx, form, seq);
+                }
+                // Every span sent all its items above (`combine_recv_token`'s
+                // condition); the same spans, so no CTA barrier between.
+                let (out, num_tokens) = (args.out as *mut T, args.num_tokens.min(m));
+                for_items(&span, at, n * m, args, |i| {
+                    if i / m != me {
+                        return Ok(());
+                    }
+                    moe::combine_recv_token::<T, _>(
+                        &span,
+                        ctx,
+                        i % m,
+                        args.topk_idx as *const i32,
+                        num_tokens,
+                        out,
+                        seq,
+                    )
+                });
+                Ok(())
+            },
             |num_tokens| {
+                if by_token {
+                    return;
+                }
                 moe::combine_reduce::<T>(
                     global_thread_x() as usize,
                     grid_threads_x() as usize,

@@ -46,7 +46,10 @@
 //! word per token), ranks outside the LSA team per expert. The token's
 //! rank waits ([`combine_wait`]) and sums the outputs (or partials) of
 //! each token in top-k order with f32 arithmetic ([`combine_reduce`]),
-//! rounding once.
+//! rounding once. When every rank is in the LSA team, a rank can instead
+//! add up each of its tokens as soon as that token's partials are in
+//! ([`combine_recv_token`], the library's kernel): no wait for the last
+//! token of all, no second pass over the grid.
 //!
 //! Work split: coops of whole warps throughout (a [`Warp`](crate::coop::Warp),
 //! a [`WarpSpan`](crate::coop::WarpSpan), a [`Cta`] of a
@@ -195,7 +198,8 @@ pub(crate) fn warp_scan(v: u32) -> u32 {
     x
 }
 
-/// The first step of a dispatch, by any set of threads (`t` of `nt`, e.g.
+/// A step of a dispatch (anywhere in its kernel: the sends check the
+/// routing themselves), by any set of threads (`t` of `nt`, e.g.
 /// a whole grid): copies `topk_idx` and `topk_weights` (`num_tokens *
 /// top_k` each) to the handle's `handle_idx`, `handle_weights`, and sets
 /// the position of every entry that names no expert (negative: masked; not
@@ -1555,13 +1559,8 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
         }
         let d = e as u32 / l.max(1);
         if form == CombineForm::PerRank && is_lsa(ctx, d) {
-            // The partial at the first entry on `d` (experts `d * l..`: no
-            // division per earlier entry).
-            // SAFETY: entries `tok * k + i < at`: inside `topk_idx`.
-            let seen =
-                (0..j).map(|i| unsafe { *topk_idx.add(tok * k + i) }).any(|x| valid(x) && is_one_of(x, d * l, l));
-            let p = local_ptr(ctx, ctx.ll_partial_slot_offset(d, tok as u32)) as *const u8;
-            return (!seen).then_some((p, 1.0));
+            // SAFETY: entries `tok * k..tok * k + j`: inside `topk_idx`.
+            return unsafe { partial_entry(ctx, topk_idx, tok, j, d) };
         }
         // SAFETY: as above.
         let (p, w) = unsafe { (*pos.add(at), *topk_weights.add(at)) };
@@ -1585,6 +1584,107 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
             entry,
         )
     }
+}
+
+/// With [`CombineForm::PerRank`], entry `j` of token `tok` naming an
+/// expert of LSA rank `d`: `d`'s partial sum of the token (weight 1) at the
+/// first of the token's entries on `d`, `None` at the others (experts `d *
+/// L..`: no division per earlier entry).
+///
+/// # Safety
+/// `topk_idx` holds entries `tok * top_k..tok * top_k + j`.
+#[inline(always)]
+unsafe fn partial_entry(
+    ctx: &MoeContext,
+    topk_idx: *const i32,
+    tok: usize,
+    j: usize,
+    d: u32,
+) -> Option<(*const u8, f32)> {
+    let (k, l, e_all) = (ctx.top_k() as usize, ctx.local_experts(), ctx.num_experts());
+    let on_d = |x: i32| x >= 0 && (x as u32) < e_all && is_one_of(x, d * l, l);
+    // SAFETY: entries `tok * k + i < tok * k + j`: the contract.
+    let seen = (0..j).map(|i| unsafe { *topk_idx.add(tok * k + i) }).any(on_d);
+    let p = local_ptr(ctx, ctx.ll_partial_slot_offset(d, tok as u32)) as *const u8;
+    (!seen).then_some((p, 1.0))
+}
+
+/// Waits until every rank's partial sum of this rank's token slot `t` of
+/// dispatch `seq` is in (their combine words of header `(me, t)`, which
+/// [`combine_send_token`] releases) and, when `t < num_tokens`, writes
+/// `out[t]` as [`combine_reduce`] does with [`CombineForm::PerRank`] (the
+/// partials in top-k order, f32, rounded once). For a group whose ranks
+/// are all in this rank's LSA team: a kernel that sends its slots
+/// ([`combine_send_token`]) and then calls this for each of its own
+/// token slots `t < max_tokens` (one coop each, also past `num_tokens`:
+/// every word is waited for before the next dispatch reuses the slots)
+/// needs neither [`combine_wait`] nor [`combine_reduce`]: each token is
+/// added up as soon as its own partials are in, not after every token's
+/// (the library's kernel). `Err(BadArgument)` (no wait) when some rank is
+/// outside the LSA team. The coop is whole warps.
+///
+/// # Safety
+/// `ctx` live, `T` of its element size; `topk_idx` is the dispatch's
+/// routing (`num_tokens * top_k` entries), `out` holds `num_tokens *
+/// hidden` elements of `T`; this coop's [`combine_send_token`] calls for
+/// dispatch `seq` returned (a coop that waits before sending may wait for
+/// a coop of another rank that waits for it); every thread of the coop
+/// calls with the same arguments.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn combine_recv_token<T: Element<Acc = f32>, C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    t: u32,
+    topk_idx: *const i32,
+    num_tokens: u32,
+    out: *mut T,
+    seq: u32,
+) -> Result<(), MoeError> {
+    let comm = ctx.comm();
+    let (n, m) = (comm.nranks(), ctx.max_tokens());
+    if t >= m || num_tokens > m || gin_ranks(ctx) > 0 || size_of::<T>() as u32 != ctx.elem_size() {
+        return coop.agree(Err(MoeError::BadArgument));
+    }
+    let r = (|| -> Result<(), MoeError> {
+        let mut deadline = Deadline::new(&comm.abort());
+        let mut d = coop.thread_rank();
+        while d < n {
+            let p = local_ptr(ctx, ctx.ll_combine_word_offset(d, t)) as *const u64;
+            // SAFETY: this rank's combine word of `(d, t)`, written only atomically.
+            let w = unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }?;
+            if (w >> 32) as u32 != seq {
+                return Err(MoeError::OutOfStep);
+            }
+            d += coop.size();
+        }
+        Ok(())
+    })();
+    let r = coop.agree(r);
+    // The words' acquires by some threads, before every thread reads the partials.
+    coop.sync();
+    r?;
+    if t >= num_tokens {
+        return Ok(());
+    }
+    let (k, h, l) = (ctx.top_k() as usize, ctx.hidden() as usize, ctx.local_experts().max(1));
+    let e_all = ctx.num_experts();
+    let tok = t as usize;
+    let entry = |_: usize, j: usize| -> Option<(*const u8, f32)> {
+        // SAFETY: entry `j < top_k` of token `t < num_tokens` (the contract).
+        let e = unsafe { *topk_idx.add(tok * k + j) };
+        if e < 0 || e as u32 >= e_all {
+            return None;
+        }
+        // SAFETY: entries before `j` of the token: inside `topk_idx`.
+        unsafe { partial_entry(ctx, topk_idx, tok, j, e as u32 / l) }
+    };
+    let row = out.wrapping_add(tok * h) as *mut u8;
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    // SAFETY: row `t < num_tokens` of `out` (the contract); the partial
+    // slots are whole slots of this rank's window (16-byte aligned), in
+    // since the words above (this rank's own among them).
+    unsafe { weighted_rows::<T, 1>(tr, nt, 1, h, k, |_| row, (row as usize) % 16 == 0, entry) };
+    Ok(())
 }
 
 /// Entries a thread of [`weighted_rows`] keeps resolved for its current
