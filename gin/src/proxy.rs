@@ -590,18 +590,23 @@ impl Worker {
         }
     }
 
+    /// The error is recorded before the ring is marked failed (a release
+    /// store): whoever sees the ring failed (a flush, a producer) finds
+    /// the proxy's error too. The other order let a test's flush end with
+    /// the ring's failure while `Proxy::error` still said `None`.
     fn fail_ring(&mut self, q: usize, e: GinHostError) {
         tracing::error!(ring = q, error = %e, "GIN proxy: ring failed");
-        self.rings.fail(q);
         self.shared.record(e);
+        self.rings.fail(q);
     }
 
+    /// As [`Self::fail_ring`], for every ring of `peer`.
     fn fail_peer(&mut self, peer: usize, e: GinHostError) {
         tracing::error!(peer, error = %e, "GIN proxy: peer failed");
+        self.shared.record(e);
         for q in (0..self.rings.count()).filter(|&q| self.rings.peer_of(q) == peer) {
             self.rings.fail(q);
         }
-        self.shared.record(e);
     }
 
     /// The transport failed as a whole (a device fault, fences that never
@@ -612,11 +617,12 @@ impl Worker {
     /// of a timeout.
     fn transport_failed(&mut self, e: GinHostError) {
         tracing::error!(error = %e, "GIN proxy: transport failed");
+        // Recorded first, as in `fail_ring`.
+        self.shared.record(e);
         for q in 0..self.rings.count() {
             self.rings.fail(q);
         }
         self.pending.clear();
-        self.shared.record(e);
         if !std::mem::replace(&mut self.dead, true) {
             self.transport.close(false);
         }
