@@ -188,6 +188,103 @@ unsafe fn prepare(args: &MoeArgs, ctx: &MoeContext) -> u32 {
     num_tokens
 }
 
+/// A low-latency dispatch (`moe_dispatch`; `LEAN`: `moe_dispatch_lsa`,
+/// compiled for a group without fp8 dispatch whose ranks are all in the
+/// LSA team, with a per-rank combine and the per-expert pack: the steps of
+/// [`moe::lsa`] and none of the GIN, fp8 or token-major paths).
+///
+/// # Safety
+/// As for `moe_dispatch`; with `LEAN`, the group is such a group.
+#[inline(always)]
+unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
+    let cta = Cta::new();
+    let Some((ctx, seq)) = shared_context(&cta, args, Kernel::Dispatch) else { return };
+    if LEAN && !lsa_dispatch_serves(ctx) {
+        if cta.is_leader() {
+            report::<()>(args, Err(MoeError::BadArgument));
+        }
+        return;
+    }
+    stamp(&cta, args, Stage::Start);
+    // The sends check the routing themselves; `prepare` (the handle's
+    // copy of it, and the count check) comes after them, its loads
+    // overlapping the other ranks' sends rather than delaying ours.
+    let num_tokens = if args.num_tokens > ctx.max_tokens() { 0 } else { args.num_tokens };
+    let pos = args.pos as *mut u32;
+    let (x, idx, w) = (args.x as *const u8, args.topk_idx as *const i32, args.topk_weights as *const f32);
+    for_items(&cta, Items::ctas(), ctx.max_tokens(), args, |t| {
+        if LEAN {
+            moe::lsa::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, seq)
+        } else {
+            moe::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, seq)
+        }
+    });
+    // A span of warps per expert of a rank outside the LSA team (its
+    // scan is a warp's work, done by each warp alike); with a
+    // per-expert combine, every expert (its positions).
+    let per_expert_combine = ctx.combine_per_expert();
+    if !LEAN && (moe::gin_ranks(ctx) > 0 || per_expert_combine) {
+        let (span, at) = Items::spans(ctx.num_experts());
+        let l = ctx.local_experts();
+        for_items(&span, at, ctx.num_experts(), args, |e| {
+            if moe::is_lsa(ctx, e / l) && !per_expert_combine {
+                return Ok(0);
+            }
+            moe::dispatch_send_expert(&span, ctx, e, x, idx, num_tokens, pos, seq)
+        });
+    }
+    prepare(args, ctx);
+    stamp(&cta, args, Stage::Sent);
+    // Every LSA source's tokens, once for the CTA's experts (their
+    // receive steps then wait for the GIN sources alone).
+    let waited = moe::dispatch_wait_lsa(&cta, ctx, seq);
+    if waited.is_err() && cta.is_leader() {
+        report(args, waited);
+    }
+    stamp(&cta, args, Stage::Waited);
+    let (out, scales, counts) = (args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32);
+    if LEAN || ctx.pack_per_expert() {
+        // A CTA per local expert packs its rows (no grid barrier).
+        if waited.is_ok() {
+            for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
+                if LEAN {
+                    moe::lsa::dispatch_pack_expert(&cta, ctx, l, out, counts, seq)
+                } else {
+                    moe::dispatch_pack_expert(&cta, ctx, l, out, scales, counts, seq)
+                }
+            });
+        }
+        stamp(&cta, args, Stage::Counted);
+        stamp(&cta, args, Stage::Done);
+        return;
+    }
+    if waited.is_ok() {
+        for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
+            moe::dispatch_count_expert(&cta, ctx, l, out, scales, counts, seq)
+        });
+    }
+    // Every CTA arrives, also after an error (the barrier counts them).
+    let synced = moe::dispatch_grid_sync(&cta, ctx);
+    if synced.is_err() && cta.is_leader() {
+        report(args, synced);
+    }
+    if waited.is_err() || synced.is_err() {
+        return;
+    }
+    stamp(&cta, args, Stage::Counted);
+    // The LSA sources' tokens, a token per span of warps, each to
+    // every row the counting gave it.
+    let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
+    let (span, at) = Items::spans(n * m);
+    for_items(&span, at, n * m, args, |i| {
+        if !moe::is_lsa(ctx, i / m) {
+            return Ok(());
+        }
+        moe::dispatch_pack_token(&span, ctx, i / m, i % m, out, scales, seq)
+    });
+    stamp(&cta, args, Stage::Done);
+}
+
 kernel! {
     /// A low-latency dispatch: prepare (grid-strided), send (CTA `b` of
     /// the grid sends token slots `b, b + B, ...` to the LSA ranks; then
@@ -208,79 +305,29 @@ kernel! {
     /// buffers of the sizes it documents; launched co-resident with a
     /// block size that is a multiple of 32; the same `seq` on every rank.
     pub unsafe fn moe_dispatch(args: MoeArgs) {
-        let cta = Cta::new();
-        let Some((ctx, seq)) = shared_context(&cta, &args, Kernel::Dispatch) else { return };
-        stamp(&cta, &args, Stage::Start);
-        // The sends check the routing themselves; `prepare` (the handle's
-        // copy of it, and the count check) comes after them, its loads
-        // overlapping the other ranks' sends rather than delaying ours.
-        let num_tokens = if args.num_tokens > ctx.max_tokens() { 0 } else { args.num_tokens };
-        let pos = args.pos as *mut u32;
-        let (x, idx, w) = (args.x as *const u8, args.topk_idx as *const i32, args.topk_weights as *const f32);
-        for_items(&cta, Items::ctas(), ctx.max_tokens(), &args, |t| {
-            moe::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, seq)
-        });
-        // A span of warps per expert of a rank outside the LSA team (its
-        // scan is a warp's work, done by each warp alike); with a
-        // per-expert combine, every expert (its positions).
-        let per_expert_combine = ctx.combine_per_expert();
-        if moe::gin_ranks(ctx) > 0 || per_expert_combine {
-            let (span, at) = Items::spans(ctx.num_experts());
-            let l = ctx.local_experts();
-            for_items(&span, at, ctx.num_experts(), &args, |e| {
-                if moe::is_lsa(ctx, e / l) && !per_expert_combine {
-                    return Ok(0);
-                }
-                moe::dispatch_send_expert(&span, ctx, e, x, idx, num_tokens, pos, seq)
-            });
-        }
-        prepare(&args, ctx);
-        stamp(&cta, &args, Stage::Sent);
-        // Every LSA source's tokens, once for the CTA's experts (their
-        // receive steps then wait for the GIN sources alone).
-        let waited = moe::dispatch_wait_lsa(&cta, ctx, seq);
-        if waited.is_err() && cta.is_leader() {
-            report(&args, waited);
-        }
-        stamp(&cta, &args, Stage::Waited);
-        let (out, scales, counts) = (args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32);
-        if ctx.pack_per_expert() {
-            // A CTA per local expert packs its rows (no grid barrier).
-            if waited.is_ok() {
-                for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
-                    moe::dispatch_pack_expert(&cta, ctx, l, out, scales, counts, seq)
-                });
-            }
-            stamp(&cta, &args, Stage::Counted);
-            stamp(&cta, &args, Stage::Done);
-            return;
-        }
-        if waited.is_ok() {
-            for_items(&cta, Items::ctas(), ctx.local_experts(), &args, |l| {
-                moe::dispatch_count_expert(&cta, ctx, l, out, scales, counts, seq)
-            });
-        }
-        // Every CTA arrives, also after an error (the barrier counts them).
-        let synced = moe::dispatch_grid_sync(&cta, ctx);
-        if synced.is_err() && cta.is_leader() {
-            report(&args, synced);
-        }
-        if waited.is_err() || synced.is_err() {
-            return;
-        }
-        stamp(&cta, &args, Stage::Counted);
-        // The LSA sources' tokens, a token per span of warps, each to
-        // every row the counting gave it.
-        let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
-        let (span, at) = Items::spans(n * m);
-        for_items(&span, at, n * m, &args, |i| {
-            if !moe::is_lsa(ctx, i / m) {
-                return Ok(());
-            }
-            moe::dispatch_pack_token(&span, ctx, i / m, i % m, out, scales, seq)
-        });
-        stamp(&cta, &args, Stage::Done);
+        dispatch::<false>(&args);
     }
+
+    /// A low-latency dispatch compiled for the common single-node case
+    /// (`devcomm::moe::EpGroup` picks it when the group allows): every
+    /// rank in the LSA team, no fp8 dispatch, the per-expert pack and the
+    /// per-rank combine. The same steps as `moe_dispatch` with the GIN,
+    /// fp8 and token-major paths left out ([`moe::lsa`]); `BadArgument`
+    /// for another group.
+    ///
+    /// # Safety
+    /// As for `moe_dispatch`.
+    pub unsafe fn moe_dispatch_lsa(args: MoeArgs) {
+        dispatch::<true>(&args);
+    }
+}
+
+/// Whether `moe_dispatch_lsa` serves the group of `ctx`: every rank in
+/// the LSA team, no fp8 dispatch, the per-expert pack and the per-rank
+/// combine (the host's choice of kernel, checked again by the kernel).
+#[inline(always)]
+pub fn lsa_dispatch_serves(ctx: &MoeContext) -> bool {
+    moe::gin_ranks(ctx) == 0 && !ctx.fp8_dispatch() && ctx.pack_per_expert() && !ctx.combine_per_expert()
 }
 
 /// The items `first, first + stride, ...` a coop of the grid takes: CTA

@@ -69,6 +69,7 @@
 //! a combine passes its dispatch's `seq`.
 
 pub mod ht;
+pub mod lsa;
 
 pub use crate::abi::moe::{MoeArgs, MoeContext, MoeHtArgs, STAGES};
 
@@ -467,6 +468,29 @@ pub unsafe fn dispatch_send_token<C: Coop>(
     num_tokens: u32,
     seq: u32,
 ) -> Result<(), MoeError> {
+    // SAFETY: the contract.
+    unsafe { send_token::<C, true>(coop, ctx, t, x, topk_idx, topk_weights, num_tokens, seq) }
+}
+
+/// [`dispatch_send_token`], with the fp8 quantisation compiled in only
+/// when `QUANT` ([`lsa::dispatch_send_token`] leaves it out: the caller
+/// checked that the context does not quantize).
+///
+/// # Safety
+/// As for [`dispatch_send_token`]; `QUANT` or the context's dispatch is
+/// not fp8.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn send_token<C: Coop, const QUANT: bool>(
+    coop: &C,
+    ctx: &MoeContext,
+    t: u32,
+    x: *const u8,
+    topk_idx: *const i32,
+    topk_weights: *const f32,
+    num_tokens: u32,
+    seq: u32,
+) -> Result<(), MoeError> {
     let (k, m, e_all) = (ctx.top_k() as usize, ctx.max_tokens(), ctx.num_experts());
     if num_tokens > m || t >= m || coop.size() % WARP_SIZE != 0 {
         return Err(MoeError::BadArgument);
@@ -522,7 +546,7 @@ pub unsafe fn dispatch_send_token<C: Coop>(
         // dispatch_bytes`), this coop's alone in this dispatch.
         unsafe {
             let src = x.add(t as usize * row);
-            if ctx.fp8_dispatch() {
+            if QUANT && ctx.fp8_dispatch() {
                 let (wi, nw) = (coop.thread_rank() / WARP_SIZE, (coop.size() / WARP_SIZE).max(1));
                 for r in 0..n {
                     if let Some(d) = bound(r) {
@@ -967,7 +991,7 @@ pub unsafe fn dispatch_pack_expert<C: Coop>(
     seq: u32,
 ) -> Result<u32, MoeError> {
     // SAFETY: the contract.
-    unsafe { pack_expert(coop, ctx, local, out, scales, out_count, seq, true) }
+    unsafe { pack_expert::<C, true, true>(coop, ctx, local, out, scales, out_count, seq, true) }
 }
 
 /// [`dispatch_pack_expert`] without the LSA sources' token bytes: counts
@@ -992,16 +1016,19 @@ pub unsafe fn dispatch_count_expert<C: Coop>(
     seq: u32,
 ) -> Result<u32, MoeError> {
     // SAFETY: the contract.
-    unsafe { pack_expert(coop, ctx, local, out, scales, out_count, seq, false) }
+    unsafe { pack_expert::<C, true, true>(coop, ctx, local, out, scales, out_count, seq, false) }
 }
 
 /// [`dispatch_pack_expert`] (`copy_lsa`) or [`dispatch_count_expert`].
+/// `GIN`: the GIN sources' wait and copies are compiled in; `QUANT`: the
+/// fp8 rows and scales are ([`lsa::dispatch_pack_expert`] leaves both out).
 ///
 /// # Safety
-/// As for [`dispatch_pack_expert`].
+/// As for [`dispatch_pack_expert`]; `GIN` or every rank is in the LSA
+/// team; `QUANT` or the context's dispatch is not fp8.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn pack_expert<C: Coop>(
+unsafe fn pack_expert<C: Coop, const GIN: bool, const QUANT: bool>(
     coop: &C,
     ctx: &MoeContext,
     local: u32,
@@ -1016,22 +1043,24 @@ unsafe fn pack_expert<C: Coop>(
     if local >= ctx.local_experts() || coop.size() % WARP_SIZE != 0 {
         return coop.agree(Err(MoeError::BadArgument));
     }
-    // SAFETY: the contract.
-    unsafe { wait_gin(coop, ctx, local, seq) }?;
+    if GIN {
+        // SAFETY: the contract.
+        unsafe { wait_gin(coop, ctx, local, seq) }?;
+    }
     let e = me * ctx.local_experts() + local;
     let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
     let (wi, nw) = ((coop.thread_rank() / WARP_SIZE) as usize, (coop.size() / WARP_SIZE).max(1) as usize);
     let lane = lane_id() as usize;
     let row = ctx.token_bytes() as usize;
     let slot = ctx.slot_bytes() as usize;
-    let fp8 = ctx.fp8_dispatch();
+    let fp8 = QUANT && ctx.fp8_dispatch();
     let (h, sc) = (ctx.hidden() as usize, ctx.hidden() as usize / 32);
     let ids = ctx.ll_header_ids() as usize;
     let first = local as usize * n as usize * ctx.max_tokens() as usize;
     let mut at = first;
     let mut r = Ok(());
     for s in 0..n {
-        if is_lsa(ctx, s) {
+        if !GIN || is_lsa(ctx, s) {
             // One pass over the headers counts the source's tokens for `e`
             // and packs them: row `r` by warp `r % nw` (rows of every source
             // spread over all the warps), a warp a row; its lanes record

@@ -990,14 +990,23 @@ impl<'c> EpGroup<'c> {
             return Ok(());
         }
         let cfg = self.launch_config();
+        // The single-node case (every rank in the LSA team, no fp8, the
+        // default pack and combine) takes the kernel compiled for it alone.
         // SAFETY: `args` holds this group's live context and buffers of the
         // sizes the kernel needs (checked by the callers: `x` of `tokens <=
         // M` tokens, routing of `tokens * K`, outputs of the group's shapes,
         // scales with fp8 dispatch, the handle's buffers of `M * K`), kept
         // alive by the callers' borrows while queued (freeing device memory
         // waits for the device); the same dispatch on every rank (the
-        // collective contract); co-resident, threads a multiple of 32.
-        unsafe { stream.launch::<devcomm_kernels::moe::moe_dispatch>(cfg, (args,)) }?;
+        // collective contract); co-resident, threads a multiple of 32; the
+        // lean kernel only for a group it serves.
+        unsafe {
+            if devcomm_kernels::moe::lsa_dispatch_serves(&self.ctx) {
+                stream.launch::<devcomm_kernels::moe::moe_dispatch_lsa>(cfg, (args,))
+            } else {
+                stream.launch::<devcomm_kernels::moe::moe_dispatch>(cfg, (args,))
+            }
+        }?;
         self.dispatched(seq, tokens, handle);
         Ok(())
     }
