@@ -66,9 +66,11 @@ fn collective_and_moe_kernels_start_without_copying_their_arguments() {
         .collect();
     // 12 datatypes of all-reduce, the pushed one-shot all-reduce, reduce
     // and reduce-scatter, broadcast, the send/recv group, and the MoE
-    // kernels (3 dispatch, 4 × 3 combine: low-latency, high-throughput per
-    // expert, per source and in the window).
-    assert_eq!(checked.len(), 65, "{checked:?}");
+    // kernels (4 dispatch: low-latency, its single-node form
+    // `moe_dispatch_lsa`, two high-throughput; 5 × 3 combine: low-latency,
+    // its single-node form `moe_combine_lsa_*`, high-throughput per expert,
+    // per source and in the window).
+    assert_eq!(checked.len(), 69, "{checked:?}");
     let copying: Vec<_> = checked.iter().filter(|(_, b)| *b >= 64).collect();
     assert!(
         copying.is_empty(),

@@ -430,26 +430,36 @@ unsafe fn combine_steps(
 /// outside the LSA team, every CTA waits for every partial and output, and
 /// the grid reduces.
 /// With [`MoeContext::COMBINE_PER_EXPERT`], per expert to every source
-/// (CTA `b` takes local experts `b, b + B, ...`).
+/// (CTA `b` takes local experts `b, b + B, ...`). `LEAN`
+/// (`moe_combine_lsa_*`): compiled for a group of the first kind alone
+/// (every rank in the LSA team, per rank: [`lsa_combine_serves`]), with
+/// neither the per-expert sends nor the grid's wait and reduce.
 ///
 /// # Safety
 /// As for `moe_dispatch`, `args` made by `devcomm::moe::EpGroup::combine`
 /// for the dispatch with the same `seq`, `T` of the context's element size.
 #[inline(always)]
-unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
+unsafe fn combine<T: Element<Acc = f32>, const LEAN: bool>(args: &MoeArgs) {
     let cta = Cta::new();
     // SAFETY: every thread of the CTA, first; the contract.
     let Some((ctx, seq)) = (unsafe { shared_context(&cta, args, Kernel::Combine) }) else { return };
+    if LEAN && !lsa_combine_serves(ctx) {
+        if cta.is_leader() {
+            // SAFETY: the contract.
+            unsafe { report::<()>(args, Err(MoeError::BadArgument)) };
+        }
+        return;
+    }
     let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
     let x = args.x as *const u8;
     let (span, at) = Items::spans(n * m);
-    let form = if ctx.combine_per_expert() { CombineForm::PerExpert } else { CombineForm::PerRank };
+    let form = if !LEAN && ctx.combine_per_expert() { CombineForm::PerExpert } else { CombineForm::PerRank };
     // Every rank in the LSA team, per rank: each span, after its sends,
     // adds up the items among its own that are this rank's token slots, as
     // soon as their partials are in (no wait for every token, no second
     // pass over the grid). One call site per device function: a second one
     // made the sends a call instead of inlined code (2 µs on one H200).
-    let by_token = form == CombineForm::PerRank && moe::gin_ranks(ctx) == 0;
+    let by_token = LEAN || (form == CombineForm::PerRank && moe::gin_ranks(ctx) == 0);
     let me = ctx.comm().rank();
     // SAFETY: (all three steps) the contract: this group's live context,
     // `x` the experts' outputs of the dispatch this kernel follows (every
@@ -464,13 +474,13 @@ unsafe fn combine<T: Element<Acc = f32>>(args: &MoeArgs) {
                 if form == CombineForm::PerRank {
                     for_items(&span, at, n * m, args, |i| {
                         let (s, t) = (i / m, i % m);
-                        if !moe::is_lsa(ctx, s) {
+                        if !LEAN && !moe::is_lsa(ctx, s) {
                             return Ok(());
                         }
                         moe::combine_send_token::<T, _>(&span, ctx, s, t, x, seq)
                     });
                 }
-                if moe::gin_ranks(ctx) > 0 || form == CombineForm::PerExpert {
+                if !LEAN && (moe::gin_ranks(ctx) > 0 || form == CombineForm::PerExpert) {
                     for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
                         moe::combine_send_expert(&cta, ctx, l, x, form, seq)
                     });
@@ -525,7 +535,7 @@ kernel! {
     /// # Safety
     /// As for `moe_dispatch`, `args` made by `devcomm::moe::EpGroup::combine`.
     pub unsafe fn moe_combine_f32(args: MoeArgs) {
-        combine::<f32>(&args);
+        combine::<f32, false>(&args);
     }
 
     /// A low-latency combine of bf16 tokens.
@@ -533,7 +543,7 @@ kernel! {
     /// # Safety
     /// As for `moe_combine_f32`.
     pub unsafe fn moe_combine_bf16(args: MoeArgs) {
-        combine::<Bf16>(&args);
+        combine::<Bf16, false>(&args);
     }
 
     /// A low-latency combine of f16 tokens.
@@ -541,8 +551,44 @@ kernel! {
     /// # Safety
     /// As for `moe_combine_f32`.
     pub unsafe fn moe_combine_f16(args: MoeArgs) {
-        combine::<F16>(&args);
+        combine::<F16, false>(&args);
     }
+
+    /// A low-latency combine of f32 tokens compiled for the single-node
+    /// case (`devcomm::moe::EpGroup` picks it when the group allows):
+    /// every rank in the LSA team and the per-rank combine. The same steps
+    /// as `moe_combine_f32` with the per-expert sends and the grid's wait
+    /// and reduce left out; `BadArgument` for another group.
+    ///
+    /// # Safety
+    /// As for `moe_combine_f32`.
+    pub unsafe fn moe_combine_lsa_f32(args: MoeArgs) {
+        combine::<f32, true>(&args);
+    }
+
+    /// `moe_combine_lsa_f32` of bf16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_combine_f32`.
+    pub unsafe fn moe_combine_lsa_bf16(args: MoeArgs) {
+        combine::<Bf16, true>(&args);
+    }
+
+    /// `moe_combine_lsa_f32` of f16 tokens.
+    ///
+    /// # Safety
+    /// As for `moe_combine_f32`.
+    pub unsafe fn moe_combine_lsa_f16(args: MoeArgs) {
+        combine::<F16, true>(&args);
+    }
+}
+
+/// Whether `moe_combine_lsa_*` serves the group of `ctx`: every rank in
+/// the LSA team and the per-rank combine (the host's choice of kernel,
+/// checked again by the kernel).
+#[inline(always)]
+pub fn lsa_combine_serves(ctx: &MoeContext) -> bool {
+    moe::gin_ranks(ctx) == 0 && !ctx.combine_per_expert()
 }
 
 /// A high-throughput dispatch's first steps: prepare (grid-strided) and

@@ -1423,6 +1423,7 @@ pub unsafe fn combine_send_expert<C: Coop>(
 /// kernel, or a grid-wide barrier); every thread of the coop calls with the same
 /// arguments; every (`src`, `t`) with `src` an LSA rank and `t <
 /// max_tokens` is sent by one coop of this rank.
+#[inline(always)]
 pub unsafe fn combine_send_token<T: Element<Acc = f32>, C: Coop>(
     coop: &C,
     ctx: &MoeContext,
@@ -1660,6 +1661,7 @@ unsafe fn partial_entry(
 /// a coop of another rank that waits for it); every thread of the coop
 /// calls with the same arguments.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub unsafe fn combine_recv_token<T: Element<Acc = f32>, C: Coop>(
     coop: &C,
     ctx: &MoeContext,

@@ -1186,15 +1186,22 @@ impl<'c> EpGroup<'c> {
         }
         let cfg = self.launch_config();
         use devcomm_kernels::moe as k;
+        // The single-node case (every rank in the LSA team, per rank)
+        // takes the kernels compiled for it alone.
+        let lean = k::lsa_combine_serves(&self.ctx);
         // SAFETY: as in `dispatch_into`: live context, `expert_out` and `y`
         // of the checked shapes, the handle of this group's latest dispatch
         // (its buffers written by that dispatch's kernel, earlier on the
-        // stream), the same combine on every rank; `T` matches the kernel.
+        // stream), the same combine on every rank; `T` matches the kernel;
+        // the lean kernels only for a group they serve.
         unsafe {
-            match T::DTYPE {
-                DataType::F32 => stream.launch::<k::moe_combine_f32>(cfg, (args,)),
-                DataType::Bf16 => stream.launch::<k::moe_combine_bf16>(cfg, (args,)),
-                _ => stream.launch::<k::moe_combine_f16>(cfg, (args,)),
+            match (T::DTYPE, lean) {
+                (DataType::F32, false) => stream.launch::<k::moe_combine_f32>(cfg, (args,)),
+                (DataType::Bf16, false) => stream.launch::<k::moe_combine_bf16>(cfg, (args,)),
+                (_, false) => stream.launch::<k::moe_combine_f16>(cfg, (args,)),
+                (DataType::F32, true) => stream.launch::<k::moe_combine_lsa_f32>(cfg, (args,)),
+                (DataType::Bf16, true) => stream.launch::<k::moe_combine_lsa_bf16>(cfg, (args,)),
+                (_, true) => stream.launch::<k::moe_combine_lsa_f16>(cfg, (args,)),
             }
         }
     }
