@@ -635,9 +635,10 @@ fn fp8_round(c: &Ctx, ep: &EpGroup, kind: Routing, seed: u64) {
     }
 }
 
-/// Fp8 dispatch over routings `kinds`.
-fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Routing]) {
-    let cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch();
+/// Fp8 dispatch over routings `kinds` (`ctas`: `EpConfig::ctas`, 0 the default).
+fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, ctas: u32, kinds: &[Routing]) {
+    let mut cfg = EpConfig::new(shape.e, shape.h, shape.k, shape.m).with_fp8_dispatch();
+    cfg.ctas = ctas;
     let ep = EpGroup::new(comm, &cfg).unwrap();
     let c = Ctx::new(comm, stream, shape, &cfg);
     for (i, kind) in kinds.iter().enumerate() {
@@ -655,6 +656,68 @@ fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, kinds: &[Rout
     let bad = EpConfig::new(shape.e, 100, shape.k, shape.m).with_fp8_dispatch();
     assert!(matches!(EpGroup::new(comm, &bad), Err(Error::InvalidArgument(_))));
     assert!(ep.error().is_none());
+}
+
+/// The single-node steps (`devcomm_device::moe::lsa`) refuse a group they
+/// do not serve (fp8 dispatch: both; a rank outside the LSA team: the
+/// pack), and any pack refuses a part outside its count, with
+/// `BadArgument` on every thread (the test kernel `moe_lsa_refusals`; the
+/// refused calls touch nothing, so the arguments hold no buffers).
+fn lsa_refusals(comm: &Communicator, stream: &Stream, shape: Shape) {
+    use devcomm_device::moe::MoeError;
+    use devcomm_test_kernels::moe::moe_lsa_refusals;
+    let s = shape;
+    let dev = comm.device();
+    let kernels = devcomm_tests::test_kernels(dev);
+    let all_lsa = comm.lsa_size().unwrap() == comm.count();
+    let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (3, 96) } else { (2, 64) };
+    let (bad, poison) = (MoeError::BadArgument.code(), 0xEEEE_EEEEu32);
+    for fp8 in [false, true] {
+        let cfg = EpConfig::new(s.e, s.h, s.k, s.m);
+        let cfg = if fp8 { cfg.with_fp8_dispatch() } else { cfg };
+        let ep = EpGroup::new(comm, &cfg).unwrap();
+        // Which of the lsa steps to call: only those that must refuse.
+        let refused = fp8 || !all_lsa;
+        let args = MoeArgs {
+            ctx: ep.context(),
+            x: 0,
+            topk_idx: 0,
+            topk_weights: 0,
+            out: 0,
+            counts: 0,
+            scales: 0,
+            pos: 0,
+            handle_idx: 0,
+            handle_weights: 0,
+            errors: 0,
+            stamps: 0,
+            seq_words: 0,
+            num_tokens: 0,
+            seq: 1,
+        };
+        let codes = dev.alloc_from(&vec![poison; 3 * (ctas * threads) as usize]).unwrap();
+        // SAFETY: `args` holds this group's live context; each call the
+        // kernel makes is one its step refuses before touching a buffer
+        // (the steps' documented checks; the codes below show each
+        // refused); `codes` of 3 words per thread of the grid.
+        unsafe {
+            stream
+                .launch_in::<moe_lsa_refusals>(
+                    &kernels,
+                    LaunchConfig::new(ctas, threads),
+                    (args, u32::from(fp8) | (u32::from(refused) << 1), codes.as_mut_ptr()),
+                )
+                .unwrap()
+        };
+        let got = stream.read_vec(&codes).unwrap();
+        let me = comm.rank();
+        for (g, c) in got.chunks(3).enumerate() {
+            let send = if fp8 { bad } else { poison };
+            let pack = if refused { bad } else { poison };
+            assert_eq!(c, &[send, pack, bad][..], "rank {me} fp8 {fp8} all-LSA {all_lsa}: thread {g}'s codes");
+        }
+        assert!(ep.error().is_none());
+    }
 }
 
 /// Host-side refusals (the same on every rank, so nothing hangs), and the
@@ -1130,7 +1193,16 @@ fn child_body(comm: &Communicator) {
         battery_of::<f32>(comm, &stream, f32_shape, &cfg, 1, few);
     }
     // Fp8 dispatch: two groups of 128 per token.
-    fp8_battery(comm, &stream, Shape { n, e: 2 * n, h: 256, k: 3, m: 4 }, few);
+    let fp8_shape = Shape { n, e: 2 * n, h: 256, k: 3, m: 4 };
+    fp8_battery(comm, &stream, fp8_shape, 0, few);
+    // More CTAs than local experts: each expert packed in parts by several
+    // CTAs (7 CTAs: 2 parts of 3 experts, 3 of 2; GIN sources' rows and
+    // fp8 scales split too).
+    let mut parts = EpConfig::new(f32_shape.e, f32_shape.h, f32_shape.k, f32_shape.m);
+    parts.ctas = 7;
+    battery_of::<f32>(comm, &stream, f32_shape, &parts, 1, &[Routing::Random, Routing::OneExpert, Routing::Duplicates]);
+    fp8_battery(comm, &stream, fp8_shape, 7, &[Routing::Random, Routing::OneExpert]);
+    lsa_refusals(comm, &stream, fp8_shape);
     fused(comm, &stream, f32_shape, if full { ROUTINGS.len() as u64 } else { 2 });
     bad_input(comm, &stream, f32_shape, EpMode::LowLatency);
     // High-throughput mode: the same cases (f32 exactly against the

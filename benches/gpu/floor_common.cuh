@@ -90,21 +90,24 @@ __device__ __forceinline__ uint64_t globaltimer() {
 
 // GPUs 0 and 1 with peer access both ways; exits with a message naming
 // `prog` when there are fewer. Returns GPU 0's name.
-static inline std::string open_two_gpus(const char* prog) {
+static inline std::string open_gpus(const char* prog, int n) {
     int ndev = 0;
     CK(cudaGetDeviceCount(&ndev));
-    if (ndev < 2) {
-        fprintf(stderr, "%s: needs 2 GPUs, found %d\n", prog, ndev);
+    if (ndev < n) {
+        fprintf(stderr, "%s: needs %d GPUs, found %d\n", prog, n, ndev);
         exit(1);
     }
-    for (int d = 0; d < 2; ++d) {
+    for (int d = 0; d < n; ++d) {
         CK(cudaSetDevice(d));
-        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+        for (int p = 0; p < n; ++p)
+            if (p != d) CK(cudaDeviceEnablePeerAccess(p, 0));
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     return prop.name;
 }
+
+static inline std::string open_two_gpus(const char* prog) { return open_gpus(prog, 2); }
 
 // Whether variant `name` runs: every one when the command line names none.
 static inline bool variant_wanted(int argc, char** argv, const char* name) {
@@ -154,13 +157,14 @@ static inline std::vector<double> stage_medians(const std::vector<uint64_t>& hs,
     return out;
 }
 
-// `launches(d)` enqueues a batch on GPU d's stream `st[d]`, for both GPUs
-// at once, each from its own host thread (one thread switching devices
-// launches slower than short kernels run); waits for both. With `timed`,
-// events around each batch: returns the slower GPU's milliseconds.
-static inline float on_both_gpus(cudaStream_t* st, cudaEvent_t* ev0, cudaEvent_t* ev1, bool timed,
-                                 const std::function<void(int)>& launches) {
-    float ms[2] = {0, 0};
+// `launches(d)` enqueues a batch on GPU d's stream `st[d]`, for GPUs
+// 0..n at once, each from its own host thread (one thread switching
+// devices launches slower than short kernels run); waits for all. With
+// `timed`, events around each batch: returns the slowest GPU's
+// milliseconds. `on_both_gpus`: n = 2.
+static inline float on_gpus(int n, cudaStream_t* st, cudaEvent_t* ev0, cudaEvent_t* ev1, bool timed,
+                            const std::function<void(int)>& launches) {
+    std::vector<float> ms(n, 0.0f);
     auto run = [&](int d) {
         CK(cudaSetDevice(d));
         if (timed) CK(cudaEventRecord(ev0[d], st[d]));
@@ -170,10 +174,16 @@ static inline float on_both_gpus(cudaStream_t* st, cudaEvent_t* ev0, cudaEvent_t
         CK(cudaStreamSynchronize(st[d]));
         if (timed) CK(cudaEventElapsedTime(&ms[d], ev0[d], ev1[d]));
     };
-    std::thread t1(run, 1);
+    std::vector<std::thread> others;
+    for (int d = 1; d < n; ++d) others.emplace_back(run, d);
     run(0);
-    t1.join();
-    return std::max(ms[0], ms[1]);
+    for (auto& t : others) t.join();
+    return *std::max_element(ms.begin(), ms.end());
+}
+
+static inline float on_both_gpus(cudaStream_t* st, cudaEvent_t* ev0, cudaEvent_t* ev1, bool timed,
+                                 const std::function<void(int)>& launches) {
+    return on_gpus(2, st, ev0, ev1, timed, launches);
 }
 
 // Microseconds per launch of `reps` timed batches of `iters` launches

@@ -72,7 +72,10 @@
 #include <thread>
 #include <vector>
 
-constexpr int kRanks = 2;
+#ifndef RANKS
+#define RANKS 2
+#endif
+constexpr int kRanks = RANKS;  // GPUs (-DRANKS=1: one GPU, no peers)
 constexpr int kTokens = 128;           // per rank
 constexpr int kRowBytes = 7168 * 2;    // bf16
 constexpr int kVec = kRowBytes / 16;   // 896 vectors a row
@@ -102,8 +105,8 @@ struct Side {
     int rank;
 };
 
-enum Variant { PE = 0, BAL = 1, SENDONLY = 2, DIRECT = 3, PE_GEN = 4, PE_COOP = 5, PE_VMM = 6, PE_IDLE = 7, VARIANTS = 8 };
-static const char* kVariantName[VARIANTS] = {"pe", "bal", "sendonly", "direct", "pe_gen", "pe_coop", "pe_vmm", "pe_idle"};
+enum Variant { PE = 0, BAL = 1, SENDONLY = 2, DIRECT = 3, PE_GEN = 4, PE_COOP = 5, PE_VMM = 6, PE_IDLE = 7, PE_SPAN = 8, VARIANTS = 9 };
+static const char* kVariantName[VARIANTS] = {"pe", "bal", "sendonly", "direct", "pe_gen", "pe_coop", "pe_vmm", "pe_idle", "pe_span"};
 
 __device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
     __syncthreads();
@@ -161,8 +164,9 @@ __device__ __forceinline__ bool names(const Side& s, int par, int src, int tok, 
 // (f + r) % kWarps (`f`: the expert's first row among all experts', so a
 // CTA's rows of two experts go to different warps) when lo <= r < hi,
 // and recorded in the header entry naming the expert.
-__device__ __forceinline__ void pack_rows(const Side& s, int par, int l, int f, int lo, int hi, bool gen = false) {
-    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+__device__ __forceinline__ void pack_rows(const Side& s, int par, int l, int f, int lo, int hi, bool gen = false,
+                                          int w = threadIdx.x / 32, int nw = kWarps) {
+    int lane = threadIdx.x % 32;
     int e = s.rank * kLocal + l;
     int at = 0;
     for (int src = 0; src < kRanks && at < hi; ++src) {
@@ -173,7 +177,7 @@ __device__ __forceinline__ void pack_rows(const Side& s, int par, int l, int f, 
                 int t = g * 32 + __ffs(mask) - 1;
                 mask &= mask - 1;
                 int r = at++;
-                if (r < lo || r >= hi || (f + r) % kWarps != w) continue;
+                if (r < lo || r >= hi || (f + r) % nw != w) continue;
                 size_t row = (size_t)l * kSlots + r;
                 const uint4* from = s.slots + hslot(par, src, t) * kVec;
                 warp_copy_row(s.out + row * kVec, from, lane, gen);
@@ -257,6 +261,22 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
                 if (tid == 0) s.counts[l] = c;
             }
         }
+    } else if (variant == PE_SPAN) {
+        // Spans of kWarps / S warps, S = the experts each CTA takes (at
+        // most kWarps): all of a CTA's experts at once, not one after
+        // another (with one GPU, 256 experts on 128 CTAs: 2 spans of 4).
+        int spans = min(kWarps, max(1, (kLocal + gridDim.x - 1) / gridDim.x));
+        int g = kWarps / spans, j = (tid / 32) / g;
+        if (j < spans)
+            for (int l = j * gridDim.x + b; l < kLocal; l += gridDim.x * spans) {
+                pack_rows(s, par, l, 0, 0, kSlots, false, (tid / 32) % g, g);
+                if ((tid / 32) % g == 0) {
+                    int e = s.rank * kLocal + l, c = 0, lane = tid % 32;
+                    for (int src = 0; src < kRanks; ++src)
+                        for (int q = 0; q < kTokens / 32; ++q) c += __popc(__ballot_sync(0xffffffffu, names(s, par, src, q * 32 + lane, e)));
+                    if (lane == 0) s.counts[l] = c;
+                }
+            }
     } else if (variant == BAL) {
         // Every CTA: each local expert's row count, from every header.
         for (int l = tid; l < kLocal; l += blockDim.x) cnt[l] = 0;
@@ -300,25 +320,25 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
 
 int main(int argc, char** argv) {
     auto wanted = [&](int v) { return variant_wanted(argc, argv, kVariantName[v]); };
-    std::string gpu = open_two_gpus("moe_floor");
-    printf("# moe_floor: 2 x %s, plain-CUDA low-latency MoE dispatch, %d tokens/rank x %d B, top-%d of %d experts, %d CTAs x %d threads\n",
-           gpu.c_str(), kTokens, kRowBytes, kTopK, kExperts, kCtas, kThreads);
+    std::string gpu = open_gpus("moe_floor", kRanks);
+    printf("# moe_floor: %d x %s, plain-CUDA low-latency MoE dispatch, %d tokens/rank x %d B, top-%d of %d experts, %d CTAs x %d threads\n",
+           kRanks, gpu.c_str(), kTokens, kRowBytes, kTopK, kExperts, kCtas, kThreads);
     const int iters = 200, reps = 7;
     // Routing: distinct random experts per token; random token bytes.
     std::mt19937 rng(15);
-    std::vector<int> idx[2];
-    std::vector<uint32_t> xs[2];
-    for (int r = 0; r < 2; ++r) {
+    std::vector<int> idx[kRanks];
+    std::vector<uint32_t> xs[kRanks];
+    for (int r = 0; r < kRanks; ++r) {
         idx[r] = random_topk(rng, kTokens, kTopK, kExperts);
         xs[r].resize((size_t)kTokens * kRowBytes / 4);
         for (auto& w : xs[r]) w = rng();
     }
-    Side side[2];
+    Side side[kRanks];
     const size_t slot_bytes = (size_t)2 * kSlots * kRowBytes, hdr_ints = (size_t)2 * kSlots * kTopK;
     const size_t out_bytes = (size_t)kLocal * kSlots * kRowBytes, stamp_words = (size_t)iters * kCtas * kStamps;
-    cudaStream_t st[2];
-    cudaEvent_t ev0[2], ev1[2];
-    for (int d = 0; d < 2; ++d) {
+    cudaStream_t st[kRanks];
+    cudaEvent_t ev0[kRanks], ev1[kRanks];
+    for (int d = 0; d < kRanks; ++d) {
         CK(cudaSetDevice(d));
         Side& s = side[d];
         s.rank = d;
@@ -343,16 +363,16 @@ int main(int argc, char** argv) {
         CK(cudaEventCreate(&ev0[d]));
         CK(cudaEventCreate(&ev1[d]));
     }
-    for (int d = 0; d < 2; ++d)
-        for (int p = 0; p < 2; ++p) {
+    for (int d = 0; d < kRanks; ++d)
+        for (int p = 0; p < kRanks; ++p) {
             side[d].peer_slots[p] = side[p].slots;
             side[d].peer_hdr[p] = side[p].hdr;
             side[d].peer_meta[p] = side[p].meta;
             side[d].peer_out[p] = side[p].out;
         }
     // pe_vmm's sides: the receive areas in VMM memory.
-    Side vside[2];
-    for (int d = 0; d < 2; ++d) {
+    Side vside[kRanks];
+    for (int d = 0; d < kRanks; ++d) {
         CK(cudaSetDevice(d));
         vside[d] = side[d];
         vside[d].slots = (uint4*)vmm_alloc(d, slot_bytes);
@@ -360,25 +380,25 @@ int main(int argc, char** argv) {
         vside[d].meta = (uint64_t*)vmm_alloc(d, kSlots * sizeof(uint64_t));
         CK(cudaMemset(vside[d].meta, 0, kSlots * sizeof(uint64_t)));
     }
-    for (int d = 0; d < 2; ++d)
-        for (int p = 0; p < 2; ++p) {
+    for (int d = 0; d < kRanks; ++d)
+        for (int p = 0; p < kRanks; ++p) {
             vside[d].peer_slots[p] = vside[p].slots;
             vside[d].peer_hdr[p] = vside[p].hdr;
             vside[d].peer_meta[p] = vside[p].meta;
         }
     // The host's layout: GPU r's local expert l gets, in (source, token)
     // order, the tokens naming expert r * kLocal + l.
-    std::vector<std::vector<std::pair<int, int>>> want[2];
-    for (int r = 0; r < 2; ++r) {
+    std::vector<std::vector<std::pair<int, int>>> want[kRanks];
+    for (int r = 0; r < kRanks; ++r) {
         want[r].resize(kLocal);
         for (int l = 0; l < kLocal; ++l)
-            for (int src = 0; src < 2; ++src)
+            for (int src = 0; src < kRanks; ++src)
                 for (int t = 0; t < kTokens; ++t)
                     for (int j = 0; j < kTopK; ++j)
                         if (idx[src][t * kTopK + j] == r * kLocal + l) want[r][l].push_back({src, t});
     }
     size_t most = 0;
-    for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < kRanks; ++r)
         for (auto& v : want[r]) most = std::max(most, v.size());
     printf("# rows: %d per GPU on average per expert, the most loaded expert %zu\n", kSlots * kTopK / kExperts, most);
     printf("# variant | us/dispatch (200 back to back, median of %d) | #wrong | GPU 0 stamps, us from the first CTA's start (medians): spread sent waited packed\n", reps);
@@ -392,7 +412,7 @@ int main(int argc, char** argv) {
         // with `timed`, between events: the slower GPU's time.
         auto launch_all = [&](bool stamped, bool timed) {
             uint32_t first = seq + 1;
-            float ms = on_both_gpus(st, ev0, ev1, timed, [&](int d) {
+            float ms = on_gpus(kRanks, st, ev0, ev1, timed, [&](int d) {
                 Side s = v == PE_VMM ? vside[d] : side[d];
                 if (!stamped) s.stamps = nullptr;
                 for (int it = 0; it < iters; ++it) {
@@ -413,7 +433,7 @@ int main(int argc, char** argv) {
             seq += iters;
             return ms;
         };
-        for (int d = 0; d < 2; ++d) {
+        for (int d = 0; d < kRanks; ++d) {
             CK(cudaSetDevice(d));
             CK(cudaMemset(side[d].out, 0xA5, out_bytes));  // poisoned
             CK(cudaMemset(side[d].counts, 0xFF, kLocal * sizeof(int)));
@@ -422,7 +442,7 @@ int main(int argc, char** argv) {
         std::vector<double> per = per_launch_us(reps, iters, [&] { return launch_all(false, true); });
         launch_all(true, false);
         long wrong = 0;
-        for (int d = 0; d < 2; ++d) {
+        for (int d = 0; d < kRanks; ++d) {
             CK(cudaSetDevice(d));
             CK(cudaStreamSynchronize(st[d]));
             if (v == SENDONLY) continue;
@@ -430,7 +450,7 @@ int main(int argc, char** argv) {
             CK(cudaMemcpy(hcounts.data(), side[d].counts, kLocal * sizeof(int), cudaMemcpyDeviceToHost));
             for (int l = 0; l < kLocal; ++l) {
                 if (v != DIRECT) wrong += hcounts[l] != (int)want[d][l].size();
-                int per_src[2] = {0, 0};
+                int per_src[kRanks] = {};
                 for (size_t i = 0; i < want[d][l].size(); ++i) {
                     auto [src, t] = want[d][l][i];
                     size_t r = v == DIRECT ? (size_t)src * kTokens + per_src[src]++ : i;

@@ -11,7 +11,7 @@ use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
 use devcomm_device::coop::{Coop, Cta, WarpSpan};
 use devcomm_device::kernel;
-use devcomm_device::moe::{self, ht, CombineForm, MoeArgs, MoeContext, MoeError, MoeHtArgs, STAGES};
+use devcomm_device::moe::{self, ht, CombineForm, MoeArgs, MoeContext, MoeError, MoeHtArgs, PackPart, STAGES};
 
 use crate::shared::cta_copy;
 
@@ -200,9 +200,7 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
     let cta = Cta::new();
     let Some((ctx, seq)) = shared_context(&cta, args, Kernel::Dispatch) else { return };
     if LEAN && !lsa_dispatch_serves(ctx) {
-        if cta.is_leader() {
-            report::<()>(args, Err(MoeError::BadArgument));
-        }
+        refuse(&cta, args);
         return;
     }
     stamp(&cta, args, Stage::Start);
@@ -244,13 +242,16 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
     stamp(&cta, args, Stage::Waited);
     let (out, scales, counts) = (args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32);
     if LEAN || ctx.pack_per_expert() {
-        // A CTA per local expert packs its rows (no grid barrier).
+        // Every local expert packed by its own coops (no grid barrier).
         if waited.is_ok() {
-            for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
+            let l = ctx.local_experts();
+            let (span, at, parts) = pack_units(l);
+            for_items(&span, at, l * parts, args, |i| {
+                let part = PackPart::new(i / l, parts);
                 if LEAN {
-                    moe::lsa::dispatch_pack_expert(&cta, ctx, l, out, counts, seq)
+                    moe::lsa::dispatch_pack_expert_part(&span, ctx, i % l, part, out, counts, seq)
                 } else {
-                    moe::dispatch_pack_expert(&cta, ctx, l, out, scales, counts, seq)
+                    moe::dispatch_pack_expert_part(&span, ctx, i % l, part, out, scales, counts, seq)
                 }
             });
         }
@@ -322,12 +323,42 @@ kernel! {
     }
 }
 
-/// Whether `moe_dispatch_lsa` serves the group of `ctx`: every rank in
-/// the LSA team, no fp8 dispatch, the per-expert pack and the per-rank
-/// combine (the host's choice of kernel, checked again by the kernel).
+/// Whether `moe_dispatch_lsa` serves the group of `ctx`: the group
+/// `moe_combine_lsa_*` serves ([`lsa_combine_serves`]: every rank in the
+/// LSA team, the per-rank combine), without fp8 dispatch and with the
+/// per-expert pack (the host's choice of kernel, checked again by the
+/// kernel).
 #[inline(always)]
 pub fn lsa_dispatch_serves(ctx: &MoeContext) -> bool {
-    moe::gin_ranks(ctx) == 0 && !ctx.fp8_dispatch() && ctx.pack_per_expert() && !ctx.combine_per_expert()
+    lsa_combine_serves(ctx) && !ctx.fp8_dispatch() && ctx.pack_per_expert()
+}
+
+/// How the low-latency dispatch's per-expert pack spreads `l` local
+/// experts over the grid: the coop of this thread, its items (`i`: local
+/// expert `i % l`, its part `i / l`) and the parts per expert. With at
+/// least as many CTAs as experts, each expert gets `B / l` CTAs (with 8
+/// ranks of 256 experts a CTA per expert left 96 of 128 CTAs idle while
+/// each of the others copied ~32 rows); with fewer, spans of warps
+/// smaller than a CTA take an expert each (on one rank a CTA had packed
+/// its two experts of ~4 rows one after the other, half its warps idle).
+#[inline(always)]
+fn pack_units(l: u32) -> (WarpSpan, Items, u32) {
+    let parts = (grid_dim().x / l.max(1)).max(1);
+    let (span, at) = Items::spans(l * parts);
+    (span, at, parts)
+}
+
+/// A lean kernel launched for a group it does not serve: the CTA's leader
+/// reports `BadArgument` (the caller then returns, on every thread).
+///
+/// # Safety
+/// `args.errors` a valid device `u32`.
+#[inline(always)]
+unsafe fn refuse(cta: &Cta, args: &MoeArgs) {
+    if cta.is_leader() {
+        // SAFETY: the contract.
+        unsafe { report::<()>(args, Err(MoeError::BadArgument)) };
+    }
 }
 
 /// The items `first, first + stride, ...` a coop of the grid takes: CTA
@@ -444,10 +475,8 @@ unsafe fn combine<T: Element<Acc = f32>, const LEAN: bool>(args: &MoeArgs) {
     // SAFETY: every thread of the CTA, first; the contract.
     let Some((ctx, seq)) = (unsafe { shared_context(&cta, args, Kernel::Combine) }) else { return };
     if LEAN && !lsa_combine_serves(ctx) {
-        if cta.is_leader() {
-            // SAFETY: the contract.
-            unsafe { report::<()>(args, Err(MoeError::BadArgument)) };
-        }
+        // SAFETY: the contract.
+        unsafe { refuse(&cta, args) };
         return;
     }
     let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());

@@ -14,7 +14,7 @@
 //! [`MoeError::BadArgument`] (on every thread of the coop) when the
 //! context does not meet it.
 
-use super::{gin_ranks, pack_expert, send_token, MoeContext, MoeError};
+use super::{gin_ranks, pack_expert, send_token, MoeContext, MoeError, PackPart};
 use crate::coop::Coop;
 
 /// [`super::dispatch_send_token`] for a context whose dispatch is not fp8
@@ -58,10 +58,29 @@ pub unsafe fn dispatch_pack_expert<C: Coop>(
     out_count: *mut u32,
     seq: u32,
 ) -> Result<u32, MoeError> {
+    // SAFETY: the contract.
+    unsafe { dispatch_pack_expert_part(coop, ctx, local, PackPart::WHOLE, out, out_count, seq) }
+}
+
+/// [`super::dispatch_pack_expert_part`] for such a context (`BadArgument`
+/// otherwise): this coop's share `part` of local expert `local`'s rows.
+///
+/// # Safety
+/// As for [`super::dispatch_pack_expert_part`] (without `scales`).
+#[inline(always)]
+pub unsafe fn dispatch_pack_expert_part<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    part: PackPart,
+    out: *mut u8,
+    out_count: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
     if ctx.fp8_dispatch() || gin_ranks(ctx) > 0 {
         return coop.agree(Err(MoeError::BadArgument));
     }
     // SAFETY: the contract; every rank is in the LSA team and the dispatch
     // is not fp8 (checked above), so no scales are written.
-    unsafe { pack_expert::<C, false, false>(coop, ctx, local, out, core::ptr::null_mut(), out_count, seq, true) }
+    unsafe { pack_expert::<C, false, false>(coop, ctx, local, part, out, core::ptr::null_mut(), out_count, seq, true) }
 }

@@ -871,15 +871,14 @@ unsafe fn wait_gin<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, seq: u32) ->
 }
 
 /// Records LSA source `s`'s token count `c` for local expert `local` in
-/// its count word (the leader; the combine's per-expert sends read it).
+/// its count word (one thread of the expert's coops, its leader: the
+/// combine's per-expert sends read it).
 #[inline(always)]
-fn record_count<C: Coop>(coop: &C, ctx: &MoeContext, local: u32, s: u32, seq: u32, c: u32) {
-    if coop.is_leader() {
-        let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *mut u64;
-        // SAFETY: this rank's count word for (`local`, `s`): an LSA
-        // source's is this rank's own, written only here, atomically.
-        unsafe { atomic::store_relaxed(p, word(seq, c), Scope::Gpu) };
-    }
+fn record_count(ctx: &MoeContext, local: u32, s: u32, seq: u32, c: u32) {
+    let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *mut u64;
+    // SAFETY: this rank's count word for (`local`, `s`): an LSA source's
+    // is this rank's own, written only here, atomically.
+    unsafe { atomic::store_relaxed(p, word(seq, c), Scope::Gpu) };
 }
 
 /// Waits until every source's tokens for local expert `local` of this
@@ -912,7 +911,9 @@ pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u
         if is_lsa(ctx, s) {
             // SAFETY: `s` is an LSA rank whose headers are in (waited above).
             let c = unsafe { lsa_tokens_of(&LsaSource::new(ctx, s), e, |_, _| {}) };
-            record_count(coop, ctx, local, s, seq, c);
+            if coop.is_leader() {
+                record_count(ctx, local, s, seq, c);
+            }
             total += c;
         } else {
             match recv_count(ctx, local, s, seq) {
@@ -991,7 +992,56 @@ pub unsafe fn dispatch_pack_expert<C: Coop>(
     seq: u32,
 ) -> Result<u32, MoeError> {
     // SAFETY: the contract.
-    unsafe { pack_expert::<C, true, true>(coop, ctx, local, out, scales, out_count, seq, true) }
+    unsafe { dispatch_pack_expert_part(coop, ctx, local, PackPart::WHOLE, out, scales, out_count, seq) }
+}
+
+/// [`dispatch_pack_expert`] shared by `part.count` coops (each calling
+/// with its own `part.index`): this coop copies the rows `r` of local
+/// expert `local` with `r % part.count == part.index` (and that share of
+/// the GIN sources' bytes); every part returns the expert's whole count,
+/// part 0 stores it in `out_count[local]` and the count words. A kernel
+/// with more coops than local experts gives each expert several (with
+/// 8 ranks of 32 experts each, a CTA per expert left three CTAs of four
+/// idle while each copied its ~32 rows); the rows of every part are
+/// visible to other coops after a grid barrier or the kernel's end.
+/// `BadArgument` (on every thread) when `part.index >= part.count`.
+///
+/// # Safety
+/// As for [`dispatch_pack_expert`]; the parts of one expert are called
+/// with the same `part.count`, each index once.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dispatch_pack_expert_part<C: Coop>(
+    coop: &C,
+    ctx: &MoeContext,
+    local: u32,
+    part: PackPart,
+    out: *mut u8,
+    scales: *mut u8,
+    out_count: *mut u32,
+    seq: u32,
+) -> Result<u32, MoeError> {
+    // SAFETY: the contract.
+    unsafe { pack_expert::<C, true, true>(coop, ctx, local, part, out, scales, out_count, seq, true) }
+}
+
+/// Which share of a local expert's rows a coop packs
+/// ([`dispatch_pack_expert_part`]): the rows `r` with `r % count == index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackPart {
+    /// This coop's share, `0..count`.
+    pub index: u32,
+    /// How many coops share the expert (at least 1).
+    pub count: u32,
+}
+
+impl PackPart {
+    /// The whole expert, one coop.
+    pub const WHOLE: PackPart = PackPart { index: 0, count: 1 };
+
+    /// Share `index` of `count` (checked by the pack: `index < count`).
+    pub const fn new(index: u32, count: u32) -> Self {
+        PackPart { index, count }
+    }
 }
 
 /// [`dispatch_pack_expert`] without the LSA sources' token bytes: counts
@@ -1016,7 +1066,7 @@ pub unsafe fn dispatch_count_expert<C: Coop>(
     seq: u32,
 ) -> Result<u32, MoeError> {
     // SAFETY: the contract.
-    unsafe { pack_expert::<C, true, true>(coop, ctx, local, out, scales, out_count, seq, false) }
+    unsafe { pack_expert::<C, true, true>(coop, ctx, local, PackPart::WHOLE, out, scales, out_count, seq, false) }
 }
 
 /// [`dispatch_pack_expert`] (`copy_lsa`) or [`dispatch_count_expert`].
@@ -1032,6 +1082,7 @@ unsafe fn pack_expert<C: Coop, const GIN: bool, const QUANT: bool>(
     coop: &C,
     ctx: &MoeContext,
     local: u32,
+    part: PackPart,
     out: *mut u8,
     scales: *mut u8,
     out_count: *mut u32,
@@ -1040,7 +1091,7 @@ unsafe fn pack_expert<C: Coop, const GIN: bool, const QUANT: bool>(
 ) -> Result<u32, MoeError> {
     let comm = ctx.comm();
     let (n, me) = (comm.nranks(), comm.rank());
-    if local >= ctx.local_experts() || coop.size() % WARP_SIZE != 0 {
+    if local >= ctx.local_experts() || coop.size() % WARP_SIZE != 0 || part.index >= part.count {
         return coop.agree(Err(MoeError::BadArgument));
     }
     if GIN {
@@ -1048,8 +1099,14 @@ unsafe fn pack_expert<C: Coop, const GIN: bool, const QUANT: bool>(
         unsafe { wait_gin(coop, ctx, local, seq) }?;
     }
     let e = me * ctx.local_experts() + local;
-    let (t, nt) = (coop.thread_rank() as usize, coop.size() as usize);
-    let (wi, nw) = ((coop.thread_rank() / WARP_SIZE) as usize, (coop.size() / WARP_SIZE).max(1) as usize);
+    let (parts, pi) = (part.count as usize, part.index as usize);
+    // This thread among all the parts' (the GIN sources' flat copies).
+    let (t, nt) = (pi * coop.size() as usize + coop.thread_rank() as usize, parts * coop.size() as usize);
+    // This warp among all the parts' warps, interleaved so that rows in
+    // turn go to another part first (other CTAs: other SMs' bandwidth).
+    let nw = parts * (coop.size() / WARP_SIZE).max(1) as usize;
+    let wi = (coop.thread_rank() / WARP_SIZE) as usize * parts + pi;
+    let leader = pi == 0 && coop.is_leader();
     let lane = lane_id() as usize;
     let row = ctx.token_bytes() as usize;
     let slot = ctx.slot_bytes() as usize;
@@ -1062,9 +1119,10 @@ unsafe fn pack_expert<C: Coop, const GIN: bool, const QUANT: bool>(
     for s in 0..n {
         if !GIN || is_lsa(ctx, s) {
             // One pass over the headers counts the source's tokens for `e`
-            // and packs them: row `r` by warp `r % nw` (rows of every source
-            // spread over all the warps), a warp a row; its lanes record
-            // the row in the header's entries naming `e`.
+            // and packs them: row `r` by warp `r % nw` of all the parts'
+            // warps (rows of every source spread over all of them), a warp
+            // a row; its lanes record the row in the header's entries
+            // naming `e`.
             let hs = LsaSource::new(ctx, s);
             // The warp of the next row (`r % nw`, counted on: no division per row).
             let mut owner = at % nw;
@@ -1072,7 +1130,7 @@ unsafe fn pack_expert<C: Coop, const GIN: bool, const QUANT: bool>(
             // contract); its tokens naming `e` go to rows `at..` (at most
             // `max_tokens`: inside `out`, the contract's sizes); header
             // `(s, tok)`'s rows are this rank's, entry `lane` naming `e`
-            // this coop's alone.
+            // this warp's alone (the row's owner among every part's warps).
             let c = unsafe {
                 lsa_tokens_of(&hs, e, |i, tok| {
                     let r = at + i as usize;
@@ -1097,7 +1155,9 @@ unsafe fn pack_expert<C: Coop, const GIN: bool, const QUANT: bool>(
                     }
                 })
             };
-            record_count(coop, ctx, local, s, seq, c);
+            if leader {
+                record_count(ctx, local, s, seq, c);
+            }
             at += c as usize;
             continue;
         }
@@ -1133,7 +1193,7 @@ unsafe fn pack_expert<C: Coop, const GIN: bool, const QUANT: bool>(
     }
     let total = (at - first) as u32;
     let r = coop.agree(r.map(|_| total));
-    if r.is_ok() && coop.is_leader() {
+    if r.is_ok() && leader {
         // SAFETY: `local < local_experts` (checked above).
         unsafe { *out_count.add(local as usize) = total };
     }

@@ -208,3 +208,46 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// The low-latency steps' refusals, each thread's own result: thread
+    /// `g` of the grid writes `codes[3 g + k]` (0 for `Ok`, else the
+    /// error's code) for `k` =
+    /// 0. `moe::lsa::dispatch_send_token` of slot 0 (called only when bit
+    ///    0 of `calls` is set: on a group it serves it would send);
+    /// 1. `moe::lsa::dispatch_pack_expert` of local expert 0 (only with
+    ///    bit 1: on a group it serves it would pack);
+    /// 2. `moe::dispatch_pack_expert_part` with part 2 of 2 (always).
+    /// Codes of calls not made are left as they were.
+    ///
+    /// Each refuses before anything is read or written but `codes`.
+    ///
+    /// # Safety
+    /// `args` as `devcomm::moe::EpGroup::dispatch_into` fills it, `codes`
+    /// of 3 `u32`s per thread of the grid; block size a multiple of 32.
+    pub unsafe fn moe_lsa_refusals(args: MoeArgs, calls: u32, codes: *mut u32) {
+        let ctx = &args.ctx;
+        let cta = Cta::new();
+        let g = global_thread_x() as usize;
+        let code = |r: Result<u32, MoeError>| match r {
+            Ok(_) => 0,
+            Err(e) => e.code(),
+        };
+        if calls & 1 != 0 {
+            let r = moe::lsa::dispatch_send_token(
+                &cta, ctx, 0, args.x as *const u8, args.topk_idx as *const i32,
+                args.topk_weights as *const f32, args.num_tokens, args.seq,
+            );
+            *codes.add(3 * g) = code(r.map(|_| 0));
+        }
+        if calls & 2 != 0 {
+            let r = moe::lsa::dispatch_pack_expert(&cta, ctx, 0, args.out as *mut u8, args.counts as *mut u32, args.seq);
+            *codes.add(3 * g + 1) = code(r);
+        }
+        let r = moe::dispatch_pack_expert_part(
+            &cta, ctx, 0, moe::PackPart::new(2, 2), args.out as *mut u8, args.scales as *mut u8,
+            args.counts as *mut u32, args.seq,
+        );
+        *codes.add(3 * g + 2) = code(r);
+    }
+}
