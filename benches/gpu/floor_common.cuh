@@ -40,9 +40,10 @@
     } while (0)
 
 // `bytes` of VMM memory on GPU `d` (`cuMemCreate` with a POSIX-fd handle
-// type, `cuMemMap`, `cuMemSetAccess`), readable and writable from both GPUs:
-// the kind of memory devcomm's windows are. Link with -lcuda.
-static inline void* vmm_alloc(int d, size_t bytes) {
+// type, `cuMemMap`, `cuMemSetAccess`), readable and writable from GPUs
+// 0..gpus (default both): the kind of memory devcomm's windows are. Link
+// with -lcuda.
+static inline void* vmm_alloc(int d, size_t bytes, int gpus = 2) {
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -56,13 +57,14 @@ static inline void* vmm_alloc(int d, size_t bytes) {
     CUdeviceptr ptr;
     CU(cuMemAddressReserve(&ptr, bytes, gran, 0, 0));
     CU(cuMemMap(ptr, bytes, 0, h, 0));
-    CUmemAccessDesc acc[2] = {};
-    for (int g = 0; g < 2; ++g) {
+    std::vector<CUmemAccessDesc> acc(gpus);
+    for (int g = 0; g < gpus; ++g) {
+        acc[g] = {};
         acc[g].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         acc[g].location.id = g;
         acc[g].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
-    CU(cuMemSetAccess(ptr, bytes, acc, 2));
+    CU(cuMemSetAccess(ptr, bytes, acc.data(), gpus));
     return (void*)ptr;
 }
 

@@ -375,9 +375,9 @@ int main(int argc, char** argv) {
     for (int d = 0; d < kRanks; ++d) {
         CK(cudaSetDevice(d));
         vside[d] = side[d];
-        vside[d].slots = (uint4*)vmm_alloc(d, slot_bytes);
-        vside[d].hdr = (int*)vmm_alloc(d, hdr_ints * sizeof(int));
-        vside[d].meta = (uint64_t*)vmm_alloc(d, kSlots * sizeof(uint64_t));
+        vside[d].slots = (uint4*)vmm_alloc(d, slot_bytes, kRanks);
+        vside[d].hdr = (int*)vmm_alloc(d, hdr_ints * sizeof(int), kRanks);
+        vside[d].meta = (uint64_t*)vmm_alloc(d, kSlots * sizeof(uint64_t), kRanks);
         CK(cudaMemset(vside[d].meta, 0, kSlots * sizeof(uint64_t)));
     }
     for (int d = 0; d < kRanks; ++d)
