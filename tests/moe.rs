@@ -710,11 +710,9 @@ fn lsa_refusals(comm: &Communicator, stream: &Stream, shape: Shape) {
                 .unwrap()
         };
         let got = stream.read_vec(&codes).unwrap();
-        let me = comm.rank();
+        let want = [if fp8 { bad } else { poison }, if refused { bad } else { poison }, bad];
         for (g, c) in got.chunks(3).enumerate() {
-            let send = if fp8 { bad } else { poison };
-            let pack = if refused { bad } else { poison };
-            assert_eq!(c, &[send, pack, bad][..], "rank {me} fp8 {fp8} all-LSA {all_lsa}: thread {g}'s codes");
+            assert_eq!(c, &want[..], "rank {} fp8 {fp8} all-LSA {all_lsa}: thread {g}'s codes", comm.rank());
         }
         assert!(ep.error().is_none());
     }
