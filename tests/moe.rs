@@ -659,17 +659,24 @@ fn fp8_battery(comm: &Communicator, stream: &Stream, shape: Shape, ctas: u32, ki
 }
 
 /// The single-node steps (`devcomm_device::moe::lsa`) refuse a group they
-/// do not serve (fp8 dispatch: both; a rank outside the LSA team: the
-/// pack), and any pack refuses a part outside its count, with
-/// `BadArgument` on every thread (the test kernel `moe_lsa_refusals`; the
-/// refused calls touch nothing, so the arguments hold no buffers).
+/// do not serve (fp8 dispatch: the sends, the packs and the streamed
+/// receive; a rank outside the LSA team: the packs, the streamed receive
+/// and its counts, and a count sent to that rank), and any pack or
+/// streamed receive refuses a part outside its count, with `BadArgument`
+/// on every thread (the test kernel `moe_lsa_refusals`; the refused calls
+/// touch nothing, so the arguments hold no buffers).
 fn lsa_refusals(comm: &Communicator, stream: &Stream, shape: Shape) {
     use devcomm_device::moe::MoeError;
-    use devcomm_test_kernels::moe::moe_lsa_refusals;
+    use devcomm_test_kernels::moe::{moe_lsa_refusals, REFUSAL_CODES};
     let s = shape;
     let dev = comm.device();
     let kernels = devcomm_tests::test_kernels(dev);
     let all_lsa = comm.lsa_size().unwrap() == comm.count();
+    // A rank outside this rank's LSA team, if any: its first expert's
+    // count cannot be sent by an LSA store.
+    let me = comm.rank();
+    let lsa = comm.lsa_size().unwrap();
+    let outside = (0..comm.count()).find(|&r| r / lsa != me / lsa);
     let (ctas, threads) = if matches!(dev.kind(), devcomm::RuntimeKind::Cuda) { (3, 96) } else { (2, 64) };
     let (bad, poison) = (MoeError::BadArgument.code(), 0xEEEE_EEEEu32);
     for fp8 in [false, true] {
@@ -678,6 +685,8 @@ fn lsa_refusals(comm: &Communicator, stream: &Stream, shape: Shape) {
         let ep = EpGroup::new(comm, &cfg).unwrap();
         // Which of the lsa steps to call: only those that must refuse.
         let refused = fp8 || !all_lsa;
+        let count_to = outside.map_or(0, |r| (r * (s.e / s.n)) as u32 + 1);
+        let calls = u32::from(fp8) | (u32::from(refused) << 1) | (u32::from(!all_lsa) << 2) | (count_to << 8);
         let args = MoeArgs {
             ctx: ep.context(),
             x: 0,
@@ -695,24 +704,26 @@ fn lsa_refusals(comm: &Communicator, stream: &Stream, shape: Shape) {
             num_tokens: 0,
             seq: 1,
         };
-        let codes = dev.alloc_from(&vec![poison; 3 * (ctas * threads) as usize]).unwrap();
+        let codes = dev.alloc_from(&vec![poison; REFUSAL_CODES * (ctas * threads) as usize]).unwrap();
         // SAFETY: `args` holds this group's live context; each call the
         // kernel makes is one its step refuses before touching a buffer
         // (the steps' documented checks; the codes below show each
-        // refused); `codes` of 3 words per thread of the grid.
+        // refused); `codes` of `REFUSAL_CODES` words per thread of the grid.
         unsafe {
             stream
                 .launch_in::<moe_lsa_refusals>(
                     &kernels,
                     LaunchConfig::new(ctas, threads),
-                    (args, u32::from(fp8) | (u32::from(refused) << 1), codes.as_mut_ptr()),
+                    (args, calls, codes.as_mut_ptr()),
                 )
                 .unwrap()
         };
         let got = stream.read_vec(&codes).unwrap();
-        let want = [if fp8 { bad } else { poison }, if refused { bad } else { poison }, bad];
-        for (g, c) in got.chunks(3).enumerate() {
-            assert_eq!(c, &want[..], "rank {} fp8 {fp8} all-LSA {all_lsa}: thread {g}'s codes", comm.rank());
+        let when = |c: bool| if c { bad } else { poison };
+        let want =
+            [when(fp8), when(refused), bad, when(fp8), bad, when(refused), when(!all_lsa), when(outside.is_some())];
+        for (g, c) in got.chunks(REFUSAL_CODES).enumerate() {
+            assert_eq!(c, &want[..], "rank {me} fp8 {fp8} all-LSA {all_lsa}: thread {g}'s codes");
         }
         assert!(ep.error().is_none());
     }

@@ -27,6 +27,17 @@
 //         longer sets the time (max rows per CTA ~ T / B = 8 here, against
 //         ~16 for the most loaded expert);
 //   sendonly: no pack (the send and the wait alone);
+//   stream: no wait for every slot, no scan: the sender also sends each
+//         token's position among its own tokens for each of its experts
+//         (in the header, beside the ids) and, before any token, its token
+//         count per expert (a word `(seq << 32) | count` per
+//         (source, expert) on the expert's GPU); the receiver's warps take
+//         items (slot, piece of P, P = warps / slots), wait for that slot's
+//         word alone, and copy the piece once from the slot to each of its
+//         local rows (row = position + the earlier sources' counts): the
+//         pack overlaps the send, and the copies spread evenly over the
+//         grid with no grid barrier;
+//   stream_row: stream with P = 1 (a warp a slot, its whole row);
 //   direct: DeepEP's layout instead of devcomm's: no pack; the send
 //         stores the token into each of its 8 experts' rows on their GPU,
 //         row (source GPU) * 128 + (the token's position among this GPU's
@@ -95,18 +106,22 @@ struct Side {
     int* hdr;                 // [2][kRanks][kTokens][kTopK] ids (written by the sources)
     int* rowrec;              // [2][kRanks][kTokens][kTopK] rows recorded by the pack
     uint64_t* meta;           // [kRanks][kTokens] slot words
+    int* pos;                 // [2][kRanks][kTokens][kTopK] positions among the source's tokens for the expert (stream)
+    uint64_t* cntw;           // [2][kRanks src][kLocal] words (seq << 32) | the source's tokens for the expert (stream)
     uint4* out;               // [kLocal][kSlots][kVec]
     int* counts;              // [kLocal]
     uint64_t* stamps;         // null or [launch][kCtas][kStamps]
     uint4* peer_slots[kRanks];
     int* peer_hdr[kRanks];
     uint64_t* peer_meta[kRanks];
+    int* peer_pos[kRanks];
+    uint64_t* peer_cntw[kRanks];
     uint4* peer_out[kRanks];
     int rank;
 };
 
-enum Variant { PE = 0, BAL = 1, SENDONLY = 2, DIRECT = 3, PE_GEN = 4, PE_COOP = 5, PE_VMM = 6, PE_IDLE = 7, PE_SPAN = 8, VARIANTS = 9 };
-static const char* kVariantName[VARIANTS] = {"pe", "bal", "sendonly", "direct", "pe_gen", "pe_coop", "pe_vmm", "pe_idle", "pe_span"};
+enum Variant { PE = 0, BAL = 1, SENDONLY = 2, DIRECT = 3, PE_GEN = 4, PE_COOP = 5, PE_VMM = 6, PE_IDLE = 7, PE_SPAN = 8, STREAM = 9, STREAM_ROW = 10, VARIANTS = 11 };
+static const char* kVariantName[VARIANTS] = {"pe", "bal", "sendonly", "direct", "pe_gen", "pe_coop", "pe_vmm", "pe_idle", "pe_span", "stream", "stream_row"};
 
 __device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
     __syncthreads();
@@ -196,6 +211,41 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
     int b = blockIdx.x, tid = threadIdx.x;
     int par = seq & 1;
     stamp(s, launch, 0);
+    const bool streamed = variant == STREAM || variant == STREAM_ROW;
+    // The streamed variants' routing work, from one 16-byte load of the
+    // routing a thread (thread i: ids 4i..4i+3, token i / 2), counted with
+    // ballots into shared counters: this GPU's token count for its experts
+    // b, b + B (sent first, a word each) and token t = b's position among
+    // this GPU's tokens for each of its experts (sent in the header).
+    static_assert(kTokens * kTopK == 4 * kThreads && kTopK == 8 && kTokens == kCtas, "the streamed routing pass's shape");
+    __shared__ int scnt[kExperts / kCtas], spos[kTopK];
+    if (streamed) {
+        if (tid < kExperts / kCtas) scnt[tid] = 0;
+        if (tid < kTopK) spos[tid] = 0;
+        int4 mine = reinterpret_cast<const int4*>(s.idx)[tid];
+        int4 ta = reinterpret_cast<const int4*>(s.idx)[2 * b], tb = reinterpret_cast<const int4*>(s.idx)[2 * b + 1];
+        int tid_token = tid / 2, lane = tid % 32;
+        int tok_ids[kTopK] = {ta.x, ta.y, ta.z, ta.w, tb.x, tb.y, tb.z, tb.w};
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < kExperts / kCtas; ++c) {
+            int e = b + c * kCtas;
+            unsigned m = __ballot_sync(0xffffffffu, mine.x == e || mine.y == e || mine.z == e || mine.w == e);
+            if (lane == 0 && m) atomicAdd(&scnt[c], __popc(m));
+        }
+#pragma unroll
+        for (int j = 0; j < kTopK; ++j) {
+            int e = tok_ids[j];
+            unsigned m = __ballot_sync(0xffffffffu, tid_token < b && (mine.x == e || mine.y == e || mine.z == e || mine.w == e));
+            if (lane == 0 && m) atomicAdd(&spos[j], __popc(m));
+        }
+        __syncthreads();
+        // Relaxed: the word is its own data (no fence, ~1 us each).
+        if (tid < kExperts / kCtas) {
+            int e = b + tid * kCtas;
+            st_relaxed_sys(s.peer_cntw[e / kLocal] + ((size_t)par * kRanks + s.rank) * kLocal + e % kLocal, ((uint64_t)seq << 32) | (uint32_t)scnt[tid]);
+        }
+    }
     // Send: token t to every GPU its experts name, the ids to every GPU.
     for (int t = b; t < kTokens; t += gridDim.x) {
         const int* id = s.idx + t * kTopK;
@@ -236,6 +286,8 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
                 }
             }
         }
+        if (streamed && tid < kTopK)
+            for (int p = 0; p < kRanks; ++p) s.peer_pos[p][hslot(par, s.rank, t) * kTopK + tid] = spos[tid];
         if (tid < kTopK)
             for (int p = 0; p < kRanks; ++p) s.peer_hdr[p][hslot(par, s.rank, t) * kTopK + tid] = id[tid];
         __syncthreads();
@@ -245,12 +297,79 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
         }
     }
     stamp(s, launch, 1);
-    // Wait: every source slot's word.
-    for (int i = tid; i < kSlots; i += blockDim.x)
-        while (ld_acquire_sys(s.meta + i) < ((uint64_t)seq << 32)) {
-        }
+    // Wait: every source slot's word (the streamed packs wait per slot).
+    if (!streamed)
+        for (int i = tid; i < kSlots; i += blockDim.x)
+            while (ld_acquire_sys(s.meta + i) < ((uint64_t)seq << 32)) {
+            }
     stamp(s, launch, 2);
-    if (variant == PE || variant >= PE_GEN) {
+    if (streamed) {
+        // Items (slot, piece of P): warp gw of the grid takes items gw,
+        // gw + TW, ...; waits for the slot's word alone, reads the ids and
+        // positions, each local entry's row = its position + the earlier
+        // sources' counts for the expert, and copies the piece once from
+        // the slot to every local row.
+        int lane = tid % 32, tw = gridDim.x * kWarps, gw = b * kWarps + tid / 32;
+        int P = variant == STREAM_ROW ? 1 : max(1, tw / kSlots);
+        int pv = (kVec + P - 1) / P;
+        for (int i = gw; i < kSlots * P; i += tw) {
+            int slot = i / P, piece = i % P, src = slot / kTokens, t = slot % kTokens;
+            if (lane == 0)
+                while (ld_acquire_sys(s.meta + slot) < ((uint64_t)seq << 32)) {
+                }
+            __syncwarp();
+            size_t h = hslot(par, src, t) * kTopK;
+            int l = -1, row = 0;
+            if (lane < kTopK) {
+                l = s.hdr[h + lane] - s.rank * kLocal;
+                if (l >= 0 && l < kLocal) {
+                    row = s.pos[h + lane];
+                    for (int q = 0; q < src; ++q) {
+                        const uint64_t* cw = s.cntw + ((size_t)par * kRanks + q) * kLocal + l;
+                        uint64_t c;
+                        while (((c = ld_acquire_sys(cw)) >> 32) < seq) {
+                        }
+                        row += (int)(uint32_t)c;
+                    }
+                    if (piece == 0) s.rowrec[h + lane] = row;
+                } else {
+                    l = -1;
+                }
+            }
+            uint4* dst[kTopK];
+#pragma unroll
+            for (int k = 0; k < kTopK; ++k) {
+                int lk = __shfl_sync(0xffffffffu, l, k), rk = __shfl_sync(0xffffffffu, row, k);
+                dst[k] = lk >= 0 ? s.out + ((size_t)lk * kSlots + rk) * kVec : nullptr;
+            }
+            const uint4* from = s.slots + hslot(par, src, t) * kVec;
+            int lo = piece * pv, hi = min(kVec, lo + pv);
+            for (int base = lo + lane; base < hi; base += 32 * 4) {
+                uint4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (base + u * 32 < hi) v[u] = from[base + u * 32];
+#pragma unroll
+                for (int k = 0; k < kTopK; ++k)
+                    if (dst[k])
+#pragma unroll
+                        for (int u = 0; u < 4; ++u)
+                            if (base + u * 32 < hi) dst[k][base + u * 32] = v[u];
+            }
+        }
+        for (int l = b; l < kLocal; l += gridDim.x)
+            if (tid == 0) {
+                int c = 0;
+                for (int q = 0; q < kRanks; ++q) {
+                    const uint64_t* cw = s.cntw + ((size_t)par * kRanks + q) * kLocal + l;
+                    uint64_t w;
+                    while (((w = ld_acquire_sys(cw)) >> 32) < seq) {
+                    }
+                    c += (int)(uint32_t)w;
+                }
+                s.counts[l] = c;
+            }
+    } else if (variant == PE || (variant >= PE_GEN && variant < PE_SPAN)) {
         for (int l = b; l < kLocal; l += gridDim.x) {
             pack_rows(s, par, l, 0, 0, kSlots, variant == PE_GEN);
             // The count: a second scan by warp 0 (the first kept no total per warp it could share cheaply).
@@ -344,7 +463,8 @@ int main(int argc, char** argv) {
         s.rank = d;
         uint4 *x, *slots, *out;
         int *id, *hdr, *rowrec, *counts;
-        uint64_t *meta, *stamps;
+        uint64_t *meta, *stamps, *cntw;
+        int* pos;
         CK(cudaMalloc(&x, (size_t)kTokens * kRowBytes));
         CK(cudaMalloc(&id, kTokens * kTopK * sizeof(int)));
         CK(cudaMalloc(&slots, slot_bytes));
@@ -357,6 +477,10 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(x, xs[d].data(), (size_t)kTokens * kRowBytes, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(id, idx[d].data(), kTokens * kTopK * sizeof(int), cudaMemcpyHostToDevice));
         CK(cudaMemset(meta, 0, kSlots * sizeof(uint64_t)));
+        CK(cudaMalloc(&pos, hdr_ints * sizeof(int)));
+        CK(cudaMalloc(&cntw, (size_t)2 * kRanks * kLocal * sizeof(uint64_t)));
+        CK(cudaMemset(cntw, 0, (size_t)2 * kRanks * kLocal * sizeof(uint64_t)));
+        side[d].pos = pos, side[d].cntw = cntw;
         s.x = x, s.idx = id, s.slots = slots, s.hdr = hdr, s.rowrec = rowrec, s.meta = meta, s.out = out, s.counts = counts;
         s.stamps = stamps;
         CK(cudaStreamCreateWithFlags(&st[d], cudaStreamNonBlocking));
@@ -369,6 +493,8 @@ int main(int argc, char** argv) {
             side[d].peer_hdr[p] = side[p].hdr;
             side[d].peer_meta[p] = side[p].meta;
             side[d].peer_out[p] = side[p].out;
+            side[d].peer_pos[p] = side[p].pos;
+            side[d].peer_cntw[p] = side[p].cntw;
         }
     // pe_vmm's sides: the receive areas in VMM memory.
     Side vside[kRanks];

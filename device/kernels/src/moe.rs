@@ -9,7 +9,7 @@ use devcomm_device::arch::{
 };
 use devcomm_device::atomic::{self, Order, Scope};
 use devcomm_device::coll::{Bf16, Element, F16};
-use devcomm_device::coop::{Coop, Cta, WarpSpan};
+use devcomm_device::coop::{Coop, Cta, Warp, WarpSpan};
 use devcomm_device::kernel;
 use devcomm_device::moe::{self, ht, CombineForm, MoeArgs, MoeContext, MoeError, MoeHtArgs, PackPart, STAGES};
 
@@ -210,9 +210,17 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
     let num_tokens = if args.num_tokens > ctx.max_tokens() { 0 } else { args.num_tokens };
     let pos = args.pos as *mut u32;
     let (x, idx, w) = (args.x as *const u8, args.topk_idx as *const i32, args.topk_weights as *const f32);
+    let warp = Warp::new();
+    if LEAN {
+        // The streamed receive's counts first, a warp per expert (rows of
+        // later sources wait for them).
+        for_items(&warp, Items::warps(), ctx.num_experts(), args, |e| {
+            moe::lsa::dispatch_send_count(&warp, ctx, e, idx, num_tokens, seq)
+        });
+    }
     for_items(&cta, Items::ctas(), ctx.max_tokens(), args, |t| {
         if LEAN {
-            moe::lsa::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, seq)
+            moe::lsa::dispatch_send_token_streamed(&cta, ctx, t, x, idx, w, num_tokens, seq)
         } else {
             moe::dispatch_send_token(&cta, ctx, t, x, idx, w, num_tokens, seq)
         }
@@ -233,6 +241,26 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
     }
     prepare(args, ctx);
     stamp(&cta, args, Stage::Sent);
+    let (out, scales, counts) = (args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32);
+    let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
+    if LEAN {
+        // The streamed receive: every token slot of every source, in
+        // pieces that give each warp of the grid about one, each waiting
+        // for its slot alone; then the counts.
+        stamp(&cta, args, Stage::Waited);
+        let warps = grid_dim().x * (block_dim().x / WARP_SIZE).max(1);
+        let parts = (warps / (n * m).max(1)).max(1);
+        for_items(&warp, Items::warps(), n * m * parts, args, |i| {
+            let slot = i / parts;
+            moe::lsa::dispatch_recv_token(&warp, ctx, slot / m, slot % m, PackPart::new(i % parts, parts), out, seq)
+        });
+        stamp(&cta, args, Stage::Counted);
+        for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
+            moe::lsa::dispatch_recv_count(&cta, ctx, l, counts, seq)
+        });
+        stamp(&cta, args, Stage::Done);
+        return;
+    }
     // Every LSA source's tokens, once for the CTA's experts (their
     // receive steps then wait for the GIN sources alone).
     let waited = moe::dispatch_wait_lsa(&cta, ctx, seq);
@@ -240,19 +268,13 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
         report(args, waited);
     }
     stamp(&cta, args, Stage::Waited);
-    let (out, scales, counts) = (args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32);
-    if LEAN || ctx.pack_per_expert() {
+    if ctx.pack_per_expert() {
         // Every local expert packed by its own coops (no grid barrier).
         if waited.is_ok() {
             let l = ctx.local_experts();
             let (span, at, parts) = pack_units(l);
             for_items(&span, at, l * parts, args, |i| {
-                let part = PackPart::new(i / l, parts);
-                if LEAN {
-                    moe::lsa::dispatch_pack_expert_part(&span, ctx, i % l, part, out, counts, seq)
-                } else {
-                    moe::dispatch_pack_expert_part(&span, ctx, i % l, part, out, scales, counts, seq)
-                }
+                moe::dispatch_pack_expert_part(&span, ctx, i % l, PackPart::new(i / l, parts), out, scales, counts, seq)
             });
         }
         stamp(&cta, args, Stage::Counted);
@@ -275,7 +297,6 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
     stamp(&cta, args, Stage::Counted);
     // The LSA sources' tokens, a token per span of warps, each to
     // every row the counting gave it.
-    let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
     let (span, at) = Items::spans(n * m);
     for_items(&span, at, n * m, args, |i| {
         if !moe::is_lsa(ctx, i / m) {
@@ -380,6 +401,14 @@ impl Items {
     #[inline(always)]
     fn ctas() -> Self {
         Items { first: block_idx().x, stride: grid_dim().x }
+    }
+
+    /// The caller's warp's items: warp `w` of CTA `b` is warp `w * B + b`
+    /// of the grid (items go round the CTAs first).
+    #[inline(always)]
+    fn warps() -> Self {
+        let nb = grid_dim().x;
+        Items { first: warp_id() * nb + block_idx().x, stride: nb * (block_dim().x / WARP_SIZE).max(1) }
     }
 
     /// The caller's span of warps for `items` items, and the items it

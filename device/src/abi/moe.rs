@@ -22,7 +22,9 @@ use super::{DevComm, WindowDesc};
 /// * receive counts at `recv_count_offset`: `L × N` `u64` words, word
 ///   `(l, s)` = `(seq << 32) | tokens`: written by a GIN source `s` after
 ///   its tokens for `l` (a put with a signal), by this rank itself for an
-///   LSA source once it counted them;
+///   LSA source once it counted them, or, for a streamed receive, by the
+///   LSA source itself before its tokens (a relaxed store: the word is its
+///   own data);
 /// * combine slots at `comb_offset`: `E × M` slots of `B` bytes, slot
 ///   `(global expert e, position p)`: expert `e`'s output for this rank's
 ///   `p`-th token routed to it (a per-expert combine); dispatch stages GIN
@@ -37,11 +39,13 @@ use super::{DevComm, WindowDesc};
 ///   source's token count); a `u64` combine word (below); then `I` =
 ///   [`MoeContext::ll_header_ids`] (`K` rounded up to a multiple of 4:
 ///   16-byte vectors) `i32` expert ids from byte 16 (-1 past `K`), `I`
-///   `f32` gate weights, and `I` `u32` rows. LSA source `s` writes the ids
-///   and weights, then the dispatch word with a release, after the
-///   token's bytes, for every `t < M` in every dispatch; this rank writes
-///   the rows while it packs (entry `j`'s row in the packed output, for
-///   the entries naming its experts) and reads them back in the combine.
+///   `f32` gate weights, `I` `u32` rows and `I` `u32` positions. LSA
+///   source `s` writes the ids and weights (and, for a streamed receive,
+///   each entry's position among `s`'s tokens for its expert), then the
+///   dispatch word with a release, after the token's bytes, for every `t <
+///   M` in every dispatch; this rank writes the rows while it packs (entry
+///   `j`'s row in the packed output, for the entries naming its experts)
+///   and reads them back in the combine.
 ///   In the combine the header `(d, t)` of *this* rank's copy is the
 ///   other way round: its combine word `(seq << 32) | sent` is written by
 ///   LSA rank `d` (with a release) after it stored its partial sum for
@@ -124,9 +128,10 @@ impl MoeContext {
     }
 
     /// Bytes of a token header (see the layout above) for top-k `top_k`:
-    /// two words, then ids, weights and rows, `top_k` rounded up to 4 each.
+    /// two words, then ids, weights, rows and positions, `top_k` rounded
+    /// up to 4 each.
     const fn meta_bytes_for(top_k: u32) -> u64 {
-        16 + 3 * 4 * (top_k as u64).next_multiple_of(4)
+        16 + 4 * 4 * (top_k as u64).next_multiple_of(4)
     }
 
     /// Expert ids in a token header of the low-latency layout: `top_k`
@@ -138,7 +143,7 @@ impl MoeContext {
 
     /// Bytes of a token header of the low-latency layout: the dispatch and
     /// combine words, then [`MoeContext::ll_header_ids`] expert ids, as
-    /// many weights and as many rows.
+    /// many weights, rows and positions.
     #[inline(always)]
     pub const fn ll_meta_bytes(&self) -> u64 {
         Self::meta_bytes_for(self.top_k)
@@ -159,8 +164,8 @@ impl MoeContext {
     }
 
     /// Offset of header `(src, t)`'s expert ids (16-byte aligned), followed
-    /// by the weights at `+ 4 * I` and the rows at `+ 8 * I` (`I` =
-    /// [`MoeContext::ll_header_ids`]).
+    /// by the weights at `+ 4 * I`, the rows at `+ 8 * I` and the
+    /// positions at `+ 12 * I` (`I` = [`MoeContext::ll_header_ids`]).
     #[inline(always)]
     pub const fn ll_ids_offset(&self, src: u32, t: u32) -> u64 {
         self.ll_meta_offset(src, t) + 16

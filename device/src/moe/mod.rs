@@ -469,19 +469,23 @@ pub unsafe fn dispatch_send_token<C: Coop>(
     seq: u32,
 ) -> Result<(), MoeError> {
     // SAFETY: the contract.
-    unsafe { send_token::<C, true>(coop, ctx, t, x, topk_idx, topk_weights, num_tokens, seq) }
+    unsafe { send_token::<C, true, false>(coop, ctx, t, x, topk_idx, topk_weights, num_tokens, seq) }
 }
 
 /// [`dispatch_send_token`], with the fp8 quantisation compiled in only
 /// when `QUANT` ([`lsa::dispatch_send_token`] leaves it out: the caller
-/// checked that the context does not quantize).
+/// checked that the context does not quantize), and with `POS` each
+/// entry's position among this rank's tokens for its expert written to
+/// the header's positions on the expert's rank (the streamed receive,
+/// [`lsa::dispatch_recv_token`]; warp `j % W` of the coop's `W` counts
+/// for entry `j`).
 ///
 /// # Safety
 /// As for [`dispatch_send_token`]; `QUANT` or the context's dispatch is
 /// not fp8.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn send_token<C: Coop, const QUANT: bool>(
+pub(crate) unsafe fn send_token<C: Coop, const QUANT: bool, const POS: bool>(
     coop: &C,
     ctx: &MoeContext,
     t: u32,
@@ -586,6 +590,25 @@ unsafe fn send_token<C: Coop, const QUANT: bool>(
             }
         }
     }
+    if POS && token {
+        let (mut j, nw) = ((coop.thread_rank() / WARP_SIZE) as usize, (coop.size() / WARP_SIZE).max(1) as usize);
+        while j < k {
+            // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
+            let e = unsafe { *idx.add(j) };
+            if e >= 0 && (e as u32) < e_all {
+                // SAFETY: the first `t < num_tokens` tokens of the routing.
+                let p = unsafe { tokens_naming(topk_idx, k, t, e as u32) };
+                let h = peer_ptr(ctx, e as u32 / l, ctx.ll_ids_offset(me, t));
+                if lane_id() == 0 && !h.is_null() {
+                    // SAFETY: position `j < I` of header `(me, t)` in the
+                    // expert's LSA rank's window, read by that rank only
+                    // after the word below.
+                    unsafe { arch::store_volatile((h as *mut u32).add(3 * ids + j), p) };
+                }
+            }
+            j += nw;
+        }
+    }
     // The coop's stores, then the leader's release at system scope
     // (cumulative over the stores the barrier ordered before it).
     coop.sync();
@@ -602,6 +625,29 @@ unsafe fn send_token<C: Coop, const QUANT: bool>(
         }
     }
     Ok(())
+}
+
+/// How many of this rank's first `count` tokens name global expert `e`
+/// among their `k` ids (a token naming it twice once), the same on every
+/// lane of the calling warp: its lanes scan 32 tokens each a round, with
+/// ballots.
+///
+/// # Safety
+/// `idx` holds `count` rows of `k` `i32`s, not written while this reads
+/// them; every lane of the warp calls with the same arguments.
+#[inline(always)]
+pub(crate) unsafe fn tokens_naming(idx: *const i32, k: usize, count: u32, e: u32) -> u32 {
+    let groups = count.div_ceil(WARP_SIZE);
+    let (mut c, mut g0) = (0u32, 0u32);
+    while g0 < groups {
+        // SAFETY: the contract.
+        let bits = unsafe { routing_hits(idx, k, k, count, e, 1, g0) };
+        each_lane!(SCAN_GROUPS as usize, |g| {
+            c += arch::ballot(u32::MAX, (bits >> g) & 1 != 0).count_ones();
+        });
+        g0 += SCAN_GROUPS;
+    }
+    c
 }
 
 /// This rank's tokens routed to global expert `expert` (every thread of

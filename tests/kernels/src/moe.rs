@@ -211,43 +211,66 @@ kernel! {
 
 kernel! {
     /// The low-latency steps' refusals, each thread's own result: thread
-    /// `g` of the grid writes `codes[3 g + k]` (0 for `Ok`, else the
-    /// error's code) for `k` =
+    /// `g` of the grid writes `codes[REFUSAL_CODES * g + k]` (0 for `Ok`,
+    /// else the error's code) for `k` =
     /// 0. `moe::lsa::dispatch_send_token` of slot 0 (called only when bit
     ///    0 of `calls` is set: on a group it serves it would send);
     /// 1. `moe::lsa::dispatch_pack_expert` of local expert 0 (only with
     ///    bit 1: on a group it serves it would pack);
-    /// 2. `moe::dispatch_pack_expert_part` with part 2 of 2 (always).
+    /// 2. `moe::dispatch_pack_expert_part` with part 2 of 2 (always);
+    /// 3. `moe::lsa::dispatch_send_token_streamed` of slot 0 (bit 0);
+    /// 4. `moe::lsa::dispatch_recv_token` of slot (0, 0), part 2 of 2 (always);
+    /// 5. the same, part 0 of 1 (bit 1: it would wait for the slot);
+    /// 6. `moe::lsa::dispatch_recv_count` of local expert 0 (bit 2: it
+    ///    would wait for the counts);
+    /// 7. `moe::lsa::dispatch_send_count` of expert `(calls >> 8) - 1`
+    ///    (when `calls >> 8` is not 0: an expert of a rank outside the LSA
+    ///    team).
     /// Codes of calls not made are left as they were.
     ///
     /// Each refuses before anything is read or written but `codes`.
     ///
     /// # Safety
     /// `args` as `devcomm::moe::EpGroup::dispatch_into` fills it, `codes`
-    /// of 3 `u32`s per thread of the grid; block size a multiple of 32.
+    /// of [`REFUSAL_CODES`] `u32`s per thread of the grid; block size a
+    /// multiple of 32.
     pub unsafe fn moe_lsa_refusals(args: MoeArgs, calls: u32, codes: *mut u32) {
         let ctx = &args.ctx;
         let cta = Cta::new();
-        let g = global_thread_x() as usize;
+        let at = REFUSAL_CODES * global_thread_x() as usize;
         let code = |r: Result<u32, MoeError>| match r {
             Ok(_) => 0,
             Err(e) => e.code(),
         };
+        let (x, idx, w) = (args.x as *const u8, args.topk_idx as *const i32, args.topk_weights as *const f32);
+        let (out, counts) = (args.out as *mut u8, args.counts as *mut u32);
         if calls & 1 != 0 {
-            let r = moe::lsa::dispatch_send_token(
-                &cta, ctx, 0, args.x as *const u8, args.topk_idx as *const i32,
-                args.topk_weights as *const f32, args.num_tokens, args.seq,
-            );
-            *codes.add(3 * g) = code(r.map(|_| 0));
+            let r = moe::lsa::dispatch_send_token(&cta, ctx, 0, x, idx, w, args.num_tokens, args.seq);
+            *codes.add(at) = code(r.map(|_| 0));
+            let r = moe::lsa::dispatch_send_token_streamed(&cta, ctx, 0, x, idx, w, args.num_tokens, args.seq);
+            *codes.add(at + 3) = code(r.map(|_| 0));
         }
         if calls & 2 != 0 {
-            let r = moe::lsa::dispatch_pack_expert(&cta, ctx, 0, args.out as *mut u8, args.counts as *mut u32, args.seq);
-            *codes.add(3 * g + 1) = code(r);
+            let r = moe::lsa::dispatch_pack_expert(&cta, ctx, 0, out, counts, args.seq);
+            *codes.add(at + 1) = code(r);
+            let r = moe::lsa::dispatch_recv_token(&cta, ctx, 0, 0, moe::PackPart::WHOLE, out, args.seq);
+            *codes.add(at + 5) = code(r.map(|_| 0));
+        }
+        if calls & 4 != 0 {
+            *codes.add(at + 6) = code(moe::lsa::dispatch_recv_count(&cta, ctx, 0, counts, args.seq));
+        }
+        if calls >> 8 != 0 {
+            let r = moe::lsa::dispatch_send_count(&cta, ctx, (calls >> 8) - 1, idx, args.num_tokens, args.seq);
+            *codes.add(at + 7) = code(r);
         }
         let r = moe::dispatch_pack_expert_part(
-            &cta, ctx, 0, moe::PackPart::new(2, 2), args.out as *mut u8, args.scales as *mut u8,
-            args.counts as *mut u32, args.seq,
+            &cta, ctx, 0, moe::PackPart::new(2, 2), out, args.scales as *mut u8, counts, args.seq,
         );
-        *codes.add(3 * g + 2) = code(r);
+        *codes.add(at + 2) = code(r);
+        let r = moe::lsa::dispatch_recv_token(&cta, ctx, 0, 0, moe::PackPart::new(2, 2), out, args.seq);
+        *codes.add(at + 4) = code(r.map(|_| 0));
     }
 }
+
+/// Codes per thread that `moe_lsa_refusals` writes.
+pub const REFUSAL_CODES: usize = 8;
