@@ -292,6 +292,30 @@ pub unsafe fn wait_ge_u32_relaxed(
     spin_ge_u32(target, deadline, || unsafe { atomic::load_relaxed(p, scope) })
 }
 
+/// As [`wait_ge_u64`] but with relaxed loads: for a word that is its own
+/// data (nothing its writer stored before it needs ordering; the count
+/// words of a streamed MoE receive). Returns the value seen.
+///
+/// # Safety
+/// As for [`wait_ge_u64`].
+#[inline(always)]
+pub unsafe fn wait_ge_u64_relaxed(
+    p: *const u64,
+    target: u64,
+    scope: Scope,
+    deadline: &mut Deadline,
+) -> Result<u64, WaitError> {
+    loop {
+        // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
+        // and aligned, written only atomically.
+        let v = unsafe { atomic::load_relaxed(p, scope) };
+        if rolling_ge_u64(v, target) {
+            return Ok(v);
+        }
+        deadline.poll()?;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

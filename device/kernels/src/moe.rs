@@ -190,8 +190,9 @@ unsafe fn prepare(args: &MoeArgs, ctx: &MoeContext) -> u32 {
 
 /// A low-latency dispatch (`moe_dispatch`; `LEAN`: `moe_dispatch_lsa`,
 /// compiled for a group without fp8 dispatch whose ranks are all in the
-/// LSA team, with a per-rank combine and the per-expert pack: the steps of
-/// [`moe::lsa`] and none of the GIN, fp8 or token-major paths).
+/// LSA team, with a per-rank combine and the per-expert pack: the
+/// streamed receive of [`moe::lsa`] and none of the GIN, fp8, scan or
+/// token-major paths).
 ///
 /// # Safety
 /// As for `moe_dispatch`; with `LEAN`, the group is such a group.
@@ -333,9 +334,16 @@ kernel! {
     /// A low-latency dispatch compiled for the common single-node case
     /// (`devcomm::moe::EpGroup` picks it when the group allows): every
     /// rank in the LSA team, no fp8 dispatch, the per-expert pack and the
-    /// per-rank combine. The same steps as `moe_dispatch` with the GIN,
-    /// fp8 and token-major paths left out ([`moe::lsa`]); `BadArgument`
-    /// for another group.
+    /// per-rank combine. The streamed receive ([`moe::lsa`]): a warp per
+    /// expert sends this rank's count for it (`dispatch_send_count`),
+    /// CTA `b` sends token slots `b, b + B, ...` with their positions
+    /// (`dispatch_send_token_streamed`), prepare; then each warp of the
+    /// grid takes token slots of every source, or pieces of them (about
+    /// one item a warp), each as soon as that slot is in
+    /// (`dispatch_recv_token`), and CTA `b` stores local experts `b, b +
+    /// B, ...`'s counts (`dispatch_recv_count`). The output is
+    /// `moe_dispatch`'s per-expert pack's, row for row; `BadArgument` for
+    /// another group.
     ///
     /// # Safety
     /// As for `moe_dispatch`.

@@ -8,7 +8,7 @@
 //! the largest stall of the general dispatch (30 % of its warps' samples,
 //! `benches/results/2026-11-29-h200-moe-ll-combine-by-token.md` §4), and
 //! every path compiled in spreads the one that runs over more cache lines.
-//! The library's kernel takes these when the group allows them.
+//! The library's kernel for such a group takes the streamed receive below.
 //!
 //!
 //! **The streamed receive** ([`dispatch_recv_token`], the library's
@@ -32,8 +32,8 @@
 //! context does not meet it.
 
 use super::{
-    gin_ranks, header_word, is_one_of, local_ptr, pack_expert, peer_ptr, send_token, tokens_naming, word, MoeContext,
-    MoeError, PackPart, COPY_UNROLL,
+    gin_ranks, is_one_of, local_ptr, pack_expert, peer_ptr, send_token, tokens_naming, word, MoeContext, MoeError,
+    PackPart, COPY_UNROLL,
 };
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
@@ -192,8 +192,9 @@ unsafe fn wait_count(
     deadline: &mut Deadline,
 ) -> Result<u32, MoeError> {
     let p = local_ptr(ctx, ctx.recv_count_offset(local, src)) as *const u64;
-    // SAFETY: this rank's count word, written only atomically (the contract).
-    let w = unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, deadline) }?;
+    // SAFETY: this rank's count word, written only atomically (the
+    // contract); relaxed: the word is its own data.
+    let w = unsafe { wait::wait_ge_u64_relaxed(p, word(seq, 0), Scope::Sys, deadline) }?;
     if (w >> 32) as u32 != seq || (w as u32) > ctx.max_tokens() {
         return Err(MoeError::OutOfStep);
     }
@@ -244,32 +245,33 @@ pub unsafe fn dispatch_recv_token<C: Coop>(
         return coop.agree(Err(MoeError::BadArgument));
     }
     let mut deadline = Deadline::new(&comm.abort());
-    let waited = if coop.is_leader() {
-        let p = local_ptr(ctx, ctx.ll_meta_offset(src, t)) as *const u64;
-        // SAFETY: this rank's header word `(src, t)`, written only atomically.
-        unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }.map(|_| ()).map_err(MoeError::from)
-    } else {
-        Ok(())
-    };
-    let waited = coop.agree(waited);
-    // Orders the leader's acquire before every thread's reads of the
-    // header and slot (a warp's agreement alone does not order memory).
-    coop.sync();
-    waited?;
-    // SAFETY: the word of dispatch `seq` or later was acquired above.
-    let w = match unsafe { header_word(ctx, src, t, seq) } {
-        Ok(w) => w,
-        Err(e) => return coop.agree(Err(e)),
-    };
+    // Every thread acquires the slot's word itself (a warp's lanes in one
+    // load): no barrier after it, and its value says whether a token came.
+    let p = local_ptr(ctx, ctx.ll_meta_offset(src, t)) as *const u64;
+    // SAFETY: this rank's header word `(src, t)`, written only atomically.
+    let w = unsafe { wait::wait_ge_u64(p, word(seq, 0), Scope::Sys, &mut deadline) }
+        .map_err(MoeError::from)
+        .and_then(|w| if (w >> 32) as u32 == seq { Ok(w) } else { Err(MoeError::OutOfStep) });
+    let w = coop.agree(w)?;
     if w & 1 == 0 {
         return Ok(());
     }
+    // The piece's bytes and the header's ids and positions, loaded at
+    // once (the slot and header of dispatch `seq`: the word acquired).
+    let bytes = ctx.token_bytes() as usize;
+    let piece = bytes.div_ceil(part.count as usize).next_multiple_of(16);
+    let off = (part.index as usize * piece).min(bytes);
+    let len = piece.min(bytes - off);
+    let slot = local_ptr(ctx, ctx.ll_token_slot_offset(src, t)) as *const u8;
+    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
+    // SAFETY: bytes `off..off + len <= token_bytes` of the slot.
+    let ahead = unsafe { CopyAhead::<COPY_UNROLL>::load(tr, nt, slot.add(off), len) };
     // Lane `j < I`: entry `j`'s row (`u32::MAX`: none, or an earlier entry
     // names the same expert).
     let lane = lane_id() as usize;
     let hdr = local_ptr(ctx, ctx.ll_ids_offset(src, t)) as *mut u32;
-    // SAFETY: id `lane < I` of the header, written before the word.
-    let e = if lane < ids { (unsafe { *hdr.add(lane) }) as i32 } else { -1 };
+    // SAFETY: id and position `lane < I` of the header, written before the word.
+    let (e, pos) = if lane < ids { unsafe { (*hdr.add(lane) as i32, *hdr.add(3 * ids + lane)) } } else { (-1, 0) };
     let mut first = true;
     for i in 0..ids {
         let ei = arch::shfl(u32::MAX, e as u32 as u64, i as u32) as u32 as i32;
@@ -279,8 +281,6 @@ pub unsafe fn dispatch_recv_token<C: Coop>(
     let mut r = Ok(());
     if lane < ids && is_one_of(e, me * l, l) {
         let local = e as u32 - me * l;
-        // SAFETY: position `lane < I` of the header, written before the word.
-        let pos = unsafe { *hdr.add(3 * ids + lane) };
         let mut prefix = 0u32;
         for s in 0..src {
             // SAFETY: `local < L`, `s < N`.
@@ -307,17 +307,6 @@ pub unsafe fn dispatch_recv_token<C: Coop>(
         }
     }
     coop.agree(r)?;
-    let bytes = ctx.token_bytes() as usize;
-    let piece = bytes.div_ceil(part.count as usize).next_multiple_of(16);
-    let off = (part.index as usize * piece).min(bytes);
-    let len = piece.min(bytes - off);
-    if len == 0 {
-        return Ok(());
-    }
-    let slot = local_ptr(ctx, ctx.ll_token_slot_offset(src, t)) as *const u8;
-    let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
-    // SAFETY: bytes `off..off + len <= token_bytes` of the slot.
-    let ahead = unsafe { CopyAhead::<COPY_UNROLL>::load(tr, nt, slot.add(off), len) };
     let dst = |j: usize| -> Option<*mut u8> {
         let r = arch::shfl(u32::MAX, row as u64, j as u32) as u32;
         (r != u32::MAX).then(|| out.wrapping_add(r as usize * bytes + off))
@@ -333,7 +322,8 @@ pub unsafe fn dispatch_recv_token<C: Coop>(
 /// Waits for every source's count word for local expert `local`
 /// ([`dispatch_send_count`]) and stores their sum, the expert's row count
 /// after a streamed receive, in `out_count[local]` (the leader). Returns
-/// the sum (on every thread).
+/// the sum (on every thread). The words need no acquire: each is its own
+/// data.
 ///
 /// # Safety
 /// `ctx` live; `out_count` holds `L` `u32`s; every thread of the coop
@@ -349,20 +339,24 @@ pub unsafe fn dispatch_recv_count<C: Coop>(
     if local >= ctx.local_experts() || gin_ranks(ctx) > 0 {
         return coop.agree(Err(MoeError::BadArgument));
     }
-    let mut deadline = Deadline::new(&ctx.comm().abort());
+    // The leader waits and stores; the sum reaches every thread as the
+    // coop's largest value (the others bring 0).
     let mut total = 0u32;
     let mut r = Ok(());
-    for s in 0..ctx.comm().nranks() {
-        // SAFETY: `local < L`, `s < N`.
-        match unsafe { wait_count(ctx, local, s, seq, &mut deadline) } {
-            Ok(c) => total += c,
-            Err(e) => r = Err(e),
+    if coop.is_leader() {
+        let mut deadline = Deadline::new(&ctx.comm().abort());
+        for s in 0..ctx.comm().nranks() {
+            // SAFETY: `local < L`, `s < N`.
+            match unsafe { wait_count(ctx, local, s, seq, &mut deadline) } {
+                Ok(c) => total += c,
+                Err(e) => r = Err(e),
+            }
+        }
+        if r.is_ok() {
+            // SAFETY: `local < L` (checked above).
+            unsafe { *out_count.add(local as usize) = total };
         }
     }
-    let r = coop.agree(r.map(|_| total));
-    if r.is_ok() && coop.is_leader() {
-        // SAFETY: `local < L` (checked above).
-        unsafe { *out_count.add(local as usize) = total };
-    }
-    r
+    coop.agree(r)?;
+    Ok(coop.sync_max(total))
 }

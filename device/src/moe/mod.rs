@@ -30,7 +30,11 @@
 //! count every expert's rows ([`dispatch_count_expert`]), and copy each
 //! LSA token once to all its rows ([`dispatch_pack_token`]) after a grid
 //! barrier: the copies then spread evenly over the grid however unevenly
-//! the experts are loaded (the library's kernel). (Sending once per peer
+//! the experts are loaded. A group whose ranks are all in the LSA team can
+//! receive **streamed** instead ([`lsa`]: each source's counts per expert
+//! sent up front and each token's positions in its header, so any warp
+//! packs any token as soon as its own slot is in, with no wait for the
+//! others and no scan; the library's kernel for such groups). (Sending once per peer
 //! moves a quarter of the bytes over NVLink when a token's top-8 names
 //! four experts of the peer, as with 256 experts on two ranks: the
 //! per-expert sends of session 17 took 50 of the 66 µs of a 128-token
@@ -560,6 +564,10 @@ pub(crate) unsafe fn send_token<C: Coop, const QUANT: bool, const POS: bool>(
             } else {
                 let (tr, nt) = (coop.thread_rank() as usize, coop.size() as usize);
                 let copy = CopyAhead::<COPY_UNROLL>::load(tr, nt, src, row);
+                if POS {
+                    // While the token's first vectors load.
+                    send_positions(coop, ctx, t, topk_idx);
+                }
                 if overflow {
                     copy.store(n as usize, |r| bound(r as u32));
                 } else {
@@ -590,25 +598,6 @@ pub(crate) unsafe fn send_token<C: Coop, const QUANT: bool, const POS: bool>(
             }
         }
     }
-    if POS && token {
-        let (mut j, nw) = ((coop.thread_rank() / WARP_SIZE) as usize, (coop.size() / WARP_SIZE).max(1) as usize);
-        while j < k {
-            // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
-            let e = unsafe { *idx.add(j) };
-            if e >= 0 && (e as u32) < e_all {
-                // SAFETY: the first `t < num_tokens` tokens of the routing.
-                let p = unsafe { tokens_naming(topk_idx, k, t, e as u32) };
-                let h = peer_ptr(ctx, e as u32 / l, ctx.ll_ids_offset(me, t));
-                if lane_id() == 0 && !h.is_null() {
-                    // SAFETY: position `j < I` of header `(me, t)` in the
-                    // expert's LSA rank's window, read by that rank only
-                    // after the word below.
-                    unsafe { arch::store_volatile((h as *mut u32).add(3 * ids + j), p) };
-                }
-            }
-            j += nw;
-        }
-    }
     // The coop's stores, then the leader's release at system scope
     // (cumulative over the stores the barrier ordered before it).
     coop.sync();
@@ -625,6 +614,38 @@ pub(crate) unsafe fn send_token<C: Coop, const QUANT: bool, const POS: bool>(
         }
     }
     Ok(())
+}
+
+/// [`send_token`]'s positions of token `t < num_tokens` (the streamed
+/// receive): warp `j % W` of the coop's `W` counts the tokens before `t`
+/// naming entry `j`'s expert and its lane 0 stores the count in position
+/// `j` of header `(me, t)` on the expert's rank (an LSA rank; others get
+/// none).
+///
+/// # Safety
+/// As for [`send_token`], and `t < num_tokens`; before the coop's barrier
+/// and release of the header's word.
+#[inline(always)]
+unsafe fn send_positions<C: Coop>(coop: &C, ctx: &MoeContext, t: u32, topk_idx: *const i32) {
+    let (k, e_all, ids) = (ctx.top_k() as usize, ctx.num_experts(), ctx.ll_header_ids() as usize);
+    let (me, l) = (ctx.comm().rank(), ctx.local_experts().max(1));
+    let (mut j, nw) = ((coop.thread_rank() / WARP_SIZE) as usize, (coop.size() / WARP_SIZE).max(1) as usize);
+    while j < k {
+        // SAFETY: `t < num_tokens`, `j < top_k`: inside `topk_idx`.
+        let e = unsafe { *topk_idx.add(t as usize * k + j) };
+        if e >= 0 && (e as u32) < e_all {
+            // SAFETY: the first `t < num_tokens` tokens of the routing.
+            let p = unsafe { tokens_naming(topk_idx, k, t, e as u32) };
+            let h = peer_ptr(ctx, e as u32 / l, ctx.ll_ids_offset(me, t));
+            if lane_id() == 0 && !h.is_null() {
+                // SAFETY: position `j < I` of header `(me, t)` in the
+                // expert's LSA rank's window, read by that rank only after
+                // the header's word.
+                unsafe { arch::store_volatile((h as *mut u32).add(3 * ids + j), p) };
+            }
+        }
+        j += nw;
+    }
 }
 
 /// How many of this rank's first `count` tokens name global expert `e`

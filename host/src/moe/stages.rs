@@ -18,12 +18,15 @@ pub struct StageTimes {
     pub sent_ns: u64,
     /// The wait for every peer's data. The high-throughput per-source
     /// dispatch (`HtLayout::PerSource*`) waits per channel inside its
-    /// receive: there, when the CTA's last channel word was seen.
+    /// receive: there, when the CTA's last channel word was seen; the
+    /// low-latency single-node dispatch (the streamed receive) waits per
+    /// token slot inside its receive: there, the send's end again.
     pub waited_ns: u64,
     /// The low-latency dispatch's counting and grid barrier (before its
-    /// token-major pack; with per-expert packing, the pack); the
-    /// high-throughput per-source dispatch's last channel copied out (its
-    /// receive); other kernels stamp it right before their last step.
+    /// token-major pack; with per-expert packing, the pack; single-node:
+    /// the streamed receive of every token); the high-throughput
+    /// per-source dispatch's last channel copied out (its receive); other
+    /// kernels stamp it right before their last step.
     pub counted_ns: u64,
     /// The last step's end (dispatch: the pack; combine: the reduce): the kernel's.
     pub done_ns: u64,
