@@ -251,14 +251,18 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
         stamp(&cta, args, Stage::Waited);
         let warps = grid_dim().x * (block_dim().x / WARP_SIZE).max(1);
         let parts = (warps / (n * m).max(1)).max(1);
+        // The counts (sent first, so in before most tokens) by each CTA's
+        // first warp, then every warp's token items.
+        if warp_id() == 0 {
+            for_items(&warp, Items::ctas(), ctx.local_experts(), args, |l| {
+                moe::lsa::dispatch_recv_count(&warp, ctx, l, counts, seq)
+            });
+        }
         for_items(&warp, Items::warps(), n * m * parts, args, |i| {
             let slot = i / parts;
             moe::lsa::dispatch_recv_token(&warp, ctx, slot / m, slot % m, PackPart::new(i % parts, parts), out, seq)
         });
         stamp(&cta, args, Stage::Counted);
-        for_items(&cta, Items::ctas(), ctx.local_experts(), args, |l| {
-            moe::lsa::dispatch_recv_count(&cta, ctx, l, counts, seq)
-        });
         stamp(&cta, args, Stage::Done);
         return;
     }
@@ -340,8 +344,8 @@ kernel! {
     /// (`dispatch_send_token_streamed`), prepare; then each warp of the
     /// grid takes token slots of every source, or pieces of them (about
     /// one item a warp), each as soon as that slot is in
-    /// (`dispatch_recv_token`), and CTA `b` stores local experts `b, b +
-    /// B, ...`'s counts (`dispatch_recv_count`). The output is
+    /// (`dispatch_recv_token`), after the first warp of CTA `b` stored
+    /// local experts `b, b + B, ...`'s counts (`dispatch_recv_count`). The output is
     /// `moe_dispatch`'s per-expert pack's, row for row; `BadArgument` for
     /// another group.
     ///

@@ -323,7 +323,8 @@ pub unsafe fn dispatch_recv_token<C: Coop>(
 /// ([`dispatch_send_count`]) and stores their sum, the expert's row count
 /// after a streamed receive, in `out_count[local]` (the leader). Returns
 /// the sum (on every thread). The words need no acquire: each is its own
-/// data.
+/// data. A warp is the natural coop (the library's kernel gives each
+/// CTA's first warp its experts, before the tokens).
 ///
 /// # Safety
 /// `ctx` live; `out_count` holds `L` `u32`s; every thread of the coop
@@ -339,24 +340,23 @@ pub unsafe fn dispatch_recv_count<C: Coop>(
     if local >= ctx.local_experts() || gin_ranks(ctx) > 0 {
         return coop.agree(Err(MoeError::BadArgument));
     }
-    // The leader waits and stores; the sum reaches every thread as the
-    // coop's largest value (the others bring 0).
+    // Every thread reads the words itself (a warp's lanes in one load
+    // each), so the sum needs no exchange (a CTA's `sync_max` of a value
+    // is 33 barriers).
     let mut total = 0u32;
     let mut r = Ok(());
-    if coop.is_leader() {
-        let mut deadline = Deadline::new(&ctx.comm().abort());
-        for s in 0..ctx.comm().nranks() {
-            // SAFETY: `local < L`, `s < N`.
-            match unsafe { wait_count(ctx, local, s, seq, &mut deadline) } {
-                Ok(c) => total += c,
-                Err(e) => r = Err(e),
-            }
-        }
-        if r.is_ok() {
-            // SAFETY: `local < L` (checked above).
-            unsafe { *out_count.add(local as usize) = total };
+    let mut deadline = Deadline::new(&ctx.comm().abort());
+    for s in 0..ctx.comm().nranks() {
+        // SAFETY: `local < L`, `s < N`.
+        match unsafe { wait_count(ctx, local, s, seq, &mut deadline) } {
+            Ok(c) => total += c,
+            Err(e) => r = Err(e),
         }
     }
-    coop.agree(r)?;
-    Ok(coop.sync_max(total))
+    let r = coop.agree(r.map(|_| total));
+    if r.is_ok() && coop.is_leader() {
+        // SAFETY: `local < L` (checked above).
+        unsafe { *out_count.add(local as usize) = total };
+    }
+    r
 }
