@@ -32,8 +32,8 @@
 //! context does not meet it.
 
 use super::{
-    gin_ranks, is_one_of, local_ptr, pack_expert, peer_ptr, send_token, tokens_naming, word, MoeContext, MoeError,
-    PackPart, COPY_UNROLL,
+    count_of, gin_ranks, is_one_of, local_ptr, pack_expert, peer_ptr, send_token, tokens_naming, word, MoeContext,
+    MoeError, PackPart, COPY_UNROLL,
 };
 use crate::arch::{self, lane_id, WARP_SIZE};
 use crate::atomic::{self, Scope};
@@ -195,10 +195,7 @@ unsafe fn wait_count(
     // SAFETY: this rank's count word, written only atomically (the
     // contract); relaxed: the word is its own data.
     let w = unsafe { wait::wait_ge_u64_relaxed(p, word(seq, 0), Scope::Sys, deadline) }?;
-    if (w >> 32) as u32 != seq || (w as u32) > ctx.max_tokens() {
-        return Err(MoeError::OutOfStep);
-    }
-    Ok(w as u32)
+    count_of(ctx, w, seq)
 }
 
 /// The streamed receive of LSA source `src`'s token slot `t` (see the

@@ -1001,7 +1001,13 @@ pub unsafe fn dispatch_wait_expert<C: Coop>(coop: &C, ctx: &MoeContext, local: u
 fn recv_count(ctx: &MoeContext, local: u32, s: u32, seq: u32) -> Result<u32, MoeError> {
     let p = local_ptr(ctx, ctx.recv_count_offset(local, s)) as *const u64;
     // SAFETY: this rank's count word, written only atomically.
-    let w = unsafe { atomic::load_acquire(p, Scope::Sys) };
+    count_of(ctx, unsafe { atomic::load_acquire(p, Scope::Sys) }, seq)
+}
+
+/// The count a count word `w` holds for dispatch `seq`: `OutOfStep` when
+/// it is another dispatch's or above the most tokens a source sends.
+#[inline(always)]
+pub(crate) fn count_of(ctx: &MoeContext, w: u64, seq: u32) -> Result<u32, MoeError> {
     if (w >> 32) as u32 != seq || (w as u32) > ctx.max_tokens() {
         return Err(MoeError::OutOfStep);
     }
