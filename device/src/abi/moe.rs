@@ -701,8 +701,9 @@ mod tests {
         assert_eq!(c.recv_count_offset(1, 2) + 8, c.comb_flag_offset(0));
         assert_eq!((c.comb_flag_offset(5) + 8).next_multiple_of(16), c.ll_meta_offset(0, 0));
         assert_eq!(c.ll_meta_offset(0, 0) % 16, 0);
-        assert_eq!(c.ll_meta_bytes(), 64);
-        assert_eq!(c.ll_meta_offset(2, 4) + 64, c.ll_grid_word_offset());
+        // Two words, then 4 ids, weights, rows and positions (top-2 rounded up to 4).
+        assert_eq!(c.ll_meta_bytes(), 16 + 4 * 16);
+        assert_eq!(c.ll_meta_offset(2, 4) + 80, c.ll_grid_word_offset());
         assert_eq!(c.ll_grid_word_offset() + 16, MoeContext::window_bytes(3, 6, 2, 5, 16).unwrap());
         assert_eq!(c.ll_combine_word_offset(2, 4), c.ll_meta_offset(2, 4) + 8);
         assert_eq!(c.ll_ids_offset(2, 4) % 16, 0);
