@@ -384,7 +384,7 @@ impl LsaSource {
         }
     }
 
-    /// Token `t`'s expert ids (then as many weights and rows).
+    /// Token `t`'s expert ids (then as many weights, rows and positions).
     #[inline(always)]
     fn ids_of(&self, t: u32) -> *mut u8 {
         self.ids.wrapping_add(t as usize * self.header_bytes)
