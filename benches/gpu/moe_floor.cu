@@ -38,6 +38,10 @@
 //         pack overlaps the send, and the copies spread evenly over the
 //         grid with no grid barrier;
 //   stream_row: stream with P = 1 (a warp a slot, its whole row);
+//   stream_warp: stream with the routing scanned as devcomm's
+//         `dispatch_send_count` and `send_positions` do (a warp per count
+//         and per position, ballots over the routing in global memory)
+//         instead of once per CTA into shared counters;
 //   direct: DeepEP's layout instead of devcomm's: no pack; the send
 //         stores the token into each of its 8 experts' rows on their GPU,
 //         row (source GPU) * 128 + (the token's position among this GPU's
@@ -120,8 +124,8 @@ struct Side {
     int rank;
 };
 
-enum Variant { PE = 0, BAL = 1, SENDONLY = 2, DIRECT = 3, PE_GEN = 4, PE_COOP = 5, PE_VMM = 6, PE_IDLE = 7, PE_SPAN = 8, STREAM = 9, STREAM_ROW = 10, VARIANTS = 11 };
-static const char* kVariantName[VARIANTS] = {"pe", "bal", "sendonly", "direct", "pe_gen", "pe_coop", "pe_vmm", "pe_idle", "pe_span", "stream", "stream_row"};
+enum Variant { PE = 0, BAL = 1, SENDONLY = 2, DIRECT = 3, PE_GEN = 4, PE_COOP = 5, PE_VMM = 6, PE_IDLE = 7, PE_SPAN = 8, STREAM = 9, STREAM_ROW = 10, STREAM_WARP = 11, VARIANTS = 12 };
+static const char* kVariantName[VARIANTS] = {"pe", "bal", "sendonly", "direct", "pe_gen", "pe_coop", "pe_vmm", "pe_idle", "pe_span", "stream", "stream_row", "stream_warp"};
 
 __device__ __forceinline__ void stamp(const Side& s, int launch, int k) {
     __syncthreads();
@@ -211,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
     int b = blockIdx.x, tid = threadIdx.x;
     int par = seq & 1;
     stamp(s, launch, 0);
-    const bool streamed = variant == STREAM || variant == STREAM_ROW;
+    const bool streamed = variant == STREAM || variant == STREAM_ROW || variant == STREAM_WARP;
     // The streamed variants' routing work, from one 16-byte load of the
     // routing a thread (thread i: ids 4i..4i+3, token i / 2), counted with
     // ballots into shared counters: this GPU's token count for its experts
@@ -219,7 +223,41 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
     // this GPU's tokens for each of its experts (sent in the header).
     static_assert(kTokens * kTopK == 4 * kThreads && kTopK == 8 && kTokens == kCtas, "the streamed routing pass's shape");
     __shared__ int scnt[kExperts / kCtas], spos[kTopK];
-    if (streamed) {
+    if (variant == STREAM_WARP) {
+        // devcomm's way (`dispatch_send_count`, `send_positions`): warp w
+        // scans the routing in global memory with ballots, 32 tokens a
+        // lane-round, four rounds' ids loaded at once: warps 0..E/B-1
+        // count expert b + w B (stored right away), warp j < K counts
+        // the tokens before b naming b's entry j.
+        int w = tid / 32, lane = tid % 32;
+        auto naming = [&](int e, int count) {
+            int ids[kTokens / 32][kTopK];
+#pragma unroll
+            for (int g = 0; g < kTokens / 32; ++g)
+#pragma unroll
+                for (int q = 0; q < kTopK; ++q) ids[g][q] = g * 32 + lane < count ? s.idx[(g * 32 + lane) * kTopK + q] : -1;
+            int c = 0;
+#pragma unroll
+            for (int g = 0; g < kTokens / 32; ++g) {
+                bool hit = false;
+#pragma unroll
+                for (int q = 0; q < kTopK; ++q) hit |= ids[g][q] == e;
+                c += __popc(__ballot_sync(0xffffffffu, hit));
+            }
+            return c;
+        };
+        if (w < kExperts / kCtas) {
+            int e = b + w * kCtas;
+            int c = naming(e, kTokens);
+            if (lane == 0)
+                st_relaxed_sys(s.peer_cntw[e / kLocal] + ((size_t)par * kRanks + s.rank) * kLocal + e % kLocal, ((uint64_t)seq << 32) | (uint32_t)c);
+        }
+        if (w < kTopK) {
+            int c = naming(s.idx[b * kTopK + w], b);
+            if (lane == 0) spos[w] = c;
+        }
+        __syncthreads();
+    } else if (streamed) {
         if (tid < kExperts / kCtas) scnt[tid] = 0;
         if (tid < kTopK) spos[tid] = 0;
         int4 mine = reinterpret_cast<const int4*>(s.idx)[tid];
