@@ -209,6 +209,15 @@ __device__ __forceinline__ void pack_rows(const Side& s, int par, int l, int f, 
     }
 }
 
+// Local expert `l`'s row count, scanned again by the calling warp (every
+// source's headers, a ballot per 32 tokens), stored by its lane 0.
+__device__ __forceinline__ void count_expert(const Side& s, int par, int l) {
+    int e = s.rank * kLocal + l, c = 0, lane = threadIdx.x % 32;
+    for (int src = 0; src < kRanks; ++src)
+        for (int g = 0; g < kTokens / 32; ++g) c += __popc(__ballot_sync(0xffffffffu, names(s, par, src, g * 32 + lane, e)));
+    if (lane == 0) s.counts[l] = c;
+}
+
 __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int variant, int launch) {
     __shared__ int cnt[kLocal];
     __shared__ int base[kLocal + 1];
@@ -411,12 +420,7 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
         for (int l = b; l < kLocal; l += gridDim.x) {
             pack_rows(s, par, l, 0, 0, kSlots, variant == PE_GEN);
             // The count: a second scan by warp 0 (the first kept no total per warp it could share cheaply).
-            if (tid < 32) {
-                int e = s.rank * kLocal + l, c = 0;
-                for (int src = 0; src < kRanks; ++src)
-                    for (int g = 0; g < kTokens / 32; ++g) c += __popc(__ballot_sync(0xffffffffu, names(s, par, src, g * 32 + tid, e)));
-                if (tid == 0) s.counts[l] = c;
-            }
+            if (tid < 32) count_expert(s, par, l);
         }
     } else if (variant == PE_SPAN) {
         // Spans of kWarps / S warps, S = the experts each CTA takes (at
@@ -427,12 +431,7 @@ __global__ void __launch_bounds__(kThreads) dispatch(Side s, uint32_t seq, int v
         if (j < spans)
             for (int l = j * gridDim.x + b; l < kLocal; l += gridDim.x * spans) {
                 pack_rows(s, par, l, 0, 0, kSlots, false, (tid / 32) % g, g);
-                if ((tid / 32) % g == 0) {
-                    int e = s.rank * kLocal + l, c = 0, lane = tid % 32;
-                    for (int src = 0; src < kRanks; ++src)
-                        for (int q = 0; q < kTokens / 32; ++q) c += __popc(__ballot_sync(0xffffffffu, names(s, par, src, q * 32 + lane, e)));
-                    if (lane == 0) s.counts[l] = c;
-                }
+                if ((tid / 32) % g == 0) count_expert(s, par, l);
             }
     } else if (variant == BAL) {
         // Every CTA: each local expert's row count, from every header.
