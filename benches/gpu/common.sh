@@ -60,12 +60,15 @@ moe_tests() {
 # its log in $OUT/logs/moe_bench_NAME.log, while the call (started at $t0)
 # has time left before 585 s (or $CALL_LIMIT): `moe_bench_run DIR NAME ARGS...`; another
 # build's binary of the bundle with `MOE_BENCH=moe_bench_old moe_bench_run ...`.
+# On one GPU, `MOE_RANKS=1 moe_bench_run ...`: one rank (EP1), without
+# NCCL (one rank has no link to compare).
 moe_bench_run() {
-    local dir=$1 name=$2 bin=${MOE_BENCH:-moe_bench}; shift 2
-    local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) ))
+    local dir=$1 name=$2 bin=${MOE_BENCH:-moe_bench} ranks=${MOE_RANKS:-2}; shift 2
+    local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) )) nccl=--nccl
     [ $left -lt 15 ] && { echo "!! no time left for $bin $name"; status=1; return; }
-    echo; echo "== $bin $name: $*"
-    DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $B/$dir/bin/devcomm-run -n 2 $B/$dir/bin/$bin --nccl --stages "$@" 2>&1 \
+    [ "$ranks" = 1 ] && nccl=
+    echo; echo "== $bin $name ($ranks rank(s)): $*"
+    DEVCOMM_RUNTIME=cuda timeout $((left < 60 ? left : 60)) $B/$dir/bin/devcomm-run -n "$ranks" $B/$dir/bin/$bin $nccl --stages "$@" 2>&1 \
         | tee $OUT/logs/moe_bench_$name.log || { echo "!! moe_bench $name failed"; status=1; }
 }
 # Registers, stack and spills of library kernels as ptxas compiles them

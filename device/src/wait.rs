@@ -259,16 +259,17 @@ pub unsafe fn wait_ge_u32_acquiring(
 ) -> Result<u32, WaitError> {
     // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid and
     // aligned, written only atomically.
-    spin_ge_u32(target, deadline, || unsafe { atomic::load_acquire(p, scope) })
+    spin(deadline, || unsafe { atomic::load_acquire(p, scope) }, |v| rolling_ge_u32(v, target))
 }
 
-/// Polls `load` until its value has reached `target` (rolling), with
-/// `deadline`'s checks between misses.
+/// Polls `load` until its value is `reached`, with `deadline`'s checks
+/// between misses: the loop of the waits whose every poll is the same load
+/// (relaxed, or acquiring each time).
 #[inline(always)]
-fn spin_ge_u32(target: u32, deadline: &mut Deadline, load: impl Fn() -> u32) -> Result<u32, WaitError> {
+fn spin<T: Copy>(deadline: &mut Deadline, load: impl Fn() -> T, reached: impl Fn(T) -> bool) -> Result<T, WaitError> {
     loop {
         let v = load();
-        if rolling_ge_u32(v, target) {
+        if reached(v) {
             return Ok(v);
         }
         deadline.poll()?;
@@ -289,7 +290,7 @@ pub unsafe fn wait_ge_u32_relaxed(
 ) -> Result<u32, WaitError> {
     // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid and
     // aligned, written only atomically.
-    spin_ge_u32(target, deadline, || unsafe { atomic::load_relaxed(p, scope) })
+    spin(deadline, || unsafe { atomic::load_relaxed(p, scope) }, |v| rolling_ge_u32(v, target))
 }
 
 /// As [`wait_ge_u64`] but with relaxed loads: for a word that is its own
@@ -305,15 +306,9 @@ pub unsafe fn wait_ge_u64_relaxed(
     scope: Scope,
     deadline: &mut Deadline,
 ) -> Result<u64, WaitError> {
-    loop {
-        // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid
-        // and aligned, written only atomically.
-        let v = unsafe { atomic::load_relaxed(p, scope) };
-        if rolling_ge_u64(v, target) {
-            return Ok(v);
-        }
-        deadline.poll()?;
-    }
+    // SAFETY: the caller's contract (as for `wait_ge_u64`): `p` is valid and
+    // aligned, written only atomically.
+    spin(deadline, || unsafe { atomic::load_relaxed(p, scope) }, |v| rolling_ge_u64(v, target))
 }
 
 #[cfg(test)]

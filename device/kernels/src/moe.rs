@@ -240,17 +240,21 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
             moe::dispatch_send_expert(&span, ctx, e, x, idx, num_tokens, pos, seq)
         });
     }
+    if LEAN {
+        // The lean kernel has no wait for every slot: its "sent" stamp
+        // follows the tokens, its "waited" one `prepare`.
+        stamp(&cta, args, Stage::Sent);
+    }
     prepare(args, ctx);
-    stamp(&cta, args, Stage::Sent);
+    stamp(&cta, args, if LEAN { Stage::Waited } else { Stage::Sent });
     let (out, scales, counts) = (args.out as *mut u8, args.scales as *mut u8, args.counts as *mut u32);
     let (n, m) = (ctx.comm().nranks(), ctx.max_tokens());
     if LEAN {
         // The streamed receive: every token slot of every source, in
         // pieces that give each warp of the grid about one, each waiting
         // for its slot alone; then the counts.
-        stamp(&cta, args, Stage::Waited);
-        let warps = grid_dim().x * (block_dim().x / WARP_SIZE).max(1);
-        let parts = (warps / (n * m).max(1)).max(1);
+        let items = Items::warps();
+        let parts = (items.stride / (n * m).max(1)).max(1);
         // The counts (sent first, so in before most tokens) by each CTA's
         // first warp, then every warp's token items.
         if warp_id() == 0 {
@@ -258,7 +262,7 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
                 moe::lsa::dispatch_recv_count(&warp, ctx, l, counts, seq)
             });
         }
-        for_items(&warp, Items::warps(), n * m * parts, args, |i| {
+        for_items(&warp, items, n * m * parts, args, |i| {
             let slot = i / parts;
             moe::lsa::dispatch_recv_token(&warp, ctx, slot / m, slot % m, PackPart::new(i % parts, parts), out, seq)
         });

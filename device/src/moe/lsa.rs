@@ -60,7 +60,7 @@ pub unsafe fn dispatch_send_token<C: Coop>(
     seq: u32,
 ) -> Result<(), MoeError> {
     if ctx.fp8_dispatch() {
-        return Err(MoeError::BadArgument);
+        return coop.agree(Err(MoeError::BadArgument));
     }
     // SAFETY: the contract; the dispatch is not fp8 (checked above).
     unsafe { send_token::<C, false, false>(coop, ctx, t, x, topk_idx, topk_weights, num_tokens, seq) }
