@@ -56,6 +56,35 @@ moe_tests() {
     step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 60 $B/$1/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
     step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 40 $B/$1/tests/moe --exact moe_8_ranks --test-threads=1
 }
+# The same with every rank on ONE GPU (2, 4 and 8 per GPU: separate
+# processes that time-slice, so correctness only): `moe_tests_one_gpu DIR`.
+moe_tests_one_gpu() {
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 200 $B/$1/tests/moe --exact moe_1_rank moe_2_ranks moe_gin_2_ranks --test-threads=1
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 200 $B/$1/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=8 timeout 240 $B/$1/tests/moe --exact moe_8_ranks --test-threads=1
+}
+# Nsight Compute of one launch of library kernel NAME in a one-rank
+# `moe_bench` of bundle DIR (lesson 33: kernel replay is safe with no
+# peer waiting): `ncu_stalls DIR NAME [MOE_BENCH ARGS...]`. Writes
+# $OUT/logs/ncu_NAME.txt, the per-instruction warp-stall summary
+# $OUT/logs/stalls_NAME.txt, and $OUT/src_NAME.csv.xz (the samples).
+ncu_stalls() {
+    local dir=$1 name=$2; shift 2
+    DEVCOMM_RUNTIME=cuda timeout 150 ncu --clock-control none --target-processes all -k regex:"^$name\$" --launch-skip 6 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source no \
+        -o "$OUT/$name" -f $B/$dir/bin/devcomm-run -n 1 $B/$dir/bin/moe_bench --tokens 128 -n 4 -w 2 --reps 1 "$@" > /tmp/ncu_run_$name.log 2>&1
+    echo "ncu $name rc $?"
+    ncu --import "$OUT/$name.ncu-rep" --page details > "$OUT/logs/ncu_$name.txt" 2>&1
+    grep -E "Duration|Issued Warp|No Eligible|Registers" "$OUT/logs/ncu_$name.txt"
+    ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass > /tmp/src_$name.csv 2>&1
+    python3 benches/results/raw/2026-11-29-s32/call4g/stalls.py /tmp/src_$name.csv > "$OUT/logs/stalls_$name.txt"
+    head -3 "$OUT/logs/stalls_$name.txt"
+    xz -T0 -6 < /tmp/src_$name.csv > "$OUT/src_$name.csv.xz"
+    rm -f "$OUT/$name.ncu-rep"
+}
+# A call returns at most 8 files: `pack_logs` last tars $OUT/logs into
+# $OUT/logs.tar.
+pack_logs() { tar -C "$OUT" -cf "$OUT/logs.tar" logs && rm -rf "$OUT/logs"; }
 # `moe_bench` on 2 ranks with the NCCL path and stages, from bundle DIR,
 # its log in $OUT/logs/moe_bench_NAME.log, while the call (started at $t0)
 # has time left before 585 s (or $CALL_LIMIT): `moe_bench_run DIR NAME ARGS...`; another
