@@ -49,20 +49,19 @@ warm_jit() {
     WARM_PID=$!
 }
 wait_jit() { wait "$WARM_PID"; tail -1 "$OUT/logs/warm_$1.log"; save_jitcache; }
-# Every `moe` test on 2 GPUs (1-2 ranks one per GPU, 3-4 two per GPU, 8
-# four per GPU) from the unpacked bundle DIR, after the JIT: `moe_tests DIR`.
+# Every `moe` test from the unpacked bundle DIR, after the JIT, on GPUS
+# GPUs: 2 by default (1-2 ranks one per GPU, 3-4 two per GPU, 8 four per
+# GPU), or 1 (2, 4 and 8 ranks on the one GPU: separate processes that
+# time-slice, so correctness only, with longer limits): `moe_tests DIR
+# [GPUS]`; `moe_tests_one_gpu DIR` is `moe_tests DIR 1`.
 moe_tests() {
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=1 timeout 60 $B/$1/tests/moe --exact moe_1_rank moe_2_ranks moe_gin_2_ranks --test-threads=1
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 60 $B/$1/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 40 $B/$1/tests/moe --exact moe_8_ranks --test-threads=1
+    local per=$(( 2 / ${2:-2} )) t=60 t8=40
+    [ "${2:-2}" = 1 ] && t=200 t8=240
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=$per timeout $t $B/$1/tests/moe --exact moe_1_rank moe_2_ranks moe_gin_2_ranks --test-threads=1
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=$((2 * per)) timeout $t $B/$1/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
+    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=$((4 * per)) timeout $t8 $B/$1/tests/moe --exact moe_8_ranks --test-threads=1
 }
-# The same with every rank on ONE GPU (2, 4 and 8 per GPU: separate
-# processes that time-slice, so correctness only): `moe_tests_one_gpu DIR`.
-moe_tests_one_gpu() {
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=2 timeout 200 $B/$1/tests/moe --exact moe_1_rank moe_2_ranks moe_gin_2_ranks --test-threads=1
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=4 timeout 200 $B/$1/tests/moe --exact moe_3_ranks moe_4_ranks moe_gin_3_ranks moe_lsa_and_gin_4_ranks --test-threads=1
-    step env DEVCOMM_RUNTIME=cuda DEVCOMM_TEST_RANKS_PER_GPU=8 timeout 240 $B/$1/tests/moe --exact moe_8_ranks --test-threads=1
-}
+moe_tests_one_gpu() { moe_tests "$1" 1; }
 # Nsight Compute of one launch of library kernel NAME in a one-rank
 # `moe_bench` of bundle DIR (lesson 33: kernel replay is safe with no
 # peer waiting): `ncu_stalls DIR NAME [MOE_BENCH ARGS...]`. Writes
