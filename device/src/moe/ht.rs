@@ -1005,7 +1005,9 @@ pub unsafe fn combine_send_channel<T: Element<Acc = f32>, C: Coop>(
         // SAFETY: rows `0..rows` of `dst` (`send_back`'s: slots of the
         // window, 16-byte aligned, `slot` apart, this coop's alone); the
         // sources rows of `expert_out`.
-        unsafe { weighted_rows::<T, 2>(tr, nt, rows as usize, h, k, out_row, (expert_out as usize) % 16 == 0, entry) };
+        unsafe {
+            weighted_rows::<T, 2, false>(tr, nt, rows as usize, h, k, out_row, (expert_out as usize) % 16 == 0, entry)
+        };
     };
     // SAFETY: the contract; `fill` writes only the rows it is given.
     unsafe { send_back(coop, ctx, src, channel, seq, fill) }
@@ -1225,7 +1227,7 @@ pub unsafe fn combine_reduce_channel<T: Element<Acc = f32>, C: Coop, const PULL:
     // SAFETY: the contract: rows `first..end` of `out`, this coop's alone;
     // the partials are slots of the window (16-byte aligned).
     unsafe {
-        weighted_rows::<T, 2>(
+        weighted_rows::<T, 2, false>(
             t,
             nt,
             (end - first) as usize,
@@ -1281,7 +1283,7 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     let out_row = |tok: usize| (out as *mut u8).wrapping_add(tok * row);
     // SAFETY: the contract; the partials are slots of the window (16-byte aligned).
     unsafe {
-        weighted_rows::<T, 2>(
+        weighted_rows::<T, 2, false>(
             t,
             nt,
             num_tokens as usize,

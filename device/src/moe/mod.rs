@@ -1629,7 +1629,7 @@ pub unsafe fn combine_send_token<T: Element<Acc = f32>, C: Coop>(
         let aligned = (expert_out as usize) % 16 == 0;
         // SAFETY: the partial slot is a whole slot of `src`'s window
         // (16-byte aligned), this coop's alone; the rows are `expert_out`'s.
-        unsafe { weighted_rows::<T, 1>(tr, nt, 1, ctx.hidden() as usize, ids, |_| dst, aligned, entry) };
+        unsafe { weighted_rows::<T, 1, true>(tr, nt, 1, ctx.hidden() as usize, ids, |_| dst, aligned, entry) };
     }
     // The coop's stores, then the leader's release at system scope.
     coop.sync();
@@ -1766,7 +1766,7 @@ pub unsafe fn combine_reduce<T: Element<Acc = f32>>(
     // SAFETY: the contract: `out` holds `num_tokens` rows; the entries'
     // slots are the window's (16-byte aligned, whole tokens).
     unsafe {
-        weighted_rows::<T, 1>(
+        weighted_rows::<T, 1, false>(
             t,
             nt,
             num_tokens as usize,
@@ -1877,7 +1877,7 @@ pub unsafe fn combine_recv_token<T: Element<Acc = f32>, C: Coop>(
     // SAFETY: row `t < num_tokens` of `out` (the contract); the partial
     // slots are whole slots of this rank's window (16-byte aligned), in
     // since the words above (this rank's own among them).
-    unsafe { weighted_rows::<T, 1>(tr, nt, 1, h, k, |_| row, (row as usize) % 16 == 0, entry) };
+    unsafe { weighted_rows::<T, 1, false>(tr, nt, 1, h, k, |_| row, (row as usize) % 16 == 0, entry) };
     Ok(())
 }
 
@@ -1972,7 +1972,11 @@ impl RowEntries {
 /// both modes' combines. A thread calls `entry` once per row it works on
 /// (up to [`ROW_ENTRIES`] entries; for larger `k`, once per vector).
 ///
-/// One row (`rows == 1`) goes by [`strided_row`]. Over several rows, a
+/// One row (`rows == 1`) goes by [`strided_row`], with `GATHER` by its
+/// path that loads every entry's vectors together (the low-latency
+/// combine's send, up to 8 experts a token; its receive, a partial per
+/// rank, passes `false`: both paths in both made the kernel's code too
+/// large for the instruction cache, session 37). Over several rows, a
 /// thread loads the vectors of `AHEAD` entries (1 or 2) before adding
 /// them. On 2 × H200 (session 30) two ahead made the high-throughput
 /// combines faster (per source 255.6 → 245.1 µs, in the window 195.3 →
@@ -1987,7 +1991,7 @@ impl RowEntries {
 /// often it is called (its inputs do not change during the call).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>, const AHEAD: usize>(
+pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>, const AHEAD: usize, const GATHER: bool>(
     t: usize,
     nt: usize,
     rows: usize,
@@ -2004,7 +2008,7 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>, const AHEAD: usize>(
         let vecs = row / 16;
         if rows == 1 {
             // SAFETY: the contract; the row is `vecs` whole vectors.
-            unsafe { strided_row::<T, STRIDED_VECS>(t, nt, vecs, k, out_row(0), &entry) };
+            unsafe { strided_row::<T, STRIDED_VECS, GATHER>(t, nt, vecs, k, out_row(0), &entry) };
             return;
         }
         if vecs % (BLOCK_LANES * 4) == 0 {
@@ -2035,22 +2039,33 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>, const AHEAD: usize>(
 }
 
 /// Vectors of one entry a thread of [`strided_row`] loads before it adds
-/// them.
+/// them, one entry at a time.
 const STRIDED_VECS: usize = 8;
 
+/// Entries [`strided_row`] resolves once into registers and, when more
+/// than two are present, loads together (a low-latency top-k, or the
+/// ranks of an LSA team, up to 8).
+const STRIDED_ENTRIES: usize = 8;
+
 /// [`weighted_rows`]' path for a single row (a span's partial sum of one
-/// token, the low-latency combine's send): thread `t` takes vectors `t, t +
-/// nt, ...` (lanes adjacent), up to `V` of them a pass, and for each entry
-/// in order loads all of its vectors of the pass before adding them. A
-/// 7168-wide bf16 row over a span of 128 threads is then one pass, one
-/// round trip per entry; [`vector_rows`]' units of 4 vectors took it in
-/// two, and zeroed a table of resolved entries in local memory per call.
+/// token, the low-latency combine's send and receive): thread `t` takes
+/// vectors `t, t + nt, ...` (lanes adjacent). Without `GATHER`, or with
+/// up to two entries, a pass loads up to `V` vectors of an entry before
+/// adding them, entry by entry: a 7168-wide bf16 row over a span of 128
+/// threads is one pass, a round trip per entry. With `GATHER` and three
+/// to [`STRIDED_ENTRIES`] entries, a
+/// pass loads two vectors of **every** entry before adding any
+/// ([`gathered_row`]): one round trip a pass whatever the entry count,
+/// where one entry at a time made eight in turn for a top-8 token on one
+/// rank (the combine's send waited on them: 16 % of its warp samples on
+/// one instruction, session 36). The same sums in the same order either
+/// way.
 ///
 /// # Safety
 /// As for [`weighted_rows`] with its vector path's conditions, for the
 /// one row `out` of `vecs` vectors.
 #[inline(always)]
-unsafe fn strided_row<T: Element<Acc = f32>, const V: usize>(
+unsafe fn strided_row<T: Element<Acc = f32>, const V: usize, const GATHER: bool>(
     t: usize,
     nt: usize,
     vecs: usize,
@@ -2059,6 +2074,21 @@ unsafe fn strided_row<T: Element<Acc = f32>, const V: usize>(
     entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
 ) {
     let nt = nt.max(1);
+    if GATHER && k <= STRIDED_ENTRIES {
+        let mut e = [None; STRIDED_ENTRIES];
+        let mut c = 0;
+        each_lane!(STRIDED_ENTRIES, |j| {
+            if j < k {
+                e[j] = entry(0, j);
+                c += e[j].is_some() as usize;
+            }
+        });
+        if c > 2 {
+            // SAFETY: the contract; `e` holds the entries.
+            unsafe { gathered_row::<T, 2>(t, nt, vecs, out, &e) };
+            return;
+        }
+    }
     let mut base = t;
     while base < vecs {
         let mut acc = [[0.0f32; 16]; V];
@@ -2076,6 +2106,53 @@ unsafe fn strided_row<T: Element<Acc = f32>, const V: usize>(
             // Vectors past the row add zeros to accumulators never stored.
             add_vectors::<T, V>(&mut acc, &bits, w);
         }
+        each_lane!(V, |x| {
+            let v = base + x * nt;
+            if v < vecs {
+                // SAFETY: vector `v < vecs` of the output row, 16-byte aligned.
+                unsafe { arch::store16(out.add(v * 16), packed_vector::<T>(&acc[x])) };
+            }
+        });
+        base += V * nt;
+    }
+}
+
+/// [`strided_row`] over its resolved entries `e` (`Some((row, weight))`,
+/// in `j` order): each pass loads vectors `base + x * nt` (`x < V`) of
+/// every entry, then adds them entry by entry.
+///
+/// # Safety
+/// As for [`strided_row`]; each `Some` row is `vecs` 16-byte-aligned
+/// vectors; `nt >= 1`.
+#[inline(always)]
+unsafe fn gathered_row<T: Element<Acc = f32>, const V: usize>(
+    t: usize,
+    nt: usize,
+    vecs: usize,
+    out: *mut u8,
+    e: &[Option<(*const u8, f32)>; STRIDED_ENTRIES],
+) {
+    let mut base = t;
+    while base < vecs {
+        let mut bits = [[[0u32; 4]; V]; STRIDED_ENTRIES];
+        each_lane!(STRIDED_ENTRIES, |j| {
+            if let Some((src, _)) = e[j] {
+                each_lane!(V, |x| {
+                    let v = base + x * nt;
+                    if v < vecs {
+                        // SAFETY: vector `v < vecs` of entry `j`'s row (the contract).
+                        bits[j][x] = unsafe { arch::load16(src.add(v * 16)) };
+                    }
+                });
+            }
+        });
+        let mut acc = [[0.0f32; 16]; V];
+        each_lane!(STRIDED_ENTRIES, |j| {
+            if let Some((_, w)) = e[j] {
+                // Vectors past the row add zeros to accumulators never stored.
+                add_vectors::<T, V>(&mut acc, &bits[j], w);
+            }
+        });
         each_lane!(V, |x| {
             let v = base + x * nt;
             if v < vecs {
