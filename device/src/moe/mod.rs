@@ -2053,8 +2053,8 @@ const STRIDED_ENTRIES: usize = 8;
 /// up to two entries, a pass loads up to `V` vectors of an entry before
 /// adding them, entry by entry: a 7168-wide bf16 row over a span of 128
 /// threads is one pass, a round trip per entry. With `GATHER` and three
-/// to [`STRIDED_ENTRIES`] entries, a
-/// pass loads two vectors of **every** entry before adding any
+/// to [`STRIDED_ENTRIES`] entries, a pass loads two vectors of **every**
+/// entry before adding any
 /// ([`gathered_row`]): one round trip a pass whatever the entry count,
 /// where one entry at a time made eight in turn for a top-8 token on one
 /// rank (the combine's send waited on them: 16 % of its warp samples on
@@ -2106,13 +2106,8 @@ unsafe fn strided_row<T: Element<Acc = f32>, const V: usize, const GATHER: bool>
             // Vectors past the row add zeros to accumulators never stored.
             add_vectors::<T, V>(&mut acc, &bits, w);
         }
-        each_lane!(V, |x| {
-            let v = base + x * nt;
-            if v < vecs {
-                // SAFETY: vector `v < vecs` of the output row, 16-byte aligned.
-                unsafe { arch::store16(out.add(v * 16), packed_vector::<T>(&acc[x])) };
-            }
-        });
+        // SAFETY: the contract: `out` is a row of `vecs` aligned vectors.
+        unsafe { store_pass::<T, V>(out, base, nt, vecs, &acc) };
         base += V * nt;
     }
 }
@@ -2153,15 +2148,32 @@ unsafe fn gathered_row<T: Element<Acc = f32>, const V: usize>(
                 add_vectors::<T, V>(&mut acc, &bits[j], w);
             }
         });
-        each_lane!(V, |x| {
-            let v = base + x * nt;
-            if v < vecs {
-                // SAFETY: vector `v < vecs` of the output row, 16-byte aligned.
-                unsafe { arch::store16(out.add(v * 16), packed_vector::<T>(&acc[x])) };
-            }
-        });
+        // SAFETY: the contract: `out` is a row of `vecs` aligned vectors.
+        unsafe { store_pass::<T, V>(out, base, nt, vecs, &acc) };
         base += V * nt;
     }
+}
+
+/// Stores a pass of [`strided_row`] or [`gathered_row`]: vector `base + x
+/// * nt` of `out` from `acc[x]`, for `x < V` while below `vecs`.
+///
+/// # Safety
+/// `out` is a row of `vecs` 16-byte-aligned vectors, valid for writes.
+#[inline(always)]
+unsafe fn store_pass<T: Element<Acc = f32>, const V: usize>(
+    out: *mut u8,
+    base: usize,
+    nt: usize,
+    vecs: usize,
+    acc: &[[f32; 16]; V],
+) {
+    each_lane!(V, |x| {
+        let v = base + x * nt;
+        if v < vecs {
+            // SAFETY: vector `v < vecs` of the output row, 16-byte aligned.
+            unsafe { arch::store16(out.add(v * 16), packed_vector::<T>(&acc[x])) };
+        }
+    });
 }
 
 /// The 16-byte vector of `T` lanes `acc[0..16 / size_of::<T>()]`, each
