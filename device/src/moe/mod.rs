@@ -598,11 +598,9 @@ pub(crate) unsafe fn send_token<C: Coop, const QUANT: bool, const POS: bool>(
                     // While the token's first vectors load.
                     send_positions(coop, ctx, t, topk_idx);
                 }
-                if overflow {
-                    copy.store(n as usize, |r| bound(r as u32));
-                } else {
-                    copy.store(found, |j| Some(dests[j]));
-                }
+                // One call site (each is a whole inlined copy loop).
+                let m = if overflow { n as usize } else { found };
+                copy.store(m, |j| if overflow { bound(j as u32) } else { dests.get(j).copied() });
             }
         }
     }
@@ -2020,6 +2018,30 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>, const AHEAD: usize, co
         }
         return;
     }
+    // SAFETY: the contract.
+    unsafe { element_rows::<T>(t, nt, rows, h, k, &out_row, &entry) };
+}
+
+/// [`weighted_rows`] element by element: for rows or sources not 16-byte
+/// aligned, or rows not a whole number of vectors. Out of line: inlined,
+/// it put a copy of this loop beside each caller's vector code (the
+/// low-latency combine's kernel has two), code that never runs for
+/// aligned rows but that the instruction fetch of the kernel paid for.
+///
+/// # Safety
+/// As for [`weighted_rows`].
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+unsafe fn element_rows<T: Element<Acc = f32>>(
+    t: usize,
+    nt: usize,
+    rows: usize,
+    h: usize,
+    k: usize,
+    out_row: &impl Fn(usize) -> *mut u8,
+    entry: &impl Fn(usize, usize) -> Option<(*const u8, f32)>,
+) {
+    let mut entries = RowEntries::new();
     let total = rows * h;
     let mut i = t;
     while i < total {
@@ -2027,7 +2049,7 @@ pub(crate) unsafe fn weighted_rows<T: Element<Acc = f32>, const AHEAD: usize, co
             return;
         };
         let mut acc = 0.0f32;
-        entries.each(tok, k, &entry, |slot, w| {
+        entries.each(tok, k, entry, |slot, w| {
             // SAFETY: element `el < hidden` of a source row.
             let y = unsafe { arch::load_volatile((slot as *const T).add(el)) };
             acc += w * y.to_acc();
