@@ -254,7 +254,10 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
         // pieces that give each warp of the grid about one, each waiting
         // for its slot alone; then the counts.
         let items = Items::warps();
-        let parts = (items.stride / (n * m).max(1)).max(1);
+        // Pieces per slot: a power of two, so an item splits by a shift and
+        // a mask (a division each is ~20 instructions a warp runs once).
+        let shift = (items.stride / (n * m).max(1)).max(1).ilog2();
+        let parts = 1 << shift;
         // The counts (sent first, so in before most tokens) by each CTA's
         // first warp, then every warp's token items.
         if warp_id() == 0 {
@@ -263,8 +266,9 @@ unsafe fn dispatch<const LEAN: bool>(args: &MoeArgs) {
             });
         }
         for_items(&warp, items, n * m * parts, args, |i| {
-            let slot = i / parts;
-            moe::lsa::dispatch_recv_token(&warp, ctx, slot / m, slot % m, PackPart::new(i % parts, parts), out, seq)
+            let slot = i >> shift;
+            let part = PackPart::new(i & (parts - 1), parts);
+            moe::lsa::dispatch_recv_token(&warp, ctx, slot / m, slot % m, part, out, seq)
         });
         stamp(&cta, args, Stage::Counted);
         stamp(&cta, args, Stage::Done);

@@ -184,8 +184,21 @@ impl<const U: usize> CopyAhead<U> {
     /// the `n` calls with the same `m` and destinations.
     #[inline(always)]
     pub(crate) unsafe fn store(self, m: usize, dst: impl Fn(usize) -> Option<*mut u8>) {
+        // SAFETY: the contract; `false`: the destinations are checked.
+        unsafe { self.store_to(m, dst, false) }
+    }
+
+    /// [`CopyAhead::store`], told by the caller whether every destination
+    /// is 16-byte aligned (`aligned`: no check of each, a round of
+    /// `dst(j)` calls that the MoE receive paid a shuffle each for).
+    ///
+    /// # Safety
+    /// As for [`CopyAhead::store`]; with `aligned`, every `Some` `dst(j)`
+    /// is 16-byte aligned.
+    #[inline(always)]
+    pub(crate) unsafe fn store_to(self, m: usize, dst: impl Fn(usize) -> Option<*mut u8>, aligned: bool) {
         let CopyAhead { mut v, t, n, src, bytes, vectors } = self;
-        if vectors == 0 || (0..m).any(|j| dst(j).is_some_and(|d| d as usize % 16 != 0)) {
+        if vectors == 0 || (!aligned && (0..m).any(|j| dst(j).is_some_and(|d| d as usize % 16 != 0))) {
             for j in 0..m {
                 if let Some(d) = dst(j) {
                     // SAFETY: the contract, destination `j`.

@@ -256,7 +256,12 @@ pub unsafe fn dispatch_recv_token<C: Coop>(
     // The piece's bytes and the header's ids and positions, loaded at
     // once (the slot and header of dispatch `seq`: the word acquired).
     let bytes = ctx.token_bytes() as usize;
-    let piece = bytes.div_ceil(part.count as usize).next_multiple_of(16);
+    // A 32-bit division when the token fits (a 64-bit one is a call).
+    let piece = match u32::try_from(bytes) {
+        Ok(b) => b.div_ceil(part.count) as usize,
+        Err(_) => bytes.div_ceil(part.count as usize),
+    }
+    .next_multiple_of(16);
     let off = (part.index as usize * piece).min(bytes);
     let len = piece.min(bytes - off);
     let slot = local_ptr(ctx, ctx.ll_token_slot_offset(src, t)) as *const u8;
@@ -269,11 +274,11 @@ pub unsafe fn dispatch_recv_token<C: Coop>(
     let hdr = local_ptr(ctx, ctx.ll_ids_offset(src, t)) as *mut u32;
     // SAFETY: id and position `lane < I` of the header, written before the word.
     let (e, pos) = if lane < ids { unsafe { (*hdr.add(lane) as i32, *hdr.add(3 * ids + lane)) } } else { (-1, 0) };
-    let mut first = true;
-    for i in 0..ids {
-        let ei = arch::shfl(u32::MAX, e as u32 as u64, i as u32) as u32 as i32;
-        first &= !(i < lane && ei == e);
-    }
+    // Whether no lower lane holds the same id (lanes past `I` hold -1, no
+    // expert): one `match.any` where a shuffle per entry had taken ~90
+    // instructions each warp ran once (session 38).
+    let same = arch::match_any(u32::MAX, e as u32 as u64);
+    let first = same & ((1u32 << lane) - 1) == 0;
     let mut row = u32::MAX;
     let mut r = Ok(());
     if lane < ids && is_one_of(e, me * l, l) {
@@ -308,11 +313,14 @@ pub unsafe fn dispatch_recv_token<C: Coop>(
         let r = arch::shfl(u32::MAX, row as u64, j as u32) as u32;
         (r != u32::MAX).then(|| out.wrapping_add(r as usize * bytes + off))
     };
+    // Every destination `out + row * bytes + off` is 16-byte aligned when
+    // `out` and `bytes` are (`off` is a multiple of 16).
+    let aligned = (out as usize | bytes) % 16 == 0;
     // SAFETY: each destination is bytes `off..off + len` of a row below `L
     // * N * M` of `out`, this token's alone (one per local expert it
     // names, its position among its source's tokens for it); vector `i` of
-    // each this thread's.
-    unsafe { ahead.store(ids, dst) };
+    // each this thread's; all 16-byte aligned when `aligned` (above).
+    unsafe { ahead.store_to(ids, dst, aligned) };
     Ok(())
 }
 
