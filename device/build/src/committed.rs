@@ -18,7 +18,7 @@
 //!
 //! `inputs` is a hash of everything the PTX is made from ([`Sources`]): the
 //! kernel and device crates' sources and manifests, their entries in
-//! `Cargo.lock`, the workspace's `[workspace.package]` and `[profile.*]`
+//! `Cargo.lock`, the workspace's `[workspace.package]`, `[profile.ptx]` and `[profile.release]`
 //! sections, the toolchain version and the recipe (flags and profile). A
 //! build script computes it again from the tree ([`freshness`]): when it
 //! matches, the committed PTX is what the recorded toolchain makes of these
@@ -173,7 +173,9 @@ impl Sources {
         let lock = read_text(&root.join("Cargo.lock"))?;
         item("Cargo.lock", lock_closure(&lock, self.package).as_bytes());
         let manifest = read_text(&root.join("Cargo.toml"))?;
-        item("Cargo.toml", toml_sections(&manifest, &["workspace.package", "profile."]).as_bytes());
+        // The PTX profile and the release profile it inherits; the dev and
+        // test profiles (the emulator's opt-level) do not reach the PTX.
+        item("Cargo.toml", toml_sections(&manifest, PTX_MANIFEST_SECTIONS).as_bytes());
         Ok(format!("sha256:{}", hex(&h.finalize())))
     }
 }
@@ -361,6 +363,9 @@ fn lock_dependencies(block: &str) -> Vec<String> {
     list.split(',').filter_map(|d| d.trim().trim_matches('"').split_whitespace().next().map(str::to_string)).collect()
 }
 
+/// The sections of the workspace manifest that shape the PTX.
+const PTX_MANIFEST_SECTIONS: &[&str] = &["workspace.package", "profile.ptx", "profile.release"];
+
 /// The sections of a TOML file whose header names start with one of
 /// `prefixes` (e.g. `profile.` takes `[profile.release]`), as written.
 pub fn toml_sections(text: &str, prefixes: &[&str]) -> String {
@@ -467,9 +472,9 @@ dependencies = [
 
     #[test]
     fn toml_sections_by_prefix() {
-        let t = "[workspace]\nmembers = []\n[workspace.package]\nedition = \"2021\"\n\n[profile.ptx]\n# c\nlto = \"fat\"\n[dependencies]\nx = 1\n";
+        let t = "[workspace]\nmembers = []\n[workspace.package]\nedition = \"2021\"\n\n[profile.ptx]\n# c\nlto = \"fat\"\n[profile.dev.package.x]\nopt-level = 1\n[dependencies]\nx = 1\n";
         assert_eq!(
-            toml_sections(t, &["workspace.package", "profile."]),
+            toml_sections(t, PTX_MANIFEST_SECTIONS),
             "[workspace.package]\nedition = \"2021\"\n[profile.ptx]\nlto = \"fat\"\n"
         );
     }
